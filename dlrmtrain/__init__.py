@@ -1,0 +1,1 @@
+"""dlrmtrain: DLRM training with lossless embedding all-to-all compression."""

@@ -1,0 +1,1 @@
+"""Process group, sharding plan and sharders: how the model is spread over ranks."""

@@ -1,0 +1,76 @@
+"""Process-group lifecycle: one place that starts and tears down torch.distributed.
+
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; a
+single process without them runs as a world of one (handy for debugging).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    """`auto` means the local GPU when CUDA is available, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("run.device=cuda but no CUDA device is visible")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device(requested)
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
+    """Join the process group torchrun prepared (or create a world of one)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = pick_device(device, local_rank)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return DistEnv(rank, world_size, local_rank, dev, backend)
+
+
+def shutdown_distributed(*objects_to_release: object) -> None:
+    """Tear down in the order that avoids exit-time aborts.
+
+    A DMP process that only calls destroy_process_group() can die with
+    "terminate called without an active exception" (DESIGN.md §6): wait for
+    every rank, drop the sharded model, collect garbage, then destroy.
+    Callers pass nothing and `del` their own references first; the argument
+    only documents intent at the call site.
+    """
+    del objects_to_release
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()

@@ -1,0 +1,98 @@
+"""Run a function on N real ranks (separate processes, Gloo) under a timeout.
+
+Used by every multi-rank test. A rank that raises, crashes or hangs fails the
+test with that rank's traceback; no rank's failure is ever passed over.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn, rank, world_size, port, args, queue) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    import torch
+    import torch.distributed as dist
+
+    from dlrmtrain.distributed.env import shutdown_distributed
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        shutdown_distributed()
+        queue.put((rank, "ok", result))
+    except BaseException:  # report every failure to the parent
+        queue.put((rank, "error", traceback.format_exc()))
+        raise
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
+              timeout: float = 240.0) -> list[Any]:
+    """Call `fn(rank, world_size, *args)` on each rank; return results by rank.
+
+    `fn` must be importable (module level) because ranks are spawned.
+    Results must be picklable (tensors are fine).
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, queue))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(errors) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(world_size)) - set(results) - set(errors))} "
+                    f"did not finish within {timeout:.0f}s; errors so far: {errors}")
+            try:
+                rank, status, payload = queue.get(timeout=min(remaining, 1.0))
+            except Exception:  # queue.Empty: check for ranks that died silently
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in errors and r not in results]
+                if dead:
+                    time.sleep(0.5)  # let a traceback already in the queue arrive
+                    if queue.empty():
+                        raise RuntimeError(
+                            f"rank(s) {dead} died with exit codes "
+                            f"{[procs[r].exitcode for r in dead]} and no report")
+                continue
+            (results if status == "ok" else errors)[rank] = payload
+            if errors:
+                break
+        if errors:
+            raise RuntimeError("\n".join(f"--- rank {r} failed ---\n{tb}"
+                                         for r, tb in sorted(errors.items())))
+        for p in procs:
+            p.join(timeout=max(1.0, deadline - time.monotonic()))
+        bad = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
+        if bad:
+            raise RuntimeError(f"ranks exited abnormally after reporting: {bad}")
+        return [results[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
