@@ -17,7 +17,7 @@ FBGEMM_CPU=fbgemm-gpu-cpu==1.8.0
 FBGEMM_GPU=fbgemm-gpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_DEPS=(tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions==0.0.32 iopath==0.1.10)
-OTHERS=(mlperf-logging==4.1.68 "numpy>=1.26,<3" "pyyaml>=6" "tqdm>=4.66" "pytest>=8" "pytest-timeout>=2.3")
+OTHERS=(mlperf-logging==4.1.68 numpy==2.4.6 pyyaml==6.0.4 tqdm==4.70.1 pytest==9.2.0 pytest-timeout==2.4.0)
 
 STAMP="$VENV/.dlrmtrain-setup-$FLAVOR"
 PINS="$TORCH $FBGEMM_CPU $FBGEMM_GPU $TORCHREC ${TORCHREC_DEPS[*]} ${OTHERS[*]} $(sha1sum pyproject.toml | cut -c1-12)"

@@ -1,0 +1,1 @@
+"""Codecs between the embedding output and the all-to-all."""

@@ -1,0 +1,171 @@
+"""Strict YAML → Config loading with `section.key=value` command-line overrides.
+
+Defaults < YAML file < overrides. Unknown keys and values of the wrong type
+raise `ConfigError` naming the dotted key (and the file), before any process
+group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from dlrmtrain.config.schema import Config
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the dotted key that caused it."""
+
+
+def _is_optional(tp: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return True, args[0]
+    return False, tp
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotated type; return it in that type."""
+    optional, tp = _is_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key}: null is not allowed (expected {_type_name(tp)})")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping (section), got {type(value).__name__}")
+        return _build(tp, value, key)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of {_type_name(item_tp)}, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return {_coerce(k, key_tp, f"{key} key"): _coerce(v, val_tp, f"{key}.{k}")
+                for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")  # schema bug
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"unknown key {where}{unknown[0]} (known in "
+                          f"{prefix or 'top level'}: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k)
+              for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {p} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`section.key=value` → (dotted key, YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or "." not in key:
+        raise ConfigError(f"override {text!r}: the key must be section.key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {e}") from None
+    return key, value
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read `path` (or start from defaults), apply overrides, type-check everything."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        tree = loaded
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    try:
+        return _build(Config, tree, "")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again with load_config)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def parse_cli(argv: list[str]) -> tuple[str | None, list[str]]:
+    """`--config PATH [section.key=value ...]` → (path, overrides)."""
+    path = None
+    overrides: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config":
+            path = next(it, None)
+            if path is None:
+                raise ConfigError("--config needs a path")
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown option {arg} (use --config PATH and section.key=value)")
+        else:
+            overrides.append(arg)
+    return path, overrides

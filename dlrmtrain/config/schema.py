@@ -1,0 +1,161 @@
+"""The run configuration as typed dataclasses, one per YAML section.
+
+Every field carries a one-line docstring (the string under it). The YAML file
+mirrors this tree exactly; unknown keys are errors (see loader.py). Cross-field
+checks that need no process group live in `validate_config` (validate.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+# MLPerf DLRM (v1 and DCNv2) categorical feature count and dense feature count.
+NUM_CATEGORICAL = 26
+NUM_DENSE = 13
+
+
+@dataclass
+class RunConfig:
+    name: str = "dlrm"
+    """Run name; the run directory is `<output_dir>/<name>`."""
+    output_dir: str = "runs"
+    """Folder that holds one sub-folder per run (resolved config, metrics, summary)."""
+    seed: int = 0
+    """Seed for model initialisation and data order (same seed → same run)."""
+    device: str = "auto"
+    """`auto` (GPU when present, else CPU), `cpu` or `cuda`."""
+    global_batch_size: int = 2048
+    """Samples per training step over all ranks; must divide by the world size."""
+    epochs: float = 1.0
+    """Passes over the training data (fractions allowed, e.g. 0.5)."""
+    max_steps: Optional[int] = None
+    """Stop after this many steps even if the epochs are not done (null: no cap)."""
+
+
+@dataclass
+class SyntheticDataConfig:
+    num_train_samples: int = 262_144
+    """Samples in the synthetic training set."""
+    num_eval_samples: int = 32_768
+    """Samples in the synthetic evaluation set (drawn from the same distribution)."""
+    zipf_exponent: float = 1.1
+    """Skew of categorical ids: P(id = k) ∝ 1 / (k + 1)^exponent."""
+    teacher_seed: int = 1234
+    """Seed of the hidden teacher that labels the samples (fixes the task)."""
+    label_noise: float = 1.0
+    """Scale of the logistic noise on the teacher's logit (higher: harder task)."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"
+    """Where samples come from: `synthetic` (generated on the fly)."""
+    table_sizes: list[int] = field(default_factory=lambda: [1000] * NUM_CATEGORICAL)
+    """Cardinality of each categorical column (ids are in [0, size)); one entry per table."""
+    num_dense_features: int = NUM_DENSE
+    """Dense (integer count) features per sample."""
+    multi_hot_sizes: Optional[list[int]] = None
+    """Fixed bag size per table for DCNv2 multi-hot data (null: one-hot)."""
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+    """Settings of the synthetic generator (used when source is `synthetic`)."""
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "dlrm_v1"
+    """`dlrm_v1` (dot interaction, MLPerf v0.7–v2.1) or `dlrm_dcnv2` (low-rank cross net, v3.0+)."""
+    embedding_dim: int = 128
+    """Width of every embedding row (and of the bottom MLP's output)."""
+    bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 128])
+    """Bottom (dense) MLP layer widths; the last must equal embedding_dim."""
+    top_mlp: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
+    """Top (over) MLP layer widths; the last must be 1 (the click logit)."""
+    dcn_num_layers: int = 3
+    """DCNv2 only: number of low-rank cross layers."""
+    dcn_low_rank_dim: int = 512
+    """DCNv2 only: rank of each cross layer's weight factorisation."""
+    max_table_rows: Optional[int] = None
+    """Cap each table at this many rows; larger vocabularies are folded by `id mod cap` (scaled-down runs)."""
+
+
+@dataclass
+class ShardingConfig:
+    default_type: str = "table_wise"
+    """Sharding for tables not listed in `tables`: table_wise | column_wise | row_wise | data_parallel."""
+    tables: dict[str, str] = field(default_factory=dict)
+    """Per-table sharding type, e.g. {t_cat_0: row_wise}."""
+
+
+@dataclass
+class CommConfig:
+    codec: str = "none"
+    """Codec on the embedding all-to-all for every table: `none` (TorchRec's stock dist)."""
+    table_codecs: dict[str, str] = field(default_factory=dict)
+    """Per-table codec overrides, e.g. {t_cat_3: none}."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    """`sgd` (MLPerf DLRM v1) or `adagrad` (MLPerf DCNv2); used for dense and embedding parameters."""
+    lr: float = 1.0
+    """Peak learning rate."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to `lr` over this many steps (0: none)."""
+    decay_start_step: int = 0
+    """Step at which polynomial (power 2) decay starts (0 with decay_steps 0: no decay)."""
+    decay_steps: int = 0
+    """Length of the decay; the rate reaches `end_lr` at decay_start_step + decay_steps."""
+    end_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    adagrad_eps: float = 1e-8
+    """Adagrad epsilon (MLPerf DCNv2: 1e-8)."""
+
+
+@dataclass
+class PrecisionConfig:
+    mode: str = "fp32"
+    """Numeric precision of the training step: `fp32`."""
+
+
+@dataclass
+class EvalConfig:
+    evals_per_epoch: int = 20
+    """Evaluations per training epoch (MLPerf: 20); 0 evaluates only at the end."""
+    batch_size: int = 16384
+    """Global evaluation batch size (may exceed the training batch)."""
+    target_auc: Optional[float] = None
+    """Stop when an evaluation reaches this ROC AUC (null: train the full schedule)."""
+    enabled: bool = True
+    """False: throughput-only mode, no evaluation at all."""
+
+
+@dataclass
+class LoggingConfig:
+    progress_bar: bool = True
+    """Show a tqdm bar with loss, lr and samples/s on rank 0."""
+    metrics_every_steps: int = 50
+    """Write a training-metrics line to metrics.jsonl every this many steps."""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run identity, seed, device, batch size and length."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Dataset schema and source."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model architecture and sizes."""
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    """How embedding tables are spread over ranks."""
+    comm: CommConfig = field(default_factory=CommConfig)
+    """Compression of the embedding all-to-all."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numeric precision."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation cadence, size and stopping target."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Console and run-directory output."""

@@ -1,0 +1,99 @@
+"""Cross-field checks of a loaded Config, run before any process group exists."""
+
+from __future__ import annotations
+
+from dlrmtrain.config.loader import ConfigError
+from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
+
+MODEL_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+OPTIMIZERS = ("sgd", "adagrad")
+PRECISIONS = ("fp32",)
+DATA_SOURCES = ("synthetic",)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...] | list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def table_names(cfg: Config) -> list[str]:
+    return [f"t_cat_{i}" for i in range(len(cfg.data.table_sizes))]
+
+
+def validate_config(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError naming the key for any impossible combination."""
+    from dlrmtrain.comm.registry import available_codecs
+
+    run, data, model = cfg.run, cfg.data, cfg.model
+    _one_of("run.device", run.device, DEVICES)
+    _one_of("data.source", data.source, DATA_SOURCES)
+    _one_of("model.arch", model.arch, MODEL_ARCHS)
+    _one_of("optim.name", cfg.optim.name, OPTIMIZERS)
+    _one_of("precision.mode", cfg.precision.mode, PRECISIONS)
+    _one_of("sharding.default_type", cfg.sharding.default_type, SHARDING_TYPES)
+    _one_of("comm.codec", cfg.comm.codec, available_codecs())
+
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size} must be at least 1")
+    if run.global_batch_size <= 0 or run.global_batch_size % world_size:
+        raise ConfigError(f"run.global_batch_size: {run.global_batch_size} does not divide "
+                          f"evenly over world size {world_size}")
+    if cfg.eval.batch_size <= 0 or cfg.eval.batch_size % world_size:
+        raise ConfigError(f"eval.batch_size: {cfg.eval.batch_size} does not divide evenly "
+                          f"over world size {world_size}")
+    if run.epochs <= 0:
+        raise ConfigError(f"run.epochs: must be positive, got {run.epochs}")
+    if run.max_steps is not None and run.max_steps <= 0:
+        raise ConfigError(f"run.max_steps: must be positive or null, got {run.max_steps}")
+
+    if len(data.table_sizes) != NUM_CATEGORICAL:
+        raise ConfigError(f"data.table_sizes: {len(data.table_sizes)} tables given, but Criteo "
+                          f"data has {NUM_CATEGORICAL} categorical features")
+    for i, size in enumerate(data.table_sizes):
+        if size < 1:
+            raise ConfigError(f"data.table_sizes[{i}]: a table needs at least one row, got {size}")
+    if data.num_dense_features < 1:
+        raise ConfigError("data.num_dense_features: must be at least 1")
+    if data.multi_hot_sizes is not None:
+        if len(data.multi_hot_sizes) != len(data.table_sizes):
+            raise ConfigError(f"data.multi_hot_sizes: {len(data.multi_hot_sizes)} entries for "
+                              f"{len(data.table_sizes)} tables")
+        if any(k < 1 for k in data.multi_hot_sizes):
+            raise ConfigError("data.multi_hot_sizes: every bag size must be at least 1")
+    syn = data.synthetic
+    if syn.num_train_samples < run.global_batch_size:
+        raise ConfigError(f"data.synthetic.num_train_samples: {syn.num_train_samples} is less "
+                          f"than one global batch ({run.global_batch_size})")
+    if cfg.eval.enabled and syn.num_eval_samples < 1:
+        raise ConfigError("data.synthetic.num_eval_samples: must be positive when eval is enabled")
+
+    if model.bottom_mlp[-1:] != [model.embedding_dim]:
+        raise ConfigError(f"model.bottom_mlp: the last width must equal model.embedding_dim "
+                          f"({model.embedding_dim}), got {model.bottom_mlp}")
+    if model.top_mlp[-1:] != [1]:
+        raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), got {model.top_mlp}")
+    if model.max_table_rows is not None and model.max_table_rows < 1:
+        raise ConfigError("model.max_table_rows: must be positive or null")
+
+    names = set(table_names(cfg))
+    for table, kind in cfg.sharding.tables.items():
+        if table not in names:
+            raise ConfigError(f"sharding.tables.{table}: no such table (tables are t_cat_0 … "
+                              f"t_cat_{len(names) - 1})")
+        _one_of(f"sharding.tables.{table}", kind, SHARDING_TYPES)
+    for table, codec in cfg.comm.table_codecs.items():
+        if table not in names:
+            raise ConfigError(f"comm.table_codecs.{table}: no such table")
+        _one_of(f"comm.table_codecs.{table}", codec, available_codecs())
+
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr: must be positive, got {cfg.optim.lr}")
+    for key in ("warmup_steps", "decay_start_step", "decay_steps"):
+        if getattr(cfg.optim, key) < 0:
+            raise ConfigError(f"optim.{key}: must not be negative")
+    if cfg.eval.evals_per_epoch < 0:
+        raise ConfigError("eval.evals_per_epoch: must not be negative")
+    if cfg.eval.target_auc is not None and not 0.5 <= cfg.eval.target_auc <= 1.0:
+        raise ConfigError(f"eval.target_auc: {cfg.eval.target_auc} is outside [0.5, 1]")

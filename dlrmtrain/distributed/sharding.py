@@ -1,0 +1,38 @@
+"""Sharders and DistributedModelParallel: the one place the model gets sharded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ModuleSharder
+
+from dlrmtrain.config.schema import CommConfig, Config, OptimConfig
+from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
+
+
+def fused_optimizer_params(optim: OptimConfig) -> dict[str, Any]:
+    """Parameters of the optimizer fbgemm runs inside the embedding backward."""
+    if optim.name == "sgd":
+        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": optim.lr}
+    return {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": optim.lr,
+            "eps": optim.adagrad_eps}
+
+
+def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any]) -> ModuleSharder:
+    """The EmbeddingBagCollection sharder; codecs plug in here (comm.codec)."""
+    return EmbeddingBagCollectionSharder(fused_params=fused_params)
+
+
+def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
+                world_size: int) -> tuple[DistributedModelParallel, str]:
+    """Wrap the single-device model in DMP with the configured plan; returns the
+    sharded model and a printable description of the plan."""
+    sharder = build_ebc_sharder(cfg.comm, fused_optimizer_params(cfg.optim))
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    plan = build_sharding_plan(ebc, cfg.sharding, world_size, device.type, sharder)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
+    return dmp, describe_plan(plan)

@@ -1,0 +1,1 @@
+"""Metrics: exact ROC AUC over the whole eval set, run-directory records, MLPerf logging."""

@@ -1,0 +1,1 @@
+"""Optimizers (dense + fused embedding) and the MLPerf learning-rate schedule."""

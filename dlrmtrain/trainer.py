@@ -1,0 +1,235 @@
+"""The Trainer: builds data, sharded model and optimizer; runs train / evaluate.
+
+Reads top to bottom as the architecture: config → data → model → sharding
+(+ codecs) → optimizer and schedule → train loop → records.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from dlrmtrain.config.schema import Config
+from dlrmtrain.data import build_datasets, table_rows
+from dlrmtrain.distributed.env import DistEnv
+from dlrmtrain.distributed.sharding import shard_model
+from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
+from dlrmtrain.metrics.run_records import open_run_records
+from dlrmtrain.models import build_model
+from dlrmtrain.models.embedding_init import init_embeddings
+from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
+from dlrmtrain.optim.optimizers import build_optimizer
+
+
+@dataclass
+class EvalResult:
+    step: int
+    epoch: float
+    auc: float
+    num_samples: int
+    seconds: float
+
+
+@dataclass
+class Summary:
+    """What a run did; printed at the end and written to summary.json."""
+
+    world_size: int
+    steps: int = 0
+    samples: int = 0
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    target_auc: Optional[float] = None
+    time_to_target_s: Optional[float] = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.train_seconds if self.train_seconds else 0.0
+
+    @property
+    def final_auc(self) -> Optional[float]:
+        return self.evals[-1].auc if self.evals else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size, "steps": self.steps, "samples": self.samples,
+            "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds,
+            "samples_per_second": self.samples_per_second, "final_auc": self.final_auc,
+            "target_auc": self.target_auc, "reached_target": self.time_to_target_s is not None,
+            "time_to_target_s": self.time_to_target_s,
+            "evals": [vars(e) for e in self.evals],
+            "losses": self.losses,
+        }
+
+    def render(self) -> str:
+        auc = f"{self.final_auc:.4f}" if self.final_auc is not None else "n/a (eval off)"
+        if self.target_auc is None:
+            target = "no target set"
+        elif self.time_to_target_s is not None:
+            target = f"reached {self.target_auc} after {self.time_to_target_s:.1f} s"
+        else:
+            target = f"NOT reached ({self.target_auc})"
+        return "\n".join([
+            "=" * 60,
+            "dlrmtrain run summary",
+            f"  ranks            {self.world_size}",
+            f"  steps            {self.steps}  ({self.samples:,} samples)",
+            f"  throughput       {self.samples_per_second:,.0f} samples/s "
+            f"(training time {self.train_seconds:.1f} s, wall {self.wall_seconds:.1f} s)",
+            f"  final eval AUC   {auc}",
+            f"  target AUC       {target}",
+            "=" * 60,
+        ])
+
+
+class Trainer:
+    def __init__(self, cfg: Config, env: DistEnv) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.records = open_run_records(cfg, env.rank)
+        self.data = build_datasets(cfg, env.rank, env.world_size)
+        self.model, self.plan_text = self._build_sharded_model()
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        o = cfg.optim
+        self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
+                                         o.decay_steps, o.end_lr)
+        self.step = 0
+        self._print(self.plan_text)
+
+    # ---- building ---------------------------------------------------------
+    def _build_sharded_model(self) -> tuple[torch.nn.Module, str]:
+        rows = table_rows(self.cfg)
+        model = build_model(self.cfg, rows, self.env.device)
+        dmp, plan_text = shard_model(model, self.cfg, self.env.device, self.env.world_size)
+        init_embeddings(dmp, {f"t_cat_{i}": n for i, n in enumerate(rows)}, self.cfg.run.seed)
+        return dmp, plan_text
+
+    def _print(self, text: str) -> None:
+        if self.env.is_main:
+            tqdm.write(text)
+
+    # ---- one step ---------------------------------------------------------
+    def train_step(self, batch) -> torch.Tensor:
+        """Forward, backward (embedding update happens inside it), dense update.
+        Returns this rank's loss, detached; no host sync."""
+        self.step += 1
+        self.schedule.apply(self.step, [self.optimizer])
+        self.optimizer.zero_grad()  # also hands the new rate to the fused optimizer
+        loss, _ = self.model(batch.to(self.env.device))
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def _global_mean(self, value: torch.Tensor) -> float:
+        """Mean over ranks (a sync point: call only when logging)."""
+        value = value.detach().float().clone()
+        if self.env.world_size > 1:
+            dist.all_reduce(value)
+            value /= self.env.world_size
+        return value.item()
+
+    # ---- evaluation -------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, int]:
+        """Exact AUC over the whole eval set (every rank gets the same value)."""
+        self.model.eval()
+        scores, labels, weights = [], [], []
+        for batch, weight in self.data.eval_batches():
+            _, (_, logits, batch_labels) = self.model(batch.to(self.env.device))
+            scores.append(logits.float())
+            labels.append(batch_labels.float())
+            weights.append(weight.to(self.env.device))
+        self.model.train()
+        all_scores, all_labels = gather_eval_outputs(torch.cat(scores), torch.cat(labels),
+                                                     torch.cat(weights))
+        return roc_auc(all_scores, all_labels), all_scores.numel()
+
+    # ---- the loop -----------------------------------------------------------
+    def planned_steps(self) -> int:
+        steps = math.floor(self.cfg.run.epochs * self.data.steps_per_epoch)
+        if self.cfg.run.max_steps is not None:
+            steps = min(steps, self.cfg.run.max_steps)
+        return max(steps, 1)
+
+    def eval_interval(self) -> int:
+        per_epoch = self.cfg.eval.evals_per_epoch
+        if not self.cfg.eval.enabled or per_epoch == 0:
+            return 0
+        return max(1, self.data.steps_per_epoch // per_epoch)
+
+    def train(self) -> Summary:
+        cfg, env = self.cfg, self.env
+        total = self.planned_steps()
+        interval = self.eval_interval()
+        log_every = max(1, cfg.logging.metrics_every_steps)
+        summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc)
+        bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not (env.is_main and cfg.logging.progress_bar))
+        run_start = time.perf_counter()
+        train_seconds = 0.0
+        window_loss = torch.zeros((), device=env.device)
+        window_steps, window_start = 0, time.perf_counter()
+        done = False
+        epoch = 0
+        while not done:
+            for batch in self.data.train_batches(epoch):
+                window_loss += self.train_step(batch)
+                window_steps += 1
+                bar.update(1)
+                if self.step % log_every == 0 or self.step == total:
+                    loss = self._global_mean(window_loss / window_steps)
+                    elapsed = time.perf_counter() - window_start
+                    rate = window_steps * cfg.run.global_batch_size / elapsed
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    summary.losses.append((self.step, loss))
+                    self.records.log("train", step=self.step, loss=loss, lr=lr,
+                                     samples_per_s=rate)
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.3g}", sps=f"{rate:,.0f}")
+                    train_seconds += elapsed
+                    window_loss.zero_()
+                    window_steps, window_start = 0, time.perf_counter()
+                last = self.step >= total
+                if cfg.eval.enabled and ((interval and self.step % interval == 0) or last):
+                    train_seconds += time.perf_counter() - window_start
+                    self._run_eval(summary, run_start)
+                    window_start = time.perf_counter()
+                    if summary.time_to_target_s is not None:
+                        done = True
+                        break
+                if last:
+                    done = True
+                    break
+            epoch += 1
+        bar.close()
+        train_seconds += time.perf_counter() - window_start if window_steps else 0.0
+        summary.steps = self.step
+        summary.samples = self.step * cfg.run.global_batch_size
+        summary.train_seconds = train_seconds
+        summary.wall_seconds = time.perf_counter() - run_start
+        self.records.write_json("summary.json", summary.as_dict())
+        self._print(summary.render())
+        return summary
+
+    def _run_eval(self, summary: Summary, run_start: float) -> None:
+        t0 = time.perf_counter()
+        auc, n = self.evaluate()
+        result = EvalResult(step=self.step, epoch=self.step / self.data.steps_per_epoch,
+                            auc=auc, num_samples=n, seconds=time.perf_counter() - t0)
+        summary.evals.append(result)
+        self.records.log("eval", **vars(result))
+        self._print(f"eval @ step {self.step} (epoch {result.epoch:.2f}): AUC {auc:.5f} "
+                    f"over {n:,} samples")
+        target = self.cfg.eval.target_auc
+        if target is not None and auc >= target and summary.time_to_target_s is None:
+            summary.time_to_target_s = time.perf_counter() - run_start
+
+    def close(self) -> None:
+        self.records.close()

@@ -1,0 +1,20 @@
+"""Small configs shared by the tests (tiny tables, few steps, fast on 2 cores)."""
+
+from __future__ import annotations
+
+from dlrmtrain.config import load_config
+from dlrmtrain.config.schema import Config
+
+TINY = [
+    "model.embedding_dim=8", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,8,1]",
+    "data.table_sizes=" + str([50, 7, 300, 120, 9, 3, 80, 20, 2, 150, 60, 200, 40,
+                               5, 70, 260, 4, 30, 25, 2, 240, 6, 8, 90, 11, 75]),
+    "data.synthetic.num_train_samples=4096", "data.synthetic.num_eval_samples=1024",
+    "run.global_batch_size=256", "eval.batch_size=512",
+    "logging.progress_bar=false", "logging.metrics_every_steps=1",
+    "optim.name=adagrad", "optim.lr=0.05",
+]
+
+
+def tiny_config(tmp_dir: str, *overrides: str) -> Config:
+    return load_config(None, TINY + [f"run.output_dir={tmp_dir}", *overrides])

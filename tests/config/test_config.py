@@ -1,0 +1,124 @@
+"""Config loading: YAML → typed sections, overrides, and every error case."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrmtrain.config import ConfigError, load_config, parse_cli
+from dlrmtrain.config.loader import dump_config
+from dlrmtrain.config.validate import validate_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_mlperf_v1_shapes():
+    cfg = load_config(None)
+    assert cfg.model.bottom_mlp == [512, 256, 128]
+    assert cfg.model.top_mlp == [1024, 1024, 512, 256, 1]
+    assert cfg.comm.codec == "none"
+    assert len(cfg.data.table_sizes) == 26
+
+
+def test_yaml_then_overrides_take_precedence(tmp_path):
+    path = write(tmp_path, "run:\n  seed: 3\n  global_batch_size: 64\noptim:\n  lr: 0.5\n")
+    cfg = load_config(path, ["optim.lr=2", "comm.codec=none", "sharding.tables={t_cat_1: row_wise}",
+                             "data.synthetic.zipf_exponent=1.3", "run.max_steps=null"])
+    assert (cfg.run.seed, cfg.run.global_batch_size) == (3, 64)
+    assert cfg.optim.lr == 2.0 and isinstance(cfg.optim.lr, float)  # int accepted for float
+    assert cfg.sharding.tables == {"t_cat_1": "row_wise"}
+    assert cfg.data.synthetic.zipf_exponent == 1.3
+    assert cfg.run.max_steps is None
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["run.seed=9", "model.max_table_rows=1000"])
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def test_every_shipped_config_loads_and_validates():
+    for path in sorted((REPO / "configs").glob("**/*.yaml")):
+        cfg = load_config(path)
+        validate_config(cfg, world_size=2)
+
+
+@pytest.mark.parametrize("text, overrides, message", [
+    ("run:\n  seeed: 1\n", [], r"unknown key run\.seeed"),
+    ("runn:\n  seed: 1\n", [], r"unknown key runn"),
+    ("", ["optim.learning_rate=1"], r"unknown key optim\.learning_rate"),
+    ("run:\n  seed: one\n", [], r"run\.seed: expected an integer"),
+    ("run:\n  seed: 1.5\n", [], r"run\.seed: expected an integer"),
+    ("eval:\n  enabled: 1\n", [], r"eval\.enabled: expected true/false"),
+    ("model:\n  bottom_mlp: 5\n", [], r"model\.bottom_mlp: expected a list"),
+    ("model:\n  bottom_mlp: [1, x]\n", [], r"model\.bottom_mlp\[1\]: expected an integer"),
+    ("run: 3\n", [], r"run: expected a mapping"),
+    ("- a\n- b\n", [], r"top level must be a mapping"),
+    ("run: [\n", [], r"not valid YAML"),
+    ("", ["noequals"], r"expected section\.key=value"),
+    ("", ["seed=1"], r"the key must be section\.key"),
+    ("", ["run.seed=null"], r"run\.seed: null is not allowed"),
+])
+def test_load_errors_name_the_key(tmp_path, text, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), overrides)
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("overrides, world_size, message", [
+    (["run.global_batch_size=1000"], 3, r"run\.global_batch_size: 1000 does not divide .* world size 3"),
+    (["eval.batch_size=1001"], 2, r"eval\.batch_size"),
+    (["data.table_sizes=[10, 20]"], 2, r"data\.table_sizes: 2 tables given"),
+    (["data.table_sizes=" + str([10] * 25 + [0])], 2, r"data\.table_sizes\[25\]"),
+    (["comm.codec=zstd"], 2, r"comm\.codec: 'zstd' is not one of"),
+    (["comm.table_codecs={t_cat_99: none}"], 2, r"comm\.table_codecs\.t_cat_99: no such table"),
+    (["sharding.default_type=diagonal"], 2, r"sharding\.default_type: 'diagonal'"),
+    (["sharding.tables={t_cat_3: diagonal}"], 2, r"sharding\.tables\.t_cat_3: 'diagonal'"),
+    (["sharding.tables={t_cat_26: row_wise}"], 2, r"sharding\.tables\.t_cat_26: no such table"),
+    (["model.arch=transformer"], 2, r"model\.arch"),
+    (["model.bottom_mlp=[64, 32]"], 2, r"model\.bottom_mlp: the last width must equal"),
+    (["model.top_mlp=[64, 2]"], 2, r"model\.top_mlp: the last width must be 1"),
+    (["optim.name=adam"], 2, r"optim\.name"),
+    (["optim.lr=0"], 2, r"optim\.lr: must be positive"),
+    (["precision.mode=fp64"], 2, r"precision\.mode"),
+    (["data.multi_hot_sizes=[1, 2]"], 2, r"data\.multi_hot_sizes: 2 entries for 26 tables"),
+    (["eval.target_auc=1.5"], 2, r"eval\.target_auc"),
+    (["run.device=tpu"], 2, r"run\.device"),
+    (["data.synthetic.num_train_samples=10"], 2, r"data\.synthetic\.num_train_samples"),
+])
+def test_validation_errors_name_the_key(overrides, world_size, message):
+    cfg = load_config(None, overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(cfg, world_size)
+
+
+def test_cli_parsing():
+    assert parse_cli(["--config", "a.yaml", "run.seed=1"]) == ("a.yaml", ["run.seed=1"])
+    assert parse_cli(["--config=b.yaml"]) == ("b.yaml", [])
+    with pytest.raises(ConfigError, match="unknown option --lr"):
+        parse_cli(["--lr", "3"])
+
+
+def test_entry_point_rejects_bad_config_before_starting_ranks(tmp_path):
+    """A bad key fails fast with exit code 2 and one clear line, no process group."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrmtrain.train", "--config", str(REPO / "configs/quickstart.yaml"),
+         "run.global_batch_size=1001"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+        env={"WORLD_SIZE": "2", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert "config error" in proc.stderr and "run.global_batch_size" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,5 @@
+"""Real multi-rank tests. `run_ranks` spawns Gloo ranks under a timeout."""
+
+from tests.multiproc.harness import run_ranks
+
+__all__ = ["run_ranks"]
