@@ -103,6 +103,7 @@ class Trainer:
                                          o.decay_steps, o.end_lr)
         self.step = 0
         self._print(self.plan_text)
+        self.records.write_text("plan.txt", self.plan_text + "\n")
 
     # ---- building ---------------------------------------------------------
     def _build_sharded_model(self) -> tuple[torch.nn.Module, str]:

@@ -81,10 +81,15 @@ class ModelConfig:
 
 @dataclass
 class ShardingConfig:
+    planner: str = "manual"
+    """`manual`: the plan is built from the choices below, the same on every machine;
+    `torchrec`: TorchRec's planner picks placements within those choices (no row-wise on CPU)."""
     default_type: str = "table_wise"
     """Sharding for tables not listed in `tables`: table_wise | column_wise | row_wise | data_parallel."""
     tables: dict[str, str] = field(default_factory=dict)
     """Per-table sharding type, e.g. {t_cat_0: row_wise}."""
+    table_ranks: dict[str, int] = field(default_factory=dict)
+    """Manual plan only: the rank that holds a table-wise table, e.g. {t_cat_0: 1} (others: balanced)."""
 
 
 @dataclass

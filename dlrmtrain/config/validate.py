@@ -7,6 +7,7 @@ from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
 
 MODEL_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+PLANNERS = ("manual", "torchrec")
 OPTIMIZERS = ("sgd", "adagrad")
 PRECISIONS = ("fp32",)
 DATA_SOURCES = ("synthetic",)
@@ -16,6 +17,12 @@ DEVICES = ("auto", "cpu", "cuda")
 def _one_of(key: str, value: str, allowed: tuple[str, ...] | list[str]) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def table_names(cfg: Config) -> list[str]:
@@ -78,11 +85,28 @@ def validate_config(cfg: Config, world_size: int) -> None:
         raise ConfigError("model.max_table_rows: must be positive or null")
 
     names = set(table_names(cfg))
+    _one_of("sharding.planner", cfg.sharding.planner, PLANNERS)
+    for table, rank in cfg.sharding.table_ranks.items():
+        if table not in names:
+            raise ConfigError(f"sharding.table_ranks.{table}: no such table")
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"sharding.table_ranks.{table}: rank {rank} is outside the world "
+                              f"of {world_size} ranks")
+        if cfg.sharding.tables.get(table, cfg.sharding.default_type) != "table_wise":
+            raise ConfigError(f"sharding.table_ranks.{table}: only table-wise tables have one rank")
+        if cfg.sharding.planner != "manual":
+            raise ConfigError(f"sharding.table_ranks.{table}: placements are set by hand only "
+                              f"with sharding.planner=manual")
     for table, kind in cfg.sharding.tables.items():
         if table not in names:
             raise ConfigError(f"sharding.tables.{table}: no such table (tables are t_cat_0 … "
                               f"t_cat_{len(names) - 1})")
         _one_of(f"sharding.tables.{table}", kind, SHARDING_TYPES)
+    if cfg.sharding.planner == "torchrec" and run.device != "cuda":
+        wanted = set(cfg.sharding.tables.values()) | {cfg.sharding.default_type}
+        if "row_wise" in wanted and (run.device == "cpu" or not _cuda_available()):
+            raise ConfigError("sharding.planner: TorchRec's planner offers no row-wise sharding "
+                              "on CPU; use sharding.planner=manual for row-wise tables")
     for table, codec in cfg.comm.table_codecs.items():
         if table not in names:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")

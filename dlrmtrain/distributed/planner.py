@@ -1,14 +1,22 @@
 """The sharding plan: which rank holds which table (or which slice of it).
 
-Built by hand from the config rather than by TorchRec's planner: the plan is
-then explicit and the same on every machine, and row-wise works on CPU (the
-planner refuses it there). Table-wise tables go, largest first, to the rank
-with the fewest bytes so far. Sharded tables use the `fused` kernel so the
-optimizer runs inside the backward pass; data-parallel tables are replicated.
+Two ways, chosen by `sharding.planner`:
+- `manual` (default): built from the config's per-table choices, the same on
+  every machine; row-wise works on CPU (TorchRec's planner refuses it there).
+  Table-wise tables go where `table_ranks` says, else, largest first, to the
+  rank holding the fewest rows so far.
+- `torchrec`: TorchRec's EmbeddingShardingPlanner, constrained to the same
+  per-table sharding types, planned on rank 0 and broadcast.
+Sharded tables use the `fused` kernel so the optimizer runs inside the
+backward pass; data-parallel tables are replicated and updated densely.
 """
 
 from __future__ import annotations
 
+import torch
+
+import torch.distributed as dist
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
@@ -30,16 +38,46 @@ def table_sharding_types(cfg: ShardingConfig, tables: list[str]) -> dict[str, st
     return {t: cfg.tables.get(t, cfg.default_type) for t in tables}
 
 
-def build_sharding_plan(ebc: EmbeddingBagCollection, cfg: ShardingConfig, world_size: int,
+def build_sharding_plan(model: torch.nn.Module, cfg: ShardingConfig, world_size: int,
                         device_type: str, sharder: ModuleSharder) -> ShardingPlan:
+    """The plan for DLRMTrain `model` (its EBC at EBC_PATH)."""
+    ebc = model.get_submodule(EBC_PATH)
+    if cfg.planner == "torchrec":
+        return _torchrec_plan(model, ebc, cfg, world_size, device_type, sharder)
+    return _manual_plan(ebc, cfg, world_size, device_type, sharder)
+
+
+def _torchrec_plan(model: torch.nn.Module, ebc: EmbeddingBagCollection, cfg: ShardingConfig,
+                   world_size: int, device_type: str, sharder: ModuleSharder) -> ShardingPlan:
+    kinds = table_sharding_types(cfg, [c.name for c in ebc.embedding_bag_configs()])
+    constraints = {
+        name: ParameterConstraints(
+            sharding_types=[kind],
+            compute_kernels=["dense"] if kind == "data_parallel" else [FUSED])
+        for name, kind in kinds.items()}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=world_size, compute_device=device_type,
+                          local_world_size=world_size),
+        constraints=constraints)
+    if dist.is_initialized():
+        return planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
+    return planner.plan(model, [sharder])
+
+
+def _manual_plan(ebc: EmbeddingBagCollection, cfg: ShardingConfig, world_size: int,
+                 device_type: str, sharder: ModuleSharder) -> ShardingPlan:
     configs = {c.name: c for c in ebc.embedding_bag_configs()}
     kinds = table_sharding_types(cfg, list(configs))
     load = [0] * world_size
+    for name, rank in cfg.table_ranks.items():
+        load[rank] += configs[name].num_embeddings
     generators = {}
     # Largest tables first so the greedy placement balances memory.
     for name in sorted(configs, key=lambda n: -configs[n].num_embeddings):
         kind = kinds[name]
-        if kind == "table_wise":
+        if kind == "table_wise" and name in cfg.table_ranks:
+            generators[name] = table_wise(rank=cfg.table_ranks[name], compute_kernel=FUSED)
+        elif kind == "table_wise":
             rank = min(range(world_size), key=lambda r: (load[r], r))
             load[rank] += configs[name].num_embeddings
             generators[name] = table_wise(rank=rank, compute_kernel=FUSED)

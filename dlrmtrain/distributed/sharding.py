@@ -32,7 +32,6 @@ def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
     """Wrap the single-device model in DMP with the configured plan; returns the
     sharded model and a printable description of the plan."""
     sharder = build_ebc_sharder(cfg.comm, fused_optimizer_params(cfg.optim))
-    ebc = model.model.sparse_arch.embedding_bag_collection
-    plan = build_sharding_plan(ebc, cfg.sharding, world_size, device.type, sharder)
+    plan = build_sharding_plan(model, cfg.sharding, world_size, device.type, sharder)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
     return dmp, describe_plan(plan)

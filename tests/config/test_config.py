@@ -97,6 +97,12 @@ def test_missing_config_file_is_named(tmp_path):
     (["data.multi_hot_sizes=[1, 2]"], 2, r"data\.multi_hot_sizes: 2 entries for 26 tables"),
     (["eval.target_auc=1.5"], 2, r"eval\.target_auc"),
     (["run.device=tpu"], 2, r"run\.device"),
+    (["sharding.planner=magic"], 2, r"sharding\.planner"),
+    (["sharding.table_ranks={t_cat_0: 2}"], 2, r"sharding\.table_ranks\.t_cat_0: rank 2 is outside"),
+    (["sharding.table_ranks={t_cat_0: 1}", "sharding.tables={t_cat_0: row_wise}"], 2,
+     r"only table-wise tables"),
+    (["sharding.planner=torchrec", "sharding.tables={t_cat_0: row_wise}", "run.device=cpu"], 2,
+     r"no row-wise sharding on CPU"),
     (["data.synthetic.num_train_samples=10"], 2, r"data\.synthetic\.num_train_samples"),
 ])
 def test_validation_errors_name_the_key(overrides, world_size, message):
