@@ -1,0 +1,51 @@
+"""Both MLPerf configs start on CPU with their tables scaled down and train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrmtrain.config import load_config
+from dlrmtrain.config.validate import validate_config
+from tests.multiproc import run_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["run.device=cpu", "model.max_table_rows=2000", "run.global_batch_size=256",
+         "run.max_steps=3", "eval.batch_size=1024", "data.synthetic.num_train_samples=2048",
+         "data.synthetic.num_eval_samples=1024", "logging.progress_bar=false",
+         "logging.metrics_every_steps=1"]
+
+
+def _run_config(rank, world_size, path, overrides):
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.trainer import Trainer
+
+    cfg = load_config(path, overrides)
+    validate_config(cfg, world_size)
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    summary = trainer.train().as_dict()
+    n_params = sum(p.numel() for n, p in trainer.model.named_parameters() if "embedding" not in n)
+    trainer.close()
+    del trainer
+    return summary, n_params
+
+
+@pytest.mark.parametrize("name, dense_params", [
+    # Bottom 13-512-256-128, top 479-1024-1024-512-256-1 (MLPerf v1 sizes).
+    ("mlperf_v1_terabyte", (13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
+     + (479 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 512 + 512) + (512 * 256 + 256)
+     + (256 + 1)),
+    # Same MLPs, cross net 3 × (3456·512 + 512·3456 + 3456) on 27·128 inputs, top on 3456.
+    ("mlperf_dcnv2", (13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
+     + 3 * (3456 * 512 * 2 + 3456)
+     + (3456 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 512 + 512) + (512 * 256 + 256)
+     + (256 + 1)),
+])
+def test_mlperf_config_trains_scaled_down(tmp_path, name, dense_params):
+    path = str(REPO / "configs" / f"{name}.yaml")
+    (summary, n_params), _ = run_ranks(_run_config, 2, path,
+                                       SMALL + [f"run.output_dir={tmp_path}"], timeout=300)
+    assert summary["steps"] == 3
+    assert summary["final_auc"] is not None
+    assert n_params == dense_params
