@@ -21,6 +21,7 @@ from dlrmtrain.distributed.env import DistEnv
 from dlrmtrain.distributed.sharding import shard_model
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
 from dlrmtrain.metrics.run_records import open_run_records
+from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
 from dlrmtrain.models import build_model
 from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
@@ -102,6 +103,8 @@ class Trainer:
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
                                          o.decay_steps, o.end_lr)
         self.step = 0
+        self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
+                      else NoStepBreakdown())
         self._print(self.plan_text)
         self.records.write_text("plan.txt", self.plan_text + "\n")
 
@@ -124,10 +127,27 @@ class Trainer:
         self.step += 1
         self.schedule.apply(self.step, [self.optimizer])
         self.optimizer.zero_grad()  # also hands the new rate to the fused optimizer
-        loss, _ = self.model(batch.to(self.env.device))
-        loss.backward()
-        self.optimizer.step()
+        with self.timer.phase("forward"):
+            loss, _ = self.model(batch)
+        with self.timer.phase("backward"):
+            loss.backward()
+        with self.timer.phase("optimizer"):
+            self.optimizer.step()
+        self.timer.step_ends()
         return loss.detach()
+
+    def _batches(self, epoch: int):
+        """This rank's training batches on the device, timed as the `data` phase."""
+        it = iter(self.data.train_batches(epoch))
+        while True:
+            self.timer.step_begins(self.step + 1)
+            with self.timer.phase("data"):
+                batch = next(it, None)
+                if batch is not None:
+                    batch = batch.to(self.env.device, non_blocking=True)
+            if batch is None:
+                return
+            yield batch
 
     def _global_mean(self, value: torch.Tensor) -> float:
         """Mean over ranks (a sync point: call only when logging)."""
@@ -181,7 +201,7 @@ class Trainer:
         done = False
         epoch = 0
         while not done:
-            for batch in self.data.train_batches(epoch):
+            for batch in self._batches(epoch):
                 window_loss += self.train_step(batch)
                 window_steps += 1
                 bar.update(1)
@@ -210,6 +230,10 @@ class Trainer:
                     break
             epoch += 1
         bar.close()
+        self.timer.close()
+        if isinstance(self.timer, StepBreakdown):
+            self._print(self.timer.render())
+            self.records.write_json("step_breakdown.json", self.timer.report())
         train_seconds += time.perf_counter() - window_start if window_steps else 0.0
         summary.steps = self.step
         summary.samples = self.step * cfg.run.global_batch_size

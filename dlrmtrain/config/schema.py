@@ -142,6 +142,9 @@ class LoggingConfig:
     """Show a tqdm bar with loss, lr and samples/s on rank 0."""
     metrics_every_steps: int = 50
     """Write a training-metrics line to metrics.jsonl every this many steps."""
+    step_breakdown: bool = False
+    """Time data / forward / backward / optimizer and the collectives over 10 steps
+    (from step 3; adds GPU syncs) and print the split at the end."""
 
 
 @dataclass

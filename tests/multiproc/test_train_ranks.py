@@ -47,3 +47,15 @@ def test_two_ranks_match_one_rank_on_the_same_global_batches(tmp_path):
     # Same model, same data; only float summation order differs across ranks.
     assert losses_2 == pytest.approx(losses_1, rel=1e-5, abs=1e-6)
     assert losses_1[0] != losses_1[-1]  # it did train
+
+
+def test_step_breakdown_on_request(tmp_path):
+    overrides = ["run.max_steps=14", "eval.enabled=false", "logging.step_breakdown=true",
+                 "run.name=bd"]
+    run_ranks(_train, 2, str(tmp_path), overrides, timeout=180)
+    report = json.loads((Path(tmp_path) / "bd" / "step_breakdown.json").read_text())
+    assert report["steps_measured"] == 10
+    assert all(ms > 0 for ms in report["phase_ms_per_step"].values())
+    # Table-wise embeddings cross ranks by all-to-all; dense grads by all-reduce.
+    assert report["collective_ms_per_step"]["all_to_all (embeddings)"] > 0
+    assert report["collective_ms_per_step"]["all_reduce (dense grads)"] > 0
