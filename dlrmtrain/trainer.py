@@ -6,15 +6,19 @@ Reads top to bottom as the architecture: config → data → model → sharding
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
+from dlrmtrain.checkpoint import Checkpointer, TrainerPosition
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.distributed.env import DistEnv
@@ -102,11 +106,19 @@ class Trainer:
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
                                          o.decay_steps, o.end_lr)
-        self.step = 0
+        self.step = 0           # optimizer steps taken
+        self.epoch = 0          # current pass over the training data
+        self.step_in_epoch = 0  # batches of this epoch already trained on
+        self.pipeline = (TrainPipelineSparseDist(self.model, self.optimizer, env.device)
+                         if cfg.run.pipeline else None)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
+        run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        self.checkpointer = Checkpointer(Path(cfg.checkpoint.dir or run_dir / "checkpoints"),
+                                         cfg.checkpoint.keep, env.rank, log=self._print)
         self._print(self.plan_text)
         self.records.write_text("plan.txt", self.plan_text + "\n")
+        self._maybe_resume()
 
     # ---- building ---------------------------------------------------------
     def _build_sharded_model(self) -> tuple[torch.nn.Module, str]:
@@ -136,9 +148,10 @@ class Trainer:
         self.timer.step_ends()
         return loss.detach()
 
-    def _batches(self, epoch: int):
-        """This rank's training batches on the device, timed as the `data` phase."""
-        it = iter(self.data.train_batches(epoch))
+    def _batches(self, epoch: int, skip: int):
+        """This rank's training batches of `epoch` on the device, from batch `skip` on,
+        timed as the `data` phase."""
+        it = itertools.islice(iter(self.data.train_batches(epoch)), skip, None)
         while True:
             self.timer.step_begins(self.step + 1)
             with self.timer.phase("data"):
@@ -148,6 +161,34 @@ class Trainer:
             if batch is None:
                 return
             yield batch
+
+    def _pipelined_steps(self, batches) -> Iterator[torch.Tensor]:
+        """TrainPipelineSparseDist: the input all-to-all of batch i+1 runs during batch i.
+        Numerically the plain loop: batch i+1 is looked up after batch i's update.
+        At the end of the data it drains the batches in flight by itself."""
+        it = iter(batches)
+        while True:
+            self.schedule.apply(self.step + 1, [self.optimizer])  # before its zero_grad
+            try:
+                with self.timer.phase("pipelined step"):
+                    loss, _, _ = self.pipeline.progress(it)
+            except StopIteration:
+                return
+            self.step += 1
+            self.timer.step_ends()
+            yield loss.detach()
+
+    def _steps(self) -> Iterator[torch.Tensor]:
+        """Run steps across epochs, forever; yields each step's local loss."""
+        while True:
+            batches = self._batches(self.epoch, skip=self.step_in_epoch)
+            steps = (self._pipelined_steps(batches) if self.pipeline is not None
+                     else (self.train_step(b) for b in batches))
+            for loss in steps:
+                self.step_in_epoch += 1
+                yield loss
+            self.epoch += 1
+            self.step_in_epoch = 0
 
     def _global_mean(self, value: torch.Tensor) -> float:
         """Mean over ranks (a sync point: call only when logging)."""
@@ -161,17 +202,40 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> tuple[float, int]:
         """Exact AUC over the whole eval set (every rank gets the same value)."""
-        self.model.eval()
+        model = self.pipeline.detach() if self.pipeline is not None else self.model
+        model.eval()
         scores, labels, weights = [], [], []
         for batch, weight in self.data.eval_batches():
-            _, (_, logits, batch_labels) = self.model(batch.to(self.env.device))
+            _, (_, logits, batch_labels) = model(batch.to(self.env.device))
             scores.append(logits.float())
             labels.append(batch_labels.float())
             weights.append(weight.to(self.env.device))
-        self.model.train()
+        model.train()  # the pipeline re-attaches itself on its next step
         all_scores, all_labels = gather_eval_outputs(torch.cat(scores), torch.cat(labels),
                                                      torch.cat(weights))
         return roc_auc(all_scores, all_labels), all_scores.numel()
+
+    # ---- checkpoints ------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        position = TrainerPosition(step=self.step, epoch=self.epoch,
+                                   step_in_epoch=self.step_in_epoch,
+                                   schedule=self.schedule.state_dict())
+        path = self.checkpointer.save(self.model, self.optimizer, position)
+        self.records.log("checkpoint", step=self.step, path=str(path))
+
+    def _maybe_resume(self) -> None:
+        if not self.cfg.checkpoint.resume:
+            return
+        path = self.checkpointer.latest_valid()
+        if path is None:
+            self._print(f"resume: no complete checkpoint in {self.checkpointer.root}; "
+                        f"starting from step 0")
+            return
+        pos = self.checkpointer.load(path, self.model, self.optimizer)
+        self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
+        self.schedule.load_state_dict(pos.schedule)
+        self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
+                    f"batch {self.step_in_epoch})")
 
     # ---- the loop -----------------------------------------------------------
     def planned_steps(self) -> int:
@@ -190,55 +254,50 @@ class Trainer:
         cfg, env = self.cfg, self.env
         total = self.planned_steps()
         interval = self.eval_interval()
+        ckpt_every = cfg.checkpoint.every_steps
         log_every = max(1, cfg.logging.metrics_every_steps)
         summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc)
-        bar = tqdm(total=total, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not (env.is_main and cfg.logging.progress_bar))
+        bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
+                   dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
         run_start = time.perf_counter()
-        train_seconds = 0.0
+        paused = 0.0  # eval and checkpoint time, not training
         window_loss = torch.zeros((), device=env.device)
         window_steps, window_start = 0, time.perf_counter()
-        done = False
-        epoch = 0
-        while not done:
-            for batch in self._batches(epoch):
-                window_loss += self.train_step(batch)
-                window_steps += 1
-                bar.update(1)
-                if self.step % log_every == 0 or self.step == total:
-                    loss = self._global_mean(window_loss / window_steps)
-                    elapsed = time.perf_counter() - window_start
-                    rate = window_steps * cfg.run.global_batch_size / elapsed
-                    lr = self.optimizer.param_groups[0]["lr"]
-                    summary.losses.append((self.step, loss))
-                    self.records.log("train", step=self.step, loss=loss, lr=lr,
-                                     samples_per_s=rate)
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.3g}", sps=f"{rate:,.0f}")
-                    train_seconds += elapsed
-                    window_loss.zero_()
-                    window_steps, window_start = 0, time.perf_counter()
-                last = self.step >= total
-                if cfg.eval.enabled and ((interval and self.step % interval == 0) or last):
-                    train_seconds += time.perf_counter() - window_start
-                    self._run_eval(summary, run_start)
-                    window_start = time.perf_counter()
-                    if summary.time_to_target_s is not None:
-                        done = True
-                        break
-                if last:
-                    done = True
-                    break
-            epoch += 1
+        first_step = self.step
+        steps = self._steps() if self.step < total else iter(())
+        for loss in steps:
+            window_loss += loss
+            window_steps += 1
+            bar.update(1)
+            last = self.step >= total
+            if self.step % log_every == 0 or last:
+                mean_loss = self._global_mean(window_loss / window_steps)
+                rate = window_steps * cfg.run.global_batch_size / (time.perf_counter() - window_start)
+                lr = self.optimizer.param_groups[0]["lr"]
+                summary.losses.append((self.step, mean_loss))
+                self.records.log("train", step=self.step, loss=mean_loss, lr=lr, samples_per_s=rate)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.3g}", sps=f"{rate:,.0f}")
+                window_loss.zero_()
+                window_steps = 0
+            pause_start = time.perf_counter()
+            if cfg.eval.enabled and ((interval and self.step % interval == 0) or last):
+                self._run_eval(summary, run_start)
+            if (ckpt_every and self.step % ckpt_every == 0) or (last and cfg.checkpoint.at_end):
+                self.save_checkpoint()
+            paused += time.perf_counter() - pause_start
+            if window_steps == 0:
+                window_start = time.perf_counter()
+            if last or summary.time_to_target_s is not None:
+                break
         bar.close()
         self.timer.close()
         if isinstance(self.timer, StepBreakdown):
             self._print(self.timer.render())
             self.records.write_json("step_breakdown.json", self.timer.report())
-        train_seconds += time.perf_counter() - window_start if window_steps else 0.0
         summary.steps = self.step
-        summary.samples = self.step * cfg.run.global_batch_size
-        summary.train_seconds = train_seconds
+        summary.samples = (self.step - first_step) * cfg.run.global_batch_size
         summary.wall_seconds = time.perf_counter() - run_start
+        summary.train_seconds = summary.wall_seconds - paused
         self.records.write_json("summary.json", summary.as_dict())
         self._print(summary.render())
         return summary

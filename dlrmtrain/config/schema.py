@@ -31,6 +31,9 @@ class RunConfig:
     """Passes over the training data (fractions allowed, e.g. 0.5)."""
     max_steps: Optional[int] = None
     """Stop after this many steps even if the epochs are not done (null: no cap)."""
+    pipeline: bool = False
+    """Overlap the next batch's sparse input all-to-all with this batch's compute
+    (TorchRec TrainPipelineSparseDist); same numbers as the plain loop."""
 
 
 @dataclass
@@ -137,6 +140,20 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_steps: int = 0
+    """Save a checkpoint every this many steps (0: only at the end, if `at_end`)."""
+    at_end: bool = False
+    """Also save when training ends."""
+    dir: Optional[str] = None
+    """Where checkpoints go (null: `<run dir>/checkpoints`)."""
+    keep: int = 2
+    """How many complete checkpoints to keep (older ones are deleted)."""
+    resume: bool = False
+    """Start from the latest complete, verified checkpoint in `dir` (if there is one)."""
+
+
+@dataclass
 class LoggingConfig:
     progress_bar: bool = True
     """Show a tqdm bar with loss, lr and samples/s on rank 0."""
@@ -165,5 +182,7 @@ class Config:
     """Numeric precision."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation cadence, size and stopping target."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Saving and resuming training state."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Console and run-directory output."""

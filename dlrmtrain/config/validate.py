@@ -117,6 +117,10 @@ def validate_config(cfg: Config, world_size: int) -> None:
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
         if getattr(cfg.optim, key) < 0:
             raise ConfigError(f"optim.{key}: must not be negative")
+    if cfg.checkpoint.every_steps < 0:
+        raise ConfigError("checkpoint.every_steps: must not be negative")
+    if cfg.checkpoint.keep < 1:
+        raise ConfigError("checkpoint.keep: keep at least one checkpoint")
     if cfg.eval.evals_per_epoch < 0:
         raise ConfigError("eval.evals_per_epoch: must not be negative")
     if cfg.eval.target_auc is not None and not 0.5 <= cfg.eval.target_auc <= 1.0:

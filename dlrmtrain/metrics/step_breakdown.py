@@ -20,7 +20,9 @@ from typing import Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-PHASES = ("data", "forward", "backward", "optimizer")
+# The pipelined loop cannot split forward / backward / optimizer: it times the
+# whole step as one phase.
+PHASES = ("data", "forward", "backward", "optimizer", "pipelined step")
 _COLLECTIVE = re.compile(r"(gloo|nccl)[:_].*?(all_?to_?all|reduce_?scatter|all_?gather|all_?reduce)",
                          re.IGNORECASE)
 
@@ -98,7 +100,8 @@ class StepBreakdown:
         n = max(self.steps_measured, 1)
         return {
             "steps_measured": self.steps_measured,
-            "phase_ms_per_step": {p: 1000 * self.phase_seconds[p] / n for p in PHASES},
+            "phase_ms_per_step": {p: 1000 * self.phase_seconds[p] / n for p in PHASES
+                                  if p in self.phase_seconds},
             "collective_ms_per_step": {k: 1000 * v / n for k, v in sorted(self.comm_seconds.items())},
         }
 

@@ -6,6 +6,7 @@ test with that rank's traceback; no rank's failure is ever passed over.
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import socket
@@ -37,7 +38,11 @@ def _rank_main(fn, rank, world_size, port, args, queue) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         shutdown_distributed()
-        queue.put((rank, "ok", result))
+        # Serialise to bytes: torch would otherwise share tensors through
+        # shared-memory handles that die with this process.
+        buffer = io.BytesIO()
+        torch.save(result, buffer)
+        queue.put((rank, "ok", buffer.getvalue()))
     except BaseException:  # report every failure to the parent
         queue.put((rank, "error", traceback.format_exc()))
         raise
@@ -79,7 +84,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
                             f"rank(s) {dead} died with exit codes "
                             f"{[procs[r].exitcode for r in dead]} and no report")
                 continue
-            (results if status == "ok" else errors)[rank] = payload
+            if status == "ok":
+                import torch
+
+                results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                errors[rank] = payload
             if errors:
                 break
         if errors:
