@@ -30,6 +30,7 @@ from dlrmtrain.models import build_model
 from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
+from dlrmtrain.precision import autocast
 
 
 @dataclass
@@ -109,7 +110,8 @@ class Trainer:
         self.step = 0           # optimizer steps taken
         self.epoch = 0          # current pass over the training data
         self.step_in_epoch = 0  # batches of this epoch already trained on
-        self.pipeline = (TrainPipelineSparseDist(self.model, self.optimizer, env.device)
+        self.pipeline = (TrainPipelineSparseDist(self.model, self.optimizer, env.device,
+                                                 custom_model_fwd=self._autocast_forward)
                          if cfg.run.pipeline else None)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
@@ -133,13 +135,20 @@ class Trainer:
             tqdm.write(text)
 
     # ---- one step ---------------------------------------------------------
+    def _autocast(self):
+        return autocast(self.cfg.precision.mode, self.env.device)
+
+    def _autocast_forward(self, batch):
+        with self._autocast():
+            return self.model(batch)
+
     def train_step(self, batch) -> torch.Tensor:
         """Forward, backward (embedding update happens inside it), dense update.
         Returns this rank's loss, detached; no host sync."""
         self.step += 1
         self.schedule.apply(self.step, [self.optimizer])
         self.optimizer.zero_grad()  # also hands the new rate to the fused optimizer
-        with self.timer.phase("forward"):
+        with self.timer.phase("forward"), self._autocast():
             loss, _ = self.model(batch)
         with self.timer.phase("backward"):
             loss.backward()
@@ -206,7 +215,8 @@ class Trainer:
         model.eval()
         scores, labels, weights = [], [], []
         for batch, weight in self.data.eval_batches():
-            _, (_, logits, batch_labels) = model(batch.to(self.env.device))
+            with self._autocast():
+                _, (_, logits, batch_labels) = model(batch.to(self.env.device))
             scores.append(logits.float())
             labels.append(batch_labels.float())
             weights.append(weight.to(self.env.device))

@@ -116,24 +116,46 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The file's mapping; a top-level `base: other.yaml` (relative to this file)
+    is read first and this file's keys are merged over it."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.resolve() in chain:
+        raise ConfigError(f"{path}: `base` chain loops back to itself")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base: expected a file name, got {base!r}")
+    return _deep_merge(_read_yaml_tree(path.parent / base, chain + (path.resolve(),)), loaded)
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Read `path` (or start from defaults), apply overrides, type-check everything."""
     tree: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
-        path = Path(path)
         source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        tree = loaded
+        tree = _read_yaml_tree(Path(path))
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(tree, key, value)

@@ -124,7 +124,8 @@ class OptimConfig:
 @dataclass
 class PrecisionConfig:
     mode: str = "fp32"
-    """Numeric precision of the training step: `fp32`."""
+    """`fp32`, or `bf16`: bf16 autocast for the dense part and a bf16 embedding all-to-all
+    (tables and optimizer state stay fp32; see dlrmtrain/precision.py)."""
 
 
 @dataclass

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
+from dlrmtrain.precision import PRECISIONS
 
 MODEL_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 PLANNERS = ("manual", "torchrec")
 OPTIMIZERS = ("sgd", "adagrad")
-PRECISIONS = ("fp32",)
 DATA_SOURCES = ("synthetic",)
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -38,6 +38,9 @@ def validate_config(cfg: Config, world_size: int) -> None:
     _one_of("data.source", data.source, DATA_SOURCES)
     _one_of("model.arch", model.arch, MODEL_ARCHS)
     _one_of("optim.name", cfg.optim.name, OPTIMIZERS)
+    if cfg.precision.mode == "fp16":
+        raise ConfigError("precision.mode: fp16 is not supported: it needs loss scaling, which "
+                          "TorchRec's in-backward embedding optimizers cannot honour; use bf16")
     _one_of("precision.mode", cfg.precision.mode, PRECISIONS)
     _one_of("sharding.default_type", cfg.sharding.default_type, SHARDING_TYPES)
     _one_of("comm.codec", cfg.comm.codec, available_codecs())

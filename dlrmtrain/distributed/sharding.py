@@ -12,14 +12,17 @@ from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.config.schema import CommConfig, Config, OptimConfig
 from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
+from dlrmtrain.precision import embedding_output_dtype
 
 
-def fused_optimizer_params(optim: OptimConfig) -> dict[str, Any]:
-    """Parameters of the optimizer fbgemm runs inside the embedding backward."""
+def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[str, Any]:
+    """Parameters of the fused lookup kernel: the optimizer fbgemm runs inside the
+    embedding backward, and the dtype the lookup emits."""
+    params: dict[str, Any] = {"learning_rate": optim.lr,
+                              "output_dtype": embedding_output_dtype(precision, device_type)}
     if optim.name == "sgd":
-        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": optim.lr}
-    return {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": optim.lr,
-            "eps": optim.adagrad_eps}
+        return {**params, "optimizer": EmbOptimType.EXACT_SGD}
+    return {**params, "optimizer": EmbOptimType.EXACT_ADAGRAD, "eps": optim.adagrad_eps}
 
 
 def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any]) -> ModuleSharder:
@@ -31,7 +34,7 @@ def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
                 world_size: int) -> tuple[DistributedModelParallel, str]:
     """Wrap the single-device model in DMP with the configured plan; returns the
     sharded model and a printable description of the plan."""
-    sharder = build_ebc_sharder(cfg.comm, fused_optimizer_params(cfg.optim))
+    sharder = build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type))
     plan = build_sharding_plan(model, cfg.sharding, world_size, device.type, sharder)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
     return dmp, describe_plan(plan)

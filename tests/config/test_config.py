@@ -94,6 +94,7 @@ def test_missing_config_file_is_named(tmp_path):
     (["optim.name=adam"], 2, r"optim\.name"),
     (["optim.lr=0"], 2, r"optim\.lr: must be positive"),
     (["precision.mode=fp64"], 2, r"precision\.mode"),
+    (["precision.mode=fp16"], 2, r"precision\.mode: fp16 is not supported.*use bf16"),
     (["data.multi_hot_sizes=[1, 2]"], 2, r"data\.multi_hot_sizes: 2 entries for 26 tables"),
     (["eval.target_auc=1.5"], 2, r"eval\.target_auc"),
     (["run.device=tpu"], 2, r"run\.device"),
@@ -128,3 +129,22 @@ def test_entry_point_rejects_bad_config_before_starting_ranks(tmp_path):
     assert proc.returncode == 2
     assert "config error" in proc.stderr and "run.global_batch_size" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_base_file_is_merged_under_the_variant(tmp_path):
+    (tmp_path / "base.yaml").write_text("run:\n  seed: 4\n  name: base\noptim:\n  lr: 3\n")
+    (tmp_path / "variant.yaml").write_text("base: base.yaml\nrun:\n  name: variant\n")
+    cfg = load_config(tmp_path / "variant.yaml", ["optim.lr=5"])
+    assert (cfg.run.seed, cfg.run.name, cfg.optim.lr) == (4, "variant", 5.0)
+    amp = load_config(REPO / "configs/mlperf_v1_terabyte_bf16.yaml")
+    assert amp.precision.mode == "bf16" and amp.optim.lr == 24.0
+
+
+def test_base_loop_and_missing_base_are_errors(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="loops back"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml does not exist"):
+        load_config(tmp_path / "c.yaml")
