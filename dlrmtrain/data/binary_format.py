@@ -58,26 +58,53 @@ class PartWriter:
         self.rows = 0
         self._files = {fname: open(self.tmp_dir / fname, "wb") for fname in PART_FILES}
         self._hashes = {fname: hashlib.sha256() for fname in PART_FILES}
+        self._adopted: dict[str, str] = {}
 
     def append(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
-        arrays = {"dense.f32": dense, "sparse.i32": sparse, "labels.u8": labels}
-        for fname, (dtype, cols) in PART_FILES.items():
-            arr = np.ascontiguousarray(arrays[fname], dtype=dtype)
-            if arr.shape != ((len(labels), cols) if cols else (len(labels),)):
-                raise ValueError(f"{self.name}/{fname}: bad shape {arr.shape}")
-            data = arr.tobytes()
-            self._files[fname].write(data)
-            self._hashes[fname].update(data)
+        self.append_file("dense.f32", dense)
+        self.append_file("sparse.i32", sparse)
+        self.append_file("labels.u8", labels)
         self.rows += len(labels)
 
-    def commit(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """Close, write part.json, and atomically move the part into place. Returns its metadata."""
+    def append_file(self, fname: str, rows: np.ndarray) -> None:
+        """Append rows to one file only (with `adopt` for the others; `commit` checks they agree)."""
+        dtype, cols = PART_FILES[fname]
+        arr = np.ascontiguousarray(rows, dtype=dtype)
+        if arr.ndim != (2 if cols else 1) or (cols and arr.shape[1] != cols):
+            raise ValueError(f"{self.name}/{fname}: bad shape {arr.shape}")
+        data = arr.tobytes()
+        self._files[fname].write(data)
+        self._hashes[fname].update(data)
+
+    def adopt(self, fname: str, source: Path, sha256: str) -> None:
+        """Take an already written, already checksummed file as this part's `fname`.
+
+        Hard-linked, so the source stays intact until the caller deletes it after `commit`
+        (an interruption in between loses nothing); copied where links are impossible.
+        """
+        self._files.pop(fname).close()
+        self._hashes.pop(fname)
+        target = self.tmp_dir / fname
+        target.unlink()
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+        self._adopted[fname] = sha256
+
+    def commit(self, extra: dict[str, Any], rows: int | None = None) -> dict[str, Any]:
+        """Close, check sizes, write part.json, and atomically move the part into place."""
+        rows = self.rows if rows is None else rows
         for f in self._files.values():
             f.flush()
             os.fsync(f.fileno())
             f.close()
-        meta = {"name": self.name, "rows": self.rows,
-                "sha256": {k: h.hexdigest() for k, h in self._hashes.items()}, **extra}
+        for fname, (dtype, cols) in PART_FILES.items():
+            size = (self.tmp_dir / fname).stat().st_size
+            if size != rows * max(cols, 1) * dtype.itemsize:
+                raise ValueError(f"{self.name}/{fname}: {size} bytes do not hold {rows} rows")
+        sha = {**{k: h.hexdigest() for k, h in self._hashes.items()}, **self._adopted}
+        meta = {"name": self.name, "rows": rows, "sha256": {k: sha[k] for k in PART_FILES}, **extra}
         (self.tmp_dir / PART_META_NAME).write_text(json.dumps(meta, indent=1))
         shutil.rmtree(self.final_dir, ignore_errors=True)
         os.rename(self.tmp_dir, self.final_dir)

@@ -91,11 +91,14 @@ class MlperfVocabulary:
         """Merge pass-1 results of all files into one vocabulary."""
         n_words = -(-hash_range // 64)
         bitmaps = np.zeros((NUM_SPARSE, n_words), dtype=np.uint64)
-        for col in range(NUM_SPARSE):  # one column at a time: 40 MB of bools at the MLPerf range
-            bits = np.zeros(n_words * 64, dtype=bool)
-            for columns in per_file:
-                bits[columns[col]] = True
-            bitmaps[col] = np.packbits(bits, bitorder="little").view(np.uint64)
+        for columns in per_file:
+            for col, values in enumerate(columns):  # sorted distinct values: OR them in word by word
+                if len(values) == 0:
+                    continue
+                words = values.astype(np.int64) >> 6
+                starts = np.flatnonzero(np.diff(words, prepend=-1))
+                bits = np.left_shift(np.uint64(1), (values & 63).astype(np.uint64))
+                bitmaps[col, words[starts]] |= np.bitwise_or.reduceat(bits, starts)
         return cls(bitmaps, hash_range)
 
     def save(self, path: Path) -> None:
