@@ -51,10 +51,14 @@ def make_text(tmp: Path, megabytes: float) -> tuple[Path, str]:
     return path, origin
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def timed(fn, repeats: int = 1) -> float:
+    """Best of `repeats` runs: the machine is shared, the minimum is the least disturbed."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def bench_preprocessing(tmp: Path, megabytes: float) -> None:
@@ -62,17 +66,24 @@ def bench_preprocessing(tmp: Path, megabytes: float) -> None:
     mb = text.stat().st_size / 1e6
     with open(text, "rb") as src, gzip.open(tmp / "day_gz.gz", "wb", compresslevel=1) as dst:
         shutil.copyfileobj(src, dst)
-    print(f"\n== preprocessing: {mb:,.0f} MB of raw text ({origin}), 1 process ==")
+    print(f"\n== preprocessing: {mb:,.0f} MB of raw text ({origin}), 1 process, best of 2 where marked ==")
     sizes = [1 << 20] * 26
-    parse = timed(lambda: sum(len(c) for c in iter_parsed(text)))
-    hash_mode = timed(lambda: preprocess([text], tmp / "hash", "hash", sizes, progress=False))
+    parse = timed(lambda: sum(len(c) for c in iter_parsed(text)), repeats=2)
+
+    def hash_run() -> None:
+        shutil.rmtree(tmp / "hash", ignore_errors=True)
+        preprocess([text], tmp / "hash", "hash", sizes, progress=False)
+
+    hash_mode = timed(hash_run, repeats=2)
     hash_gz = timed(lambda: preprocess([tmp / "day_gz.gz"], tmp / "hash_gz", "hash", sizes, progress=False))
     vocab = preprocess([text], tmp / "vocab", "mlperf_vocab", progress=False)
-    print(f"  parse only (vectorised, no output)          {mb / parse:7.1f} MB/s")
-    print(f"  hash mode, plain text: parse+map+write      {mb / hash_mode:7.1f} MB/s")
+    print(f"  parse only (vectorised, no output)          {mb / parse:7.1f} MB/s  (best of 2)")
+    print(f"  hash mode, plain text: parse+map+write      {mb / hash_mode:7.1f} MB/s  (best of 2)")
     print(f"  hash mode, .gz input (MB of text)           {mb / hash_gz:7.1f} MB/s")
-    print(f"  mlperf_vocab, both passes together          {2 * mb / vocab.seconds:7.1f} MB/s per pass "
-          f"({mb / vocab.seconds:.1f} MB/s of input end to end)")
+    pass1, pass2 = vocab.step_seconds["pass 1 + vocabulary"], vocab.step_seconds["pass 2"]
+    print(f"  mlperf_vocab pass 1 (parse, stage, count)   {mb / pass1:7.1f} MB/s  (incl. building the vocabulary)")
+    print(f"  mlperf_vocab pass 2 (remap staged ids)      {mb / pass2:7.1f} MB/s of the original text")
+    print(f"  mlperf_vocab end to end                     {mb / vocab.seconds:7.1f} MB/s")
     for d in ("hash", "hash_gz", "vocab"):
         shutil.rmtree(tmp / d)
     text.unlink()

@@ -4,9 +4,9 @@ Reads any supported layout (see sources.py), splits it (splits.py), turns one-ho
 ids into MLPerf DCNv2 bags when `data.multi_hot_sizes` is set and the files are
 one-hot (multi_hot.py), and folds ids into the model's table rows when the model's
 tables are smaller than the data's vocabulary (`model.max_table_rows`).
-Training drops the last incomplete global batch (as the MLPerf references do, and
-the count is logged); evaluation pads it with weight-0 rows so every real sample
-is scored exactly once.
+Training drops the last incomplete global batch, as the MLPerf references do (the
+train loader's `dropped_rows` says how many); evaluation pads it with weight-0 rows
+so every real sample is scored exactly once.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ randomly drawn logistic "teacher" over the dense features, one scalar per
 (table, id) and a few pairwise table interactions, so the AUC a model reaches
 measures real learning. Every rank generates the same arrays from the same
 seeds, so any world size sees the same global batches.
+
+Profiles (`data.synthetic.profile`): `custom` uses data.table_sizes and one
+zipf_exponent; `kaggle` and `terabyte` replace both with calibrated sizes and
+per-table exponents (synthetic_profiles.py). To write the data to disk in the
+project's layout instead, see data_prep/make_synthetic.py.
 """
 
 from __future__ import annotations
