@@ -15,24 +15,19 @@ from __future__ import annotations
 import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from dlrmtrain.data.features import NUM_DENSE, NUM_SPARSE, NUM_TEXT_FIELDS, TEXT_FIELD_NAMES
+from dlrmtrain.data.ascii_fields import (
+    DEC_LUT, HEX_LUT, MAX_HEX_DIGITS, decode_decimal8, decode_fixed_width, decode_hex8,
+)
+from dlrmtrain.data.features import NUM_DENSE, NUM_TEXT_FIELDS, TEXT_FIELD_NAMES
 
 BAD_LINE_POLICIES = ("error", "skip")
-MAX_HEX_DIGITS = 8  # Criteo categoricals are 32-bit hashes
 MAX_DENSE_CHARS = 18  # sign + 17 digits still fits int64
 _TAB, _NEWLINE, _MINUS = 9, 10, 45
 _PAD = b"\0" * 8
-
-# Byte -> hex digit value, -1 for anything that is not a hex digit.
-_HEX_LUT = np.full(256, -1, dtype=np.int8)
-for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX_LUT[_c] = _i
-for _i, _c in enumerate(b"ABCDEF"):
-    _HEX_LUT[_c] = 10 + _i
 
 
 class BadLineError(ValueError):
@@ -86,15 +81,6 @@ class ParsedRows:
         return len(self.labels)
 
 
-def open_text(path: str | Path) -> BinaryIO:
-    """Open a day file for binary reading; gzip is detected from its magic bytes."""
-    with open(path, "rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
-
-
 def iter_line_chunks(stream: BinaryIO, chunk_bytes: int = 4 << 20) -> Iterator[bytes]:
     """Yield chunks of whole lines, each ending in a newline (one is added at EOF if missing)."""
     carry = b""
@@ -111,27 +97,6 @@ def iter_line_chunks(stream: BinaryIO, chunk_bytes: int = 4 << 20) -> Iterator[b
         yield block[:cut]
     if carry:
         yield carry + b"\n"
-
-
-def _decode_fixed_width(
-    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, width: int, digit_lut: np.ndarray, base: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode right-aligned digit windows of `width` bytes ending at each field end.
-
-    Returns (value int64, per-position digit values, in-field mask) so callers can
-    validate characters (e.g. allow a leading minus sign).
-    """
-    positions = ends[..., None] - width + np.arange(width)
-    in_field = positions >= starts[..., None]
-    raw = buf[np.maximum(positions, 0)]
-    digits = digit_lut[raw].astype(np.int64)
-    weights = base ** np.arange(width - 1, -1, -1, dtype=np.int64)
-    value = (np.where(in_field & (digits >= 0), digits, 0) * weights).sum(axis=-1)
-    return value, digits, in_field
-
-
-_DEC_LUT = np.full(256, -1, dtype=np.int8)
-_DEC_LUT[48:58] = np.arange(10)
 
 
 class ChunkParser:
@@ -235,13 +200,13 @@ class ChunkParser:
         negative = buf[starts] == _MINUS  # a minus is only valid as the first character
         digit_starts = starts + negative
         lengths = ends - digit_starts
-        value, bad = _decode_decimal_swar(buf, digit_starts, ends)
+        value, bad = decode_decimal8(buf, digit_starts, ends)
         # Rare fields of 9+ digits take the slower general path.
         long = lengths > 8
         if long.any():
             width = int(min(lengths[long].max(), MAX_DENSE_CHARS))
-            long_value, digits, in_field = _decode_fixed_width(
-                buf, digit_starts[long], ends[long], width, _DEC_LUT, 10
+            long_value, digits, in_field = decode_fixed_width(
+                buf, digit_starts[long], ends[long], width, DEC_LUT, 10
             )
             value[long] = long_value
             bad[long] = (lengths[long] > MAX_DENSE_CHARS) | (in_field & (digits < 0)).any(axis=-1)
@@ -251,90 +216,20 @@ class ChunkParser:
     @staticmethod
     def _decode_cats(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lengths = ends - starts
-        value, bad = _decode_hex8_swar(buf, starts)
+        value, bad = decode_hex8(buf, starts)
         # Criteo writes 8 digits or nothing; other lengths take the general path.
         odd = lengths != MAX_HEX_DIGITS
         if odd.any():
             width = int(min(max(lengths[odd].max(), 1), MAX_HEX_DIGITS))
-            odd_value, digits, in_field = _decode_fixed_width(buf, starts[odd], ends[odd], width, _HEX_LUT, 16)
+            odd_value, digits, in_field = decode_fixed_width(buf, starts[odd], ends[odd], width, HEX_LUT, 16)
             value[odd] = odd_value
             bad[odd] = (lengths[odd] > MAX_HEX_DIGITS) | (in_field & (digits < 0)).any(axis=-1)
         return value.astype(np.uint32), bad
 
 
-# SWAR ("SIMD within a register") decoding: 8 ASCII characters are gathered as one
-# little-endian uint64 and combined with a handful of whole-array integer ops.
-_ONES = np.uint64(0x0101010101010101)
-_LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
-_ASCII_ZEROS = np.uint64(0x3030303030303030)
-
-
-def _words_at(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """uint64 little-endian words starting at each byte offset (buf is padded by 8 zero bytes)."""
-    view = np.ndarray(shape=(len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
-    return view[offsets]
-
-
-_HIGH_BITS = np.uint64(0x8080808080808080)
-
-
-def _bytes_at_least(words: np.ndarray, n: int) -> np.ndarray:
-    """Per byte: high bit set where byte >= n (valid for bytes < 0x80; borrow-free)."""
-    return ((words | _HIGH_BITS) - _ONES * np.uint64(n)) & _HIGH_BITS
-
-
-def _non_digit_bytes(words: np.ndarray) -> np.ndarray:
-    """Whether any of the 8 bytes is not '0'-'9'."""
-    ok = _bytes_at_least(words, 0x30) & ~_bytes_at_least(words, 0x3A) & ~words
-    return ok != _HIGH_BITS
-
-
-def _non_hex_bytes(words: np.ndarray) -> np.ndarray:
-    """Whether any of the 8 bytes is not 0-9, a-f or A-F."""
-    lower = words | (_ONES * np.uint64(0x20))  # 'A'-'F' -> 'a'-'f'; digits keep their value
-    digit = _bytes_at_least(words, 0x30) & ~_bytes_at_least(words, 0x3A)
-    letter = _bytes_at_least(lower, 0x61) & ~_bytes_at_least(lower, 0x67)
-    return ((digit | letter) & ~words) != _HIGH_BITS  # `& ~words` rejects bytes >= 0x80
-
-
-def _decode_hex8_swar(buf: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Value of the 8 hex digits at each start, and whether any of them is not a hex digit."""
-    words = _words_at(buf, starts)
-    bad = _non_hex_bytes(words)
-    is_letter = (words >> np.uint64(6)) & _ONES  # bit 6 is set for a-f / A-F only
-    nibbles = (words & _LOW_NIBBLES) + is_letter * np.uint64(9)
-    # The first character is the most significant digit and sits in the lowest byte.
-    pairs = ((nibbles & np.uint64(0x000F000F000F000F)) << np.uint64(4)) | (
-        (nibbles >> np.uint64(8)) & np.uint64(0x000F000F000F000F)
-    )
-    quads = ((pairs & np.uint64(0x000000FF000000FF)) << np.uint64(8)) | (
-        (pairs >> np.uint64(16)) & np.uint64(0x000000FF000000FF)
-    )
-    value = ((quads & np.uint64(0xFFFF)) << np.uint64(16)) | ((quads >> np.uint64(32)) & np.uint64(0xFFFF))
-    return value.astype(np.int64), bad
-
-
-def _decode_decimal_swar(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Value of up to 8 decimal digits in [start, end) (empty = 0) and whether any is not a digit."""
-    lengths = np.clip(ends - starts, 0, 8).astype(np.uint64)
-    words = _words_at(buf, ends - 8)  # right-aligned: the last digit lands in the top byte
-    keep = np.where(lengths == 0, np.uint64(0), ~np.uint64(0) << ((np.uint64(8) - lengths) * np.uint64(8)))
-    words = (words & keep) | (_ASCII_ZEROS & ~keep)  # left-pad with '0'
-    bad = _non_digit_bytes(words)
-    digits = words - _ASCII_ZEROS
-    pairs = (digits & np.uint64(0x00FF00FF00FF00FF)) * np.uint64(10) + (
-        (digits >> np.uint64(8)) & np.uint64(0x00FF00FF00FF00FF)
-    )
-    quads = (pairs & np.uint64(0x0000FFFF0000FFFF)) * np.uint64(100) + (
-        (pairs >> np.uint64(16)) & np.uint64(0x0000FFFF0000FFFF)
-    )
-    value = (quads & np.uint64(0xFFFFFFFF)) * np.uint64(10000) + (quads >> np.uint64(32))
-    return value.astype(np.int64), bad
-
-
 def iter_parsed(
     path: str | Path, bad_lines: str = "error", stats: BadLineStats | None = None,
-    chunk_bytes: int = 4 << 20, on_bytes=None,
+    chunk_bytes: int = 4 << 20, on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[ParsedRows]:
     """Stream a (plain or .gz) day file as parsed chunks; `on_bytes(n)` reports input progress."""
     parser = ChunkParser(path, bad_lines, stats)
