@@ -48,12 +48,18 @@ class SyntheticDataConfig:
     """Seed of the hidden teacher that labels the samples (fixes the task)."""
     label_noise: float = 1.0
     """Scale of the logistic noise on the teacher's logit (higher: harder task)."""
+    profile: str = "custom"
+    """`custom` (table_sizes, zipf_exponent), `kaggle` or `terabyte`: calibrated sizes and skew replace them."""
+    terabyte_tables: str = "v1"
+    """Profile `terabyte`: MLPerf `v1` or `dcnv2` table sizes."""
+    scale: float = 1.0
+    """Profile `terabyte`: multiply table sizes by this, in (0, 1]; tables under 100 rows stay whole."""
 
 
 @dataclass
 class DataConfig:
     source: str = "synthetic"
-    """Where samples come from: `synthetic` (generated on the fly)."""
+    """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path)."""
     table_sizes: list[int] = field(default_factory=lambda: [1000] * NUM_CATEGORICAL)
     """Cardinality of each categorical column (ids are in [0, size)); one entry per table."""
     num_dense_features: int = NUM_DENSE
@@ -62,6 +68,24 @@ class DataConfig:
     """Fixed bag size per table for DCNv2 multi-hot data (null: one-hot)."""
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     """Settings of the synthetic generator (used when source is `synthetic`)."""
+    path: Optional[str] = None
+    """Source `criteo`: dataset directory (data_prep output, TorchRec day_*.npy/.npz, or terabyte_processed_*.bin)."""
+    format: str = "auto"
+    """Source `criteo`: `auto`, `dlrmtrain`, `torchrec`, `torchrec_multi_hot` or `facebook_bin`."""
+    split: str = "mlperf"
+    """Source `criteo`: `mlperf` (days 0-22 / first half of day 23), `names` or `fraction`."""
+    train_parts: list[str] = field(default_factory=list)
+    """Split `names`: parts (files, e.g. day_0) to train on."""
+    eval_parts: list[str] = field(default_factory=list)
+    """Split `names`: parts to evaluate on."""
+    eval_fraction: float = 0.1
+    """Split `fraction`: the last this fraction of all rows is the eval set."""
+    shuffle_batches: bool = False
+    """Source `criteo`: shuffle the order of global batches per epoch (rows within a batch keep file order)."""
+    prefetch_batches: int = 2
+    """Source `criteo`: batches read ahead on a background thread (0: none)."""
+    multi_hot_cache_dir: Optional[str] = None
+    """Source `criteo` with multi_hot_sizes on one-hot data: keep the MLPerf bag lookup tables here (null: RAM)."""
 
 
 @dataclass

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
+from dlrmtrain.data.sources import DATA_FORMATS
+from dlrmtrain.data.splits import SPLIT_KINDS
+from dlrmtrain.data.synthetic_profiles import PROFILES, TERABYTE_TABLES
 from dlrmtrain.precision import PRECISIONS
 
 MODEL_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 PLANNERS = ("manual", "torchrec")
 OPTIMIZERS = ("sgd", "adagrad")
-DATA_SOURCES = ("synthetic",)
+DATA_SOURCES = ("synthetic", "criteo")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -27,6 +30,19 @@ def _cuda_available() -> bool:
 
 def table_names(cfg: Config) -> list[str]:
     return [f"t_cat_{i}" for i in range(len(cfg.data.table_sizes))]
+
+
+def _validate_criteo_source(data) -> None:
+    if not data.path:
+        raise ConfigError("data.path: source 'criteo' needs the dataset directory")
+    _one_of("data.format", data.format, DATA_FORMATS)
+    _one_of("data.split", data.split, SPLIT_KINDS)
+    if data.split == "names" and not (data.train_parts and data.eval_parts):
+        raise ConfigError("data.train_parts / data.eval_parts: split 'names' needs both lists")
+    if not 0.0 <= data.eval_fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction: must be in [0, 1), got {data.eval_fraction}")
+    if data.num_dense_features != 13:
+        raise ConfigError("data.num_dense_features: Criteo files have 13 dense features")
 
 
 def validate_config(cfg: Config, world_size: int) -> None:
@@ -73,7 +89,13 @@ def validate_config(cfg: Config, world_size: int) -> None:
         if any(k < 1 for k in data.multi_hot_sizes):
             raise ConfigError("data.multi_hot_sizes: every bag size must be at least 1")
     syn = data.synthetic
-    if syn.num_train_samples < run.global_batch_size:
+    if data.source == "criteo":
+        _validate_criteo_source(data)
+    _one_of("data.synthetic.profile", syn.profile, PROFILES)
+    _one_of("data.synthetic.terabyte_tables", syn.terabyte_tables, TERABYTE_TABLES)
+    if not 0.0 < syn.scale <= 1.0:
+        raise ConfigError(f"data.synthetic.scale: must be in (0, 1], got {syn.scale}")
+    if data.source == "synthetic" and syn.num_train_samples < run.global_batch_size:
         raise ConfigError(f"data.synthetic.num_train_samples: {syn.num_train_samples} is less "
                           f"than one global batch ({run.global_batch_size})")
     if cfg.eval.enabled and syn.num_eval_samples < 1:

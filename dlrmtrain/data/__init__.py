@@ -16,6 +16,7 @@ from torchrec.datasets.utils import Batch
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import synthetic
 from dlrmtrain.data.batching import eval_batches, num_train_steps, train_batches
+from dlrmtrain.data.criteo_source import build_criteo_loaders
 
 
 @dataclass
@@ -31,10 +32,33 @@ class Datasets:
     steps_per_epoch: int
 
 
+def data_table_sizes(cfg: Config) -> list[int]:
+    """The data's cardinality per table: a synthetic profile's sizes, else data.table_sizes."""
+    if cfg.data.source == "synthetic":
+        return synthetic.tables_and_exponents(cfg.data)[0]
+    return list(cfg.data.table_sizes)
+
+
 def table_rows(cfg: Config) -> list[int]:
     """Rows of each embedding table: the data's cardinality, capped by model.max_table_rows."""
     cap = cfg.model.max_table_rows
-    return [min(n, cap) if cap else n for n in cfg.data.table_sizes]
+    return [min(n, cap) if cap else n for n in data_table_sizes(cfg)]
+
+
+def _criteo_datasets(cfg: Config, rank: int, world_size: int, rows: list[int]) -> Datasets:
+    train, evaluation = build_criteo_loaders(cfg, rank, world_size, rows)
+
+    def train_for_epoch(epoch: int) -> Iterable[Batch]:
+        train.set_epoch(epoch)
+        return train
+
+    return Datasets(
+        train_batches=train_for_epoch,
+        eval_batches=evaluation.iter_weighted,
+        num_train_samples=train.source.rows,
+        num_eval_samples=evaluation.source.rows,
+        steps_per_epoch=train.full_batches,
+    )
 
 
 def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
@@ -43,6 +67,8 @@ def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
     offsets: Optional[list[np.ndarray]] = None
     if data.multi_hot_sizes is not None:
         offsets = synthetic.multi_hot_offsets(rows, data.multi_hot_sizes, cfg.run.seed + 7)
+    if data.source == "criteo":
+        return _criteo_datasets(cfg, rank, world_size, rows)
     if data.source != "synthetic":  # validate_config rejects this earlier
         raise ValueError(f"data.source: unknown source {data.source!r}")
     train = synthetic.generate(data, data.synthetic.num_train_samples, seed=cfg.run.seed + 1)

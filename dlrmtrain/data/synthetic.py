@@ -6,6 +6,11 @@ randomly drawn logistic "teacher" over the dense features, one scalar per
 (table, id) and a few pairwise table interactions, so the AUC a model reaches
 measures real learning. Every rank generates the same arrays from the same
 seeds, so any world size sees the same global batches.
+
+Profiles (`data.synthetic.profile`): `custom` uses data.table_sizes and one
+zipf_exponent; `kaggle` and `terabyte` replace both with calibrated sizes and
+per-table exponents (synthetic_profiles.py). To write the data to disk in the
+project's layout instead, see data_prep/make_synthetic.py.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 
 from dlrmtrain.config.schema import DataConfig
 from dlrmtrain.data.batching import SampleArrays
+from dlrmtrain.data.synthetic_profiles import profile_tables
 
 # Teacher lookup tables are capped so huge vocabularies cost no memory; ids
 # beyond the cap share teacher weights by `id mod cap`.
@@ -53,15 +59,23 @@ class Teacher:
         return z
 
 
+def tables_and_exponents(cfg: DataConfig) -> tuple[list[int], list[float]]:
+    """Table sizes and per-table id skew: from the profile, or table_sizes + zipf_exponent (`custom`)."""
+    syn = cfg.synthetic
+    if syn.profile == "custom":
+        return list(cfg.table_sizes), [syn.zipf_exponent] * len(cfg.table_sizes)
+    return profile_tables(syn.profile, syn.terabyte_tables, syn.scale)
+
+
 def generate(cfg: DataConfig, num_samples: int, seed: int) -> SampleArrays:
     """`num_samples` samples drawn with `seed`; labels from the config's teacher."""
     syn = cfg.synthetic
     rng = np.random.default_rng(seed)
     counts = rng.lognormal(mean=1.0, sigma=1.5, size=(num_samples, cfg.num_dense_features))
     dense = np.log1p(np.floor(counts)).astype(np.float32)
-    sparse = np.stack([power_law_ids(rng, rows, syn.zipf_exponent, num_samples)
-                       for rows in cfg.table_sizes], axis=1)
-    teacher = Teacher(len(cfg.table_sizes), cfg.num_dense_features, syn.teacher_seed)
+    sizes, exponents = tables_and_exponents(cfg)
+    sparse = np.stack([power_law_ids(rng, rows, s, num_samples) for rows, s in zip(sizes, exponents)], axis=1)
+    teacher = Teacher(len(sizes), cfg.num_dense_features, syn.teacher_seed)
     z = teacher.logits(dense, sparse)
     z = z - np.quantile(z, 0.75)  # ~25% clicks, like the Kaggle sample
     noise = rng.logistic(0.0, syn.label_noise, num_samples)

@@ -1,0 +1,239 @@
+"""Memory-mapped, rank-sliced, prefetching batch loader yielding torchrec `Batch` objects.
+
+The parts of a split are one concatenated row sequence. It is cut into global
+batches of `global_batch_size` consecutive rows; rank r of W reads only rows
+[r * L, (r + 1) * L) of each global batch (L = global_batch_size / W), so no rank
+touches another rank's rows and the page cache holds only what is used.
+
+Order: with `shuffle=True` the order of the full global batches is a permutation
+drawn from (seed, epoch), identical on every rank; rows inside a batch keep the
+file order (the MLPerf Terabyte days 0-22 are already shuffled on disk, and
+contiguous reads keep the loader at memory speed). Without shuffle: file order.
+
+Last-batch policy (`last_batch`), for the R = rows % global_batch_size rows left
+after the full batches:
+- "drop": they are not yielded; `dropped_rows` says how many (train default).
+- "partial": one final, smaller global batch; rank r gets R // W rows, plus one
+  if r < R % W (so a rank may get an empty batch when R < W); every row is then
+  yielded exactly once across ranks.
+- "pad": one final global batch of W equal slices of ceil(R / W) rows (rank r
+  takes rows [r * ceil(R/W), ...) of the remainder); slots past the data are
+  filled with copies of the remainder's first row with weight 0 (`iter_weighted`),
+  so every rank joins every collective and padding never reaches a metric
+  (eval default: every real row exactly once with weight 1).
+"""
+
+from __future__ import annotations
+
+import bisect
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.data.features import CAT_KEYS
+from dlrmtrain.data.parts import Part, RowBlock, concat_blocks
+
+LAST_BATCH_POLICIES = ("drop", "partial", "pad")
+
+
+def fold_ids(block: RowBlock, table_rows: Sequence[int]) -> RowBlock:
+    """`id % rows` per table, for models whose tables are smaller than the data's vocabulary."""
+    rows = np.asarray(table_rows, dtype=np.int64)
+    if isinstance(block.sparse, list):
+        sparse: np.ndarray | list[np.ndarray] = [ids % rows[t] for t, ids in enumerate(block.sparse)]
+    else:
+        sparse = np.asarray(block.sparse) % rows
+    return RowBlock(block.dense, sparse, block.labels)
+
+
+def block_to_batch(block: RowBlock) -> Batch:
+    """RowBlock -> torchrec Batch (dense float32 [n, 13], KJT int64 keyed cat_0..cat_25, labels [n])."""
+    n = len(block)
+    if isinstance(block.sparse, list):  # multi-hot: table t contributes [n, k_t] ids
+        values = torch.cat([torch.from_numpy(np.ascontiguousarray(ids)).reshape(-1) for ids in block.sparse])
+        lengths = torch.cat([torch.full((n,), ids.shape[1], dtype=torch.int32) for ids in block.sparse])
+        values = values.to(torch.int64)
+    else:  # one-hot: table-major order, i.e. the transpose of the [n, 26] id matrix
+        ids = torch.from_numpy(np.asarray(block.sparse))
+        values = torch.empty((ids.shape[1], n), dtype=torch.int64)
+        values.copy_(ids.t())
+        values = values.view(-1)
+        lengths = torch.ones(ids.shape[1] * n, dtype=torch.int32)
+    sparse = KeyedJaggedTensor(keys=CAT_KEYS, values=values, lengths=lengths, stride=n)
+    return Batch(
+        dense_features=torch.from_numpy(np.array(block.dense, dtype=np.float32)),
+        sparse_features=sparse,
+        labels=torch.from_numpy(np.array(block.labels, dtype=np.float32)),
+    )
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """Global rows [start, stop) that one rank reads for one batch."""
+
+    start: int
+    stop: int
+    padded_size: int  # >= stop - start; extra slots repeat row `pad_row` with weight 0
+    pad_row: int
+
+
+class RowSource:
+    """Random access to global row ranges over a sequence of parts."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self.parts = list(parts)
+        self.offsets = np.cumsum([0] + [p.rows for p in self.parts]).tolist()
+        self.rows = self.offsets[-1]
+
+    def read(self, start: int, stop: int) -> RowBlock:
+        if stop <= start:  # an empty share of a small last batch
+            return self.parts[0].read(0, 0)
+        blocks = []
+        i = max(bisect.bisect_right(self.offsets, start) - 1, 0)
+        while True:
+            part_start = self.offsets[i]
+            lo, hi = start - part_start, min(stop, self.offsets[i + 1]) - part_start
+            blocks.append(self.parts[i].read(max(lo, 0), hi))
+            if self.offsets[i + 1] >= stop:
+                break
+            i += 1
+        return concat_blocks(blocks)
+
+
+class CriteoBatchLoader:
+    """Iterable of `Batch` for one rank; see the module docstring for slicing, order and last batch.
+
+    `fold_to_rows`: per-table row counts to fold ids into (`id % rows`) when the model's
+    tables are smaller than the data's vocabulary (scaled-down runs); None = ids as stored.
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[Part],
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        last_batch: str = "drop",
+        prefetch: int = 2,
+        fold_to_rows: Sequence[int] | None = None,
+    ) -> None:
+        if global_batch_size % world_size:
+            raise ValueError(f"global batch {global_batch_size} is not divisible by world size {world_size}")
+        if last_batch not in LAST_BATCH_POLICIES:
+            raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.source = RowSource(parts)
+        self.global_batch_size, self.rank, self.world_size = global_batch_size, rank, world_size
+        self.local_batch_size = global_batch_size // world_size
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.last_batch, self.prefetch = last_batch, prefetch
+        self.fold_to_rows = list(fold_to_rows) if fold_to_rows is not None else None
+        self.full_batches, self.remainder = divmod(self.source.rows, global_batch_size)
+        self.dropped_rows = self.remainder if last_batch == "drop" else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the shuffle permutation for an epoch (same on every rank)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.full_batches + (1 if self.last_batch != "drop" and self.remainder else 0)
+
+    def slices(self) -> list[SliceSpec]:
+        """This rank's global row range for every batch, in yield order."""
+        order = np.arange(self.full_batches)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.full_batches)
+        first = order * self.global_batch_size + self.rank * self.local_batch_size
+        specs = [SliceSpec(int(s), int(s) + self.local_batch_size, self.local_batch_size, int(s)) for s in first]
+        if self.remainder and self.last_batch != "drop":
+            specs.append(self._last_slice())
+        return specs
+
+    def _last_slice(self) -> SliceSpec:
+        begin = self.full_batches * self.global_batch_size
+        if self.last_batch == "partial":
+            base, extra = divmod(self.remainder, self.world_size)
+            sizes = [base + (r < extra) for r in range(self.world_size)]
+            start = begin + sum(sizes[: self.rank])
+            return SliceSpec(start, start + sizes[self.rank], sizes[self.rank], start)
+        local = -(-self.remainder // self.world_size)  # "pad": equal slices of ceil(R / W)
+        start = min(begin + self.rank * local, self.source.rows)
+        stop = min(start + local, self.source.rows)
+        return SliceSpec(start, stop, local, begin)
+
+    def _make(self, spec: SliceSpec) -> tuple[Batch, torch.Tensor]:
+        block = self.source.read(spec.start, spec.stop)
+        weight = torch.ones(spec.padded_size)
+        n_pad = spec.padded_size - (spec.stop - spec.start)
+        if n_pad:
+            filler = self.source.read(spec.pad_row, spec.pad_row + 1)
+            block = concat_blocks([block] + [filler] * n_pad)
+            weight[spec.padded_size - n_pad :] = 0.0
+        if self.fold_to_rows is not None:
+            block = fold_ids(block, self.fold_to_rows)
+        return block_to_batch(block), weight
+
+    def iter_weighted(self) -> Iterator[tuple[Batch, torch.Tensor]]:
+        """(batch, per-sample weight) pairs; weight 0 marks "pad" filler rows."""
+        specs = self.slices()
+        if self.prefetch <= 0:
+            yield from map(self._make, specs)
+        else:
+            yield from _prefetched(self._make, specs, self.prefetch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch, _ in self.iter_weighted():
+            yield batch
+
+
+_DONE = object()
+
+
+def _prefetched(make, items: list, depth: int) -> Iterator:
+    """Run `make(item)` for each item on a background thread, `depth` results ahead.
+
+    numpy copies and torch conversions release the GIL, so the reads overlap the
+    consumer's compute. An exception in the thread is re-raised in the consumer;
+    a consumer that stops early stops the thread.
+    """
+    results: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                out = make(item)
+                while not stop.is_set():
+                    try:
+                        results.put(out, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            results.put(_DONE)
+        except BaseException as exc:  # forwarded to the consumer
+            results.put(exc)
+
+    thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            out = results.get()
+            if out is _DONE:
+                return
+            if isinstance(out, BaseException):
+                raise out
+            yield out
+    finally:
+        stop.set()
+        thread.join()

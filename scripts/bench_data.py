@@ -1,0 +1,170 @@
+"""Data-path throughput: raw-text preprocessing (MB/s per process) and the loader (samples/s per process).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_data.py [--text-mb 200] [--rows 4000000]
+
+Preprocessing input is the real Kaggle sample (from DLRMTRAIN_SHARED_DATA, default
+../shared/data) repeated to --text-mb of text, or synthetic rows when the sample is
+absent. MB are of uncompressed text; every figure is one process (workers=1).
+The loader reads a preprocessed file of --rows rows (default ~630 MB, far more than
+the few warm-up batches) at global batch 32768: one full pass with the page cache
+warm, and one after evicting the files from the page cache (posix_fadvise
+DONTNEED) so pages come from the disk ("cold").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dlrmtrain.data.binary_format import PartWriter, finished_part_meta, write_manifest  # noqa: E402
+from dlrmtrain.data.criteo_text import iter_parsed  # noqa: E402
+from dlrmtrain.data.features import MLPERF_DCNV2_MULTI_HOT_SIZES  # noqa: E402
+from dlrmtrain.data.loader import CriteoBatchLoader  # noqa: E402
+from dlrmtrain.data.multi_hot import MultiHotLookup, MultiHotPart  # noqa: E402
+from dlrmtrain.data.preprocess import preprocess  # noqa: E402
+from dlrmtrain.data.sources import open_parts  # noqa: E402
+from dlrmtrain.data.synthetic_profiles import terabyte_sizes  # noqa: E402
+
+BATCH = 32768
+
+
+def make_text(tmp: Path, megabytes: float) -> tuple[Path, str]:
+    shared = Path(os.environ.get("DLRMTRAIN_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    sample = shared / "criteo_kaggle_sample.tsv.gz"
+    if sample.exists():
+        block, origin = gzip.open(sample).read(), f"real Kaggle sample ({sample}) repeated"
+    else:
+        from tests.data.raw_rows import random_raw_lines
+
+        block, origin = ("\n".join(random_raw_lines(20000, n_distinct=5000)) + "\n").encode(), "synthetic rows"
+    path = tmp / "day_0"
+    with open(path, "wb") as f:
+        while f.tell() < megabytes * 1e6:
+            f.write(block)
+    return path, origin
+
+
+def timed(fn, repeats: int = 1) -> float:
+    """Best of `repeats` runs: the machine is shared, the minimum is the least disturbed."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_preprocessing(tmp: Path, megabytes: float) -> None:
+    text, origin = make_text(tmp, megabytes)
+    mb = text.stat().st_size / 1e6
+    with open(text, "rb") as src, gzip.open(tmp / "day_gz.gz", "wb", compresslevel=1) as dst:
+        shutil.copyfileobj(src, dst)
+    print(f"\n== preprocessing: {mb:,.0f} MB of raw text ({origin}), 1 process, best of 2 where marked ==")
+    sizes = [1 << 20] * 26
+    parse = timed(lambda: sum(len(c) for c in iter_parsed(text)), repeats=2)
+
+    def hash_run() -> None:
+        shutil.rmtree(tmp / "hash", ignore_errors=True)
+        preprocess([text], tmp / "hash", "hash", sizes, progress=False)
+
+    hash_mode = timed(hash_run, repeats=2)
+    hash_gz = timed(lambda: preprocess([tmp / "day_gz.gz"], tmp / "hash_gz", "hash", sizes, progress=False))
+    vocab = preprocess([text], tmp / "vocab", "mlperf_vocab", progress=False)
+    print(f"  parse only (vectorised, no output)          {mb / parse:7.1f} MB/s  (best of 2)")
+    print(f"  hash mode, plain text: parse+map+write      {mb / hash_mode:7.1f} MB/s  (best of 2)")
+    print(f"  hash mode, .gz input (MB of text)           {mb / hash_gz:7.1f} MB/s")
+    pass1, pass2 = vocab.step_seconds["pass 1 + vocabulary"], vocab.step_seconds["pass 2"]
+    print(f"  mlperf_vocab pass 1 (parse, stage, count)   {mb / pass1:7.1f} MB/s  (incl. building the vocabulary)")
+    print(f"  mlperf_vocab pass 2 (remap staged ids)      {mb / pass2:7.1f} MB/s of the original text")
+    print(f"  mlperf_vocab end to end                     {mb / vocab.seconds:7.1f} MB/s")
+    for d in ("hash", "hash_gz", "vocab"):
+        shutil.rmtree(tmp / d)
+    text.unlink()
+
+
+def write_loader_file(root: Path, rows: int) -> None:
+    rng = np.random.default_rng(0)
+    chunk = 1 << 20
+    writer = PartWriter(root, "day_0")
+    for lo in range(0, rows, chunk):
+        n = min(chunk, rows - lo)
+        writer.append(rng.random((n, 13), dtype=np.float32), rng.integers(0, 1 << 24, (n, 26), dtype=np.int32),
+                      rng.integers(0, 2, n).astype(np.uint8))
+    writer.commit({"source": None})
+    write_manifest(root, {"categorical_mode": "hash", "table_sizes": [1 << 24] * 26, "rows": rows,
+                          "parts": [finished_part_meta(root, "day_0")]})
+
+
+def evict_from_page_cache(root: Path) -> None:
+    for path in (root / "parts").rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+
+def one_pass(root: Path, prefetch: int, rank: int = 0, world: int = 1) -> tuple[int, float]:
+    loader = CriteoBatchLoader(open_parts(root), BATCH * world, rank, world, prefetch=prefetch)
+    start, n = time.perf_counter(), 0
+    for batch in loader:
+        n += batch.labels.shape[0]
+    return n, time.perf_counter() - start
+
+
+def bench_loader(tmp: Path, rows: int) -> None:
+    root = tmp / "loader"
+    write_loader_file(root, rows)
+    size_mb = sum(p.stat().st_size for p in (root / "parts").rglob("*") if p.is_file()) / 1e6
+    print(f"\n== loader: {rows:,} rows ({size_mb:,.0f} MB on disk), local batch {BATCH}, 1 process ==")
+    for prefetch in (0, 2):
+        one_pass(root, prefetch)  # warm the page cache with a full pass
+        n, warm = one_pass(root, prefetch)
+        evict_from_page_cache(root)
+        _, cold = one_pass(root, prefetch)
+        print(f"  prefetch {prefetch}: warm cache {n / warm / 1e6:6.2f} M samples/s   "
+              f"cold cache {n / cold / 1e6:6.2f} M samples/s   (warm/cold {cold / warm:.2f}x)")
+    n, t = one_pass(root, 2, rank=1, world=2)
+    print(f"  rank 1 of 2 (reads only its half of each global batch): {n / t / 1e6:6.2f} M samples/s")
+    bench_multi_hot(root)
+
+
+def bench_multi_hot(root: Path, max_batches: int = 30) -> None:
+    """DCNv2 bags (MLPerf sizes, 214 ids per sample) made at load time from the one-hot file."""
+    sizes = terabyte_sizes("dcnv2", 0.01)  # lookup tables at 1 % of MLPerf rows (~0.3 GB)
+    lookup = MultiHotLookup(sizes, MLPERF_DCNV2_MULTI_HOT_SIZES)
+    parts = [MultiHotPart(p, lookup) for p in open_parts(root)]
+    loader = CriteoBatchLoader(parts, BATCH, prefetch=2)
+    start, n = time.perf_counter(), 0
+    for i, batch in enumerate(loader):
+        n += batch.labels.shape[0]
+        if i + 1 == max_batches:
+            break
+    seconds = time.perf_counter() - start
+    print(f"  multi-hot DCNv2 bags made at load time (prefetch 2): {n / seconds / 1e6:6.2f} M samples/s "
+          f"({sum(MLPERF_DCNV2_MULTI_HOT_SIZES)} ids per sample)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text-mb", type=float, default=200.0, help="raw text to preprocess")
+    ap.add_argument("--rows", type=int, default=4_000_000, help="rows in the loader's file")
+    ap.add_argument("--tmp", default=None, help="scratch directory (default: system temp)")
+    args = ap.parse_args()
+    print("command: OMP_NUM_THREADS=%s python %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(sys.argv)))
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        bench_preprocessing(Path(tmp), args.text_mb)
+        bench_loader(Path(tmp), args.rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The data sections in configs/data/ load, validate, and match what preprocessing produces."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrmtrain.config import load_config
+from dlrmtrain.config.validate import validate_config
+from dlrmtrain.data import build_datasets, table_rows
+from dlrmtrain.data.binary_format import read_manifest
+from dlrmtrain.data.features import MLPERF_DCNV2_MULTI_HOT_SIZES, MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
+from dlrmtrain.data.preprocess import preprocess
+from dlrmtrain.data.synthetic_profiles import KAGGLE_SAMPLE_COLUMNS
+from tests.data.raw_rows import REPO_ROOT, shared_data_dir
+
+CONFIGS = REPO_ROOT / "configs" / "data"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_data_config_loads_and_validates(name):
+    cfg = load_config(CONFIGS / name)
+    validate_config(cfg, 2)
+
+
+def test_terabyte_configs_carry_the_mlperf_tables():
+    v1 = load_config(CONFIGS / "criteo_terabyte.yaml").data
+    dcn = load_config(CONFIGS / "criteo_terabyte_dcnv2.yaml").data
+    assert (v1.source, v1.split, v1.table_sizes) == ("criteo", "mlperf", MLPERF_V1_TABLE_SIZES)
+    assert dcn.table_sizes == MLPERF_DCNV2_TABLE_SIZES and dcn.multi_hot_sizes == MLPERF_DCNV2_MULTI_HOT_SIZES
+
+
+def test_synthetic_config_uses_the_kaggle_profile():
+    cfg = load_config(CONFIGS / "synthetic.yaml")
+    assert table_rows(cfg) == [n for n, _ in KAGGLE_SAMPLE_COLUMNS]
+
+
+def test_kaggle_sample_config_matches_its_preprocessing(tmp_path):
+    sample = shared_data_dir() / "criteo_kaggle_sample.tsv.gz"
+    if not sample.exists():
+        pytest.skip(f"real Criteo sample not found at {sample} (set DLRMTRAIN_SHARED_DATA)")
+    preprocess([sample], tmp_path / "prep", "mlperf_vocab", progress=False)
+    cfg = load_config(CONFIGS / "criteo_kaggle_sample.yaml", [f"data.path={tmp_path / 'prep'}"])
+    assert cfg.data.table_sizes == read_manifest(tmp_path / "prep")["table_sizes"]
+    data = build_datasets(cfg, 0, 1)
+    assert data.num_train_samples + data.num_eval_samples == 49_285
+    assert data.num_eval_samples == round(49_285 * 0.1)
