@@ -32,7 +32,7 @@ from dlrmtrain.data.vocab import (
 VOCAB_FILE = "vocabulary.npz"
 PASS1_DIR = "pass1"
 STAGING_DIR = "staging"  # pass-1 parts with hashed (not yet remapped) categoricals
-REMAP_ROWS = 1 << 20
+REMAP_ROWS = 1 << 16  # small blocks keep the remap's temporaries in cache
 
 
 def part_name(path: str | Path) -> str:
