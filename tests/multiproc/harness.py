@@ -53,8 +53,20 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
     """Call `fn(rank, world_size, *args)` on each rank; return results by rank.
 
     `fn` must be importable (module level) because ranks are spawned.
-    Results must be picklable (tensors are fine).
+    Results must be picklable (tensors are fine). The free port is picked
+    before the ranks bind it, so another process can take it in between:
+    that one failure (EADDRINUSE) is retried once on a new port.
     """
+    try:
+        return _run_ranks_once(fn, world_size, args, timeout)
+    except RuntimeError as e:
+        if "EADDRINUSE" not in str(e) and "address already in use" not in str(e):
+            raise
+        return _run_ranks_once(fn, world_size, args, timeout)
+
+
+def _run_ranks_once(fn: Callable[..., Any], world_size: int, args: tuple,
+                    timeout: float) -> list[Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
