@@ -6,7 +6,6 @@ Reads top to bottom as the architecture: config → data → model → sharding
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -160,7 +159,7 @@ class Trainer:
     def _batches(self, epoch: int, skip: int):
         """This rank's training batches of `epoch` on the device, from batch `skip` on,
         timed as the `data` phase."""
-        it = itertools.islice(iter(self.data.train_batches(epoch)), skip, None)
+        it = iter(self.data.train_batches(epoch, skip))
         while True:
             self.timer.step_begins(self.step + 1)
             with self.timer.phase("data"):

@@ -23,8 +23,8 @@ from dlrmtrain.data.criteo_source import build_criteo_loaders
 class Datasets:
     """What the trainer needs from the data, already sliced for one rank."""
 
-    train_batches: Callable[[int], Iterable[Batch]]
-    """epoch index → this rank's training batches for that epoch."""
+    train_batches: Callable[[int, int], Iterable[Batch]]
+    """(epoch, first batch) → this rank's training batches of that epoch from that batch on."""
     eval_batches: Callable[[], Iterable[tuple[Batch, torch.Tensor]]]
     """→ this rank's evaluation batches with per-sample weights (0 = padding)."""
     num_train_samples: int
@@ -48,9 +48,9 @@ def table_rows(cfg: Config) -> list[int]:
 def _criteo_datasets(cfg: Config, rank: int, world_size: int, rows: list[int]) -> Datasets:
     train, evaluation = build_criteo_loaders(cfg, rank, world_size, rows)
 
-    def train_for_epoch(epoch: int) -> Iterable[Batch]:
+    def train_for_epoch(epoch: int, start: int = 0) -> Iterable[Batch]:
         train.set_epoch(epoch)
-        return train
+        return train.batches_from(start)
 
     return Datasets(
         train_batches=train_for_epoch,
@@ -75,9 +75,9 @@ def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
     evals = synthetic.generate(data, data.synthetic.num_eval_samples, seed=cfg.run.seed + 2)
     gbs, ebs = cfg.run.global_batch_size, cfg.eval.batch_size
     return Datasets(
-        train_batches=lambda epoch: train_batches(train, gbs, rank, world_size, rows,
-                                                  epoch_seed=cfg.run.seed * 1000 + epoch,
-                                                  multi_hot_offsets=offsets),
+        train_batches=lambda epoch, start=0: train_batches(
+            train, gbs, rank, world_size, rows, epoch_seed=cfg.run.seed * 1000 + epoch,
+            multi_hot_offsets=offsets, start_step=start),
         eval_batches=lambda: eval_batches(evals, ebs, rank, world_size, rows, offsets),
         num_train_samples=len(train),
         num_eval_samples=len(evals),

@@ -75,7 +75,7 @@ def train_batches(arrays: SampleArrays, global_batch_size: int, rank: int, world
     order = (np.random.default_rng(epoch_seed).permutation(n) if epoch_seed is not None
              else np.arange(n))
     local = global_batch_size // world_size
-    for step in range(num_train_steps(n, global_batch_size)):
+    for step in range(start_step, num_train_steps(n, global_batch_size)):
         start = step * global_batch_size + rank * local
         idx = order[start:start + local]
         yield make_batch(arrays.dense[idx], arrays.sparse[idx], arrays.labels[idx],

@@ -182,17 +182,21 @@ class CriteoBatchLoader:
             block = fold_ids(block, self.fold_to_rows)
         return block_to_batch(block), weight
 
-    def iter_weighted(self) -> Iterator[tuple[Batch, torch.Tensor]]:
-        """(batch, per-sample weight) pairs; weight 0 marks "pad" filler rows."""
-        specs = self.slices()
+    def iter_weighted(self, start: int = 0) -> Iterator[tuple[Batch, torch.Tensor]]:
+        """(batch, per-sample weight) pairs from batch `start` of the epoch on (a resumed
+        run reads nothing it skips); weight 0 marks "pad" filler rows."""
+        specs = self.slices()[start:]
         if self.prefetch <= 0:
             yield from map(self._make, specs)
         else:
             yield from _prefetched(self._make, specs, self.prefetch)
 
-    def __iter__(self) -> Iterator[Batch]:
-        for batch, _ in self.iter_weighted():
+    def batches_from(self, start: int) -> Iterator[Batch]:
+        for batch, _ in self.iter_weighted(start):
             yield batch
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.batches_from(0)
 
 
 _DONE = object()

@@ -85,3 +85,22 @@ def test_two_ranks_train_on_preprocessed_files(tmp_path):
     assert len(rank0["losses"]) == 3 and rank0["losses"] == rank1["losses"]
     assert np.isfinite(np.asarray(rank0["losses"], dtype=float)).all()
     assert rank0["final_auc"] is not None and rank0["final_auc"] == rank1["final_auc"]
+
+
+@pytest.mark.parametrize("source", ["criteo", "synthetic"])
+def test_train_batches_can_start_mid_epoch(tmp_path, source):
+    """A resumed run asks for batches from its position on: the same batches as a
+    full pass from there, without reading the skipped ones."""
+    extra = ["data.shuffle_batches=true"]
+    if source == "criteo":
+        path, sizes = make_dataset(tmp_path)
+        overrides = criteo_overrides(path, sizes, *extra)
+    else:
+        overrides = []
+    data = build_datasets(tiny_config(str(tmp_path), *overrides), 0, 2)
+    full = list(data.train_batches(1))
+    tail = list(data.train_batches(1, 2))
+    assert len(tail) == len(full) - 2
+    for a, b in zip(full[2:], tail):
+        assert torch.equal(a.dense_features, b.dense_features)
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
