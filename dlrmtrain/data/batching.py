@@ -69,8 +69,10 @@ def num_train_steps(num_samples: int, global_batch_size: int) -> int:
 
 def train_batches(arrays: SampleArrays, global_batch_size: int, rank: int, world_size: int,
                   num_embeddings: list[int], epoch_seed: Optional[int],
-                  multi_hot_offsets: Optional[list[np.ndarray]] = None) -> Iterator[Batch]:
-    """This rank's slices of each full global batch; shuffled when epoch_seed is set."""
+                  multi_hot_offsets: Optional[list[np.ndarray]] = None,
+                  start_step: int = 0) -> Iterator[Batch]:
+    """This rank's slices of each full global batch from `start_step` on; shuffled
+    when epoch_seed is set."""
     n = len(arrays)
     order = (np.random.default_rng(epoch_seed).permutation(n) if epoch_seed is not None
              else np.arange(n))
