@@ -46,6 +46,8 @@ class DistCommStats:
     codec: str
     sharding_type: str
     tables: dict[str, TableCommStats] = field(default_factory=dict)
+    table_codecs: dict[str, str] = field(default_factory=dict)
+    """codec per table of this all-to-all (a per-table `none` travels uncompressed)"""
     steps: int = 0
     codec_seconds: float = 0.0
     """unique + expand + segment-sum + index building, forward and backward"""
@@ -78,7 +80,7 @@ def collect_comm_stats(model: nn.Module) -> dict:
     for d in _codec_dists(model):
         for name, t in d.tables.items():
             per_table.setdefault(name, TableCommStats()).add(t)
-            codec_of[name] = d.codec
+            codec_of[name] = d.table_codecs.get(name, d.codec)
         steps = max(steps, d.steps)
         codec_s += d.codec_seconds
         transfer_s += d.transfer_seconds

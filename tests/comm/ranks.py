@@ -45,7 +45,7 @@ class Scenario:
     optimizer: str = "sgd"  # sgd | adagrad
     lr: float = 0.1
     id_range: int = 6  # random ids drawn from [0, id_range): many duplicates
-    extra: dict = field(default_factory=dict)
+    table_codecs: dict = field(default_factory=dict)  # per-table overrides under dedup
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -120,7 +120,7 @@ def build(sc: Scenario, codec: str, world_size: int):
     fused = {"optimizer": opt, "learning_rate": sc.lr}
     if sc.optimizer == "adagrad":
         fused["eps"] = 1e-8
-    sharder = make_ebc_sharder(codec, {}, fused)
+    sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused)
     model = TinyModel(sc)
     per_param = {t.name: (table_wise(rank=t.placement[1], compute_kernel="fused") if t.placement[0] == "tw"
                           else column_wise(ranks=list(t.placement[1]), compute_kernel="fused"))

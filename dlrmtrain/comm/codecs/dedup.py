@@ -135,7 +135,9 @@ class DedupPooledEmbeddingDist(nn.Module):
         # block see the same ids, so they update them identically
         self._owner_widths = [[1] * self.world_size for _ in self.local_entries]
         self._sample_widths = [1] * len(self.all_entries)
-        self.comm_stats = DistCommStats(codec="dedup", sharding_type=sharding_type)
+        self.comm_stats = DistCommStats(
+            codec="dedup", sharding_type=sharding_type,
+            table_codecs={e.table: "dedup" if e.table in dedup_tables else "none" for e in self.all_entries})
 
     # ------------------------------------------------------------------ forward
     def forward(self, local_embs: torch.Tensor,
