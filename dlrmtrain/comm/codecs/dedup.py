@@ -27,6 +27,7 @@ from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.comm.buffers import BufferPool
 from dlrmtrain.comm.codecs.dedup_kernels import BlockUnique, block_unique
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
 from dlrmtrain.comm.stats import DistCommStats
@@ -79,7 +80,9 @@ class _DedupAllToAll(torch.autograd.Function):
         t1 = time.perf_counter()
         _all_to_all(recv, send.view(-1), plan.recv_splits, plan.send_splits, owner.pg)
         t2 = time.perf_counter()
-        out = torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index).view(plan.out_shape)
+        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
+        torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index, out=out)
+        out = out.view(plan.out_shape)
         t3 = time.perf_counter()
         stats.codec_seconds += (t1 - t0) + (t3 - t2)
         stats.transfer_seconds += t2 - t1
@@ -102,7 +105,8 @@ class _DedupAllToAll(torch.autograd.Function):
         if comm_ops.get_gradient_division():
             grad_send.div_(owner.world_size)
         numel = math.prod(ctx.local_shape)
-        grad_local = grad_out.new_zeros((numel // plan.unit, plan.unit))
+        grad_local = owner.grad_pool.get((numel // plan.unit, plan.unit), grad_out.dtype, grad_out.device,
+                                         zero=True)
         grad_local.index_copy_(0, plan.send_index, grad_send.view(-1, plan.unit))
         t3 = time.perf_counter()
         stats.codec_seconds += (t1 - t0) + (t3 - t2)
@@ -135,6 +139,8 @@ class DedupPooledEmbeddingDist(nn.Module):
         # block see the same ids, so they update them identically
         self._owner_widths = [[1] * self.world_size for _ in self.local_entries]
         self._sample_widths = [1] * len(self.all_entries)
+        self.output_pool = BufferPool()  # expanded outputs (forward)
+        self.grad_pool = BufferPool()    # embedding gradients (backward)
         self.comm_stats = DistCommStats(
             codec="dedup", sharding_type=sharding_type,
             table_codecs={e.table: "dedup" if e.table in dedup_tables else "none" for e in self.all_entries})
