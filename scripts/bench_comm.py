@@ -188,7 +188,9 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
                           "transfer": (stats["transfer_seconds_per_step"] * stats["steps"]
                                        - warm["transfer_seconds_per_step"] * warm["steps"]) / n,
                           "codec": (stats["codec_seconds_per_step"] * stats["steps"]
-                                    - warm["codec_seconds_per_step"] * warm["steps"]) / n}
+                                    - warm["codec_seconds_per_step"] * warm["steps"]) / n,
+                          "recv_bytes": stats["total"]["payload_fwd_recv_bytes"],
+                          "recv_bytes_none": stats["total"]["uncompressed_fwd_recv_bytes"]}
         del model, kt
     queue.put((rank, out))
     shutdown_distributed()
@@ -207,8 +209,9 @@ def measure(batches, vocab, codecs, dim, world, warmup, steps) -> dict:
         p.join(60)
         if p.exitcode != 0:
             raise SystemExit(f"timing rank exited with {p.exitcode}")
-    # the slowest rank sets the pace of a collective step
-    return {c: {k: max(results[r][c][k] for r in results) for k in results[0][c]} for c in codecs}
+    # the slowest rank sets the pace of a collective step; bytes add up over ranks
+    return {c: {k: (sum if k.endswith("bytes") or k.endswith("none") else max)(results[r][c][k] for r in results)
+                for k in results[0][c]} for c in codecs}
 
 
 # ----------------------------------------------------------------------------- main
@@ -270,6 +273,10 @@ def main(argv: list[str] | None = None) -> None:
             r = t[c]
             rel = f"{t['none']['step'] / r['step']:.2f}x" if "none" in t else "-"
             print(f"{c:<8} {r['step'] * 1e3:>9.1f} {r['transfer'] * 1e3:>12.1f} {r['codec'] * 1e3:>9.1f} {rel:>13}")
+        for c in args.codec:
+            if "recv_bytes" in t[c]:
+                print(f"{c}: bytes the codec itself counted on these ranks (all blocks, warm-up included): "
+                      f"{t[c]['recv_bytes_none'] / t[c]['recv_bytes']:.3f}x fewer than none")
         print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; "
               "dedup: time inside its all_to_all_single calls; codec = unique, expand, segment-sum, indices)")
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrmtrain.comm.codecs.dedup_kernels import block_unique, expand_rows, segment_sum_rows
+from dlrmtrain.comm.codecs.dedup_kernels import (
+    block_unique,
+    expand_rows,
+    one_hot_blocks_unique,
+    segment_sum_rows,
+)
 
 
 def _kjt_parts(bags: list[list[int]]):
@@ -69,3 +74,23 @@ def test_expand_and_segment_sum_are_adjoint() -> None:
     summed = segment_sum_rows(grad, index, 4)
     torch.testing.assert_close(summed[3], grad[3] + grad[4] + grad[5])
     assert torch.equal(summed[1], torch.zeros(3))
+
+
+def test_batched_one_hot_blocks_equal_block_by_block() -> None:
+    g = torch.Generator().manual_seed(3)
+    bags = [[i] if i < 5 else [] for i in torch.randint(0, 7, (60,), generator=g).tolist()]
+    bags[10] = [4, 1]  # one bag too long for width 1: only its block overflows
+    values, offsets, lengths = _kjt_parts(bags)
+    starts, sizes, nums = [0, 12, 12, 30, 41], [12, 0, 18, 11, 19], [5, 5, 6, 5, 9]
+    batched = one_hot_blocks_unique(values, offsets, lengths, starts, sizes, nums)
+    for (s, n, num), got in zip(zip(starts, sizes, nums), batched):
+        want = block_unique(values, offsets[s:s + n], lengths[s:s + n], 1, num)
+        assert bool(got.overflow) == bool(want.overflow) and bool(got.bad_ids) == bool(want.bad_ids)
+        if not bool(want.overflow):
+            c = int(want.count)
+            assert int(got.count) == c
+            assert torch.equal(got.inverse, want.inverse)
+            assert torch.equal(got.first[:c], want.first[:c])
+    values, offsets, lengths = _kjt_parts([[1], [9], [2]])
+    assert [bool(u.bad_ids) for u in one_hot_blocks_unique(values, offsets, lengths, [0, 1], [1, 2], [5, 5])] \
+        == [False, True]

@@ -28,7 +28,7 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.buffers import BufferPool
-from dlrmtrain.comm.codecs.dedup_kernels import BlockUnique, block_unique
+from dlrmtrain.comm.codecs.dedup_kernels import BlockUnique, block_unique, one_hot_blocks_unique
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
 from dlrmtrain.comm.stats import DistCommStats
 
@@ -166,19 +166,29 @@ class DedupPooledEmbeddingDist(nn.Module):
     # --------------------------------------------------------------------- plan
     def _uniques(self, kjt: KeyedJaggedTensor, entries: list[FeatureEntry], stride: int,
                  starts: list[int], sizes: list[int], widths: list[list[int]]) -> list[list[BlockUnique | None]]:
-        """BlockUnique per (entry, block); None for tables sent in full."""
+        """BlockUnique per (entry, block); None for tables sent in full.
+
+        Blocks whose key width is 1 (one-hot so far) share one batched sort;
+        wider (multi-hot) blocks are keyed one by one.
+        """
         lengths, offsets, values = kjt.lengths(), kjt.offsets(), kjt.values()
-        result = []
+        result: list[list[BlockUnique | None]] = [[None] * len(starts) for _ in entries]
+        batched = []
         for i, entry in enumerate(entries):
-            row = []
+            if entry.table not in self.dedup_tables:
+                continue
             for b, (start, size) in enumerate(zip(starts, sizes)):
-                if entry.table not in self.dedup_tables:
-                    row.append(None)
-                    continue
                 g0 = i * stride + start
-                row.append(block_unique(values, offsets[g0:g0 + size], lengths[g0:g0 + size],
-                                        widths[i][b], entry.num_embeddings))
-            result.append(row)
+                if widths[i][b] == 1:
+                    batched.append((i, b, g0, size, entry.num_embeddings))
+                else:
+                    result[i][b] = block_unique(values, offsets[g0:g0 + size], lengths[g0:g0 + size],
+                                                widths[i][b], entry.num_embeddings)
+        if batched:
+            uniques = one_hot_blocks_unique(values, offsets, lengths, [g for _, _, g, _, _ in batched],
+                                            [n for _, _, _, n, _ in batched], [e for *_, e in batched])
+            for (i, b, *_), u in zip(batched, uniques):
+                result[i][b] = u
         return result
 
     def _read_counts(self, blocks: list[BlockUnique]) -> tuple[list[int], list[bool], list[bool]]:

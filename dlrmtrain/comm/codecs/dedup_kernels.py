@@ -106,3 +106,46 @@ def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int)
     out = rows.new_zeros((num_segments, rows.shape[1]))
     out.index_add_(0, index, rows)
     return out
+
+
+def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+                          starts: list[int], sizes: list[int], num_embeddings: list[int]) -> list[BlockUnique]:
+    """`block_unique` with width 1 for many blocks of one KJT in a single sort.
+
+    Bags [starts[j], starts[j] + sizes[j]) form block j. The block index is
+    packed above the id, so one sort orders every block's ids at once and
+    each block's unique bags come out in the same order `block_unique` gives.
+    """
+    device = lengths.device
+    total = sum(sizes)
+    if total == 0:
+        return [block_unique(values, offsets[s:s], lengths[s:s], 1, n)
+                for s, n in zip(starts, num_embeddings)]
+    bags = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, sizes)])
+    block = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                    torch.tensor(sizes, device=device), output_size=total)
+    lens = lengths[bags]
+    if values.numel():
+        ids = torch.where(lens > 0, values[offsets[bags].clamp(max=values.numel() - 1)].to(torch.int64), -1)
+    else:
+        ids = torch.full((total,), -1, dtype=torch.int64, device=device)
+    limit = torch.tensor(num_embeddings, device=device)[block]
+    nblocks = len(sizes)
+    overflow = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block, (lens > 1).long())
+    bad = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(
+        0, block, ((lens > 0) & ((ids < 0) | (ids >= limit))).long())
+    radix = max(num_embeddings) + 1
+    rank, perm, group, is_new = _dense_rank(block * radix + (ids + 1))
+    counts = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block[perm], is_new.long())
+    group_offset = torch.cumsum(counts, 0) - counts
+    inverse = rank - group_offset[block]
+    first_global = torch.full((total,), total, dtype=torch.int64, device=device)
+    first_global.scatter_reduce_(0, group, perm, reduce="amin", include_self=True)
+    out, bag_offset = [], 0
+    for j, size in enumerate(sizes):
+        pick = (group_offset[j] + torch.arange(size, device=device)).clamp_(max=total - 1)
+        first = first_global[pick] - bag_offset  # valid for u < count
+        out.append(BlockUnique(inverse[bag_offset:bag_offset + size], first, counts[j],
+                               overflow[j] > 0, bad[j] > 0))
+        bag_offset += size
+    return out
