@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 
@@ -66,11 +68,29 @@ def _codec_dists(model: nn.Module) -> list[DistCommStats]:
     return [d.comm_stats for m in model.modules() for d in getattr(m, "codec_dists", [])]
 
 
-def collect_comm_stats(model: nn.Module) -> dict:
-    """This rank's per-table counters of every codec dist in `model` (JSON-ready).
+def _sum_over_ranks(per_table: dict[str, TableCommStats], seconds: list[float],
+                    group: dist.ProcessGroup | None) -> list[float]:
+    """Sum the byte/bag counters over ranks in place; slowest rank's seconds. Collective."""
+    names = [f.name for f in fields(TableCommStats)]
+    counters = torch.tensor([[getattr(per_table[t], n) for n in names] for t in sorted(per_table)],
+                            dtype=torch.float64)
+    dist.all_reduce(counters, group=group)  # float64 holds byte counts exactly below 2**53
+    for t, row in zip(sorted(per_table), counters.tolist()):
+        for n, v in zip(names, row):
+            setattr(per_table[t], n, int(v))
+    times = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+    return times.tolist()
 
-    Tables under codec `none` keep TorchRec's stock dist and have no counters:
-    a model sharded with `none` everywhere returns an empty `tables`.
+
+def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
+                       group: dist.ProcessGroup | None = None) -> dict:
+    """Per-table counters of every codec dist in `model` (JSON-ready).
+
+    This rank's figures by default; with `all_ranks=True` (a collective: call
+    it on every rank) bytes and bags are summed over ranks and times are the
+    slowest rank's. Tables under codec `none` keep TorchRec's stock dist and
+    have no counters: a model sharded with `none` everywhere gives empty `tables`.
     """
     per_table: dict[str, TableCommStats] = {}
     codec_of: dict[str, str] = {}
@@ -85,6 +105,8 @@ def collect_comm_stats(model: nn.Module) -> dict:
         codec_s += d.codec_seconds
         transfer_s += d.transfer_seconds
         extra_syncs += d.extra_syncs
+    if all_ranks and per_table:
+        codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
     tables = {}
     for name in sorted(per_table):
         t = per_table[name]
@@ -98,6 +120,7 @@ def collect_comm_stats(model: nn.Module) -> dict:
     for t in per_table.values():
         total.add(t)
     return {
+        "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
         "steps": steps,
         "codec_seconds_per_step": codec_s / steps if steps else 0.0,
         "transfer_seconds_per_step": transfer_s / steps if steps else 0.0,
@@ -116,7 +139,7 @@ def format_comm_summary(stats: dict) -> str:
     if not stats["tables"]:
         return "comm: no codec dists (codec none everywhere: TorchRec's stock all-to-all)"
     steps = max(stats["steps"], 1)
-    lines = [f"embedding all-to-all over {stats['steps']} steps (this rank; MiB per step)",
+    lines = [f"embedding all-to-all over {stats['steps']} steps ({stats['scope']}; MiB per step)",
              f"{'table':<12} {'codec':<6} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
     for name, t in stats["tables"].items():
         frac = f"{t['distinct_fraction']:.3f}" if t["distinct_fraction"] is not None else "-"

@@ -199,6 +199,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
             result["weights_after_1"] = local_weights(dmp)
         result["losses"].append(loss.item())
     result["stats"] = collect_comm_stats(dmp)
+    result["stats_all_ranks"] = collect_comm_stats(dmp, all_ranks=True)
     result["summary"] = format_comm_summary(result["stats"])
     del dmp, dense_opt, sebc
     return result

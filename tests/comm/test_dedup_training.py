@@ -39,14 +39,17 @@ def expected_bytes(sc: Scenario, world_size: int) -> dict[int, dict[str, dict[st
         shard_dim = t.dim // len(shard_ranks)
         coded = sc.table_codecs.get(t.name, "dedup") == "dedup"
         for r in range(world_size):
-            recv = sent = 0
+            recv = sent = ids = 0
             for step in range(sc.steps):
+                own = bags_for(sc, step, r)[f"f_{t.name}"]
+                # ids (int64) and lengths (int64) go to every shard owner
+                ids += (sum(len(b) for b in own) + len(own)) * 8 * len(shard_ranks)
                 def n_rows(rank: int) -> int:
                     bags = bags_for(sc, step, rank)[f"f_{t.name}"]
                     return len({tuple(b) for b in bags}) if coded else len(bags)
                 recv += n_rows(r) * t.dim * 4
                 sent += sum(n_rows(s) for s in range(world_size)) * shard_dim * 4 * shard_ranks.count(r)
-            out[r][t.name] = {"recv": recv, "sent": sent}
+            out[r][t.name] = {"recv": recv, "sent": sent, "ids": ids}
     return out
 
 
@@ -82,6 +85,12 @@ def check(sc: Scenario, world_size: int, results: list[dict]) -> None:
             assert got["payload_bwd_sent_bytes"] == want["recv"]
             assert got["uncompressed_fwd_recv_bytes"] == sc.steps * sc.batch * t.dim * 4
             assert got["codec"] == sc.table_codecs.get(t.name, "dedup")
+            assert got["id_sent_bytes"] == want["ids"], (rank, t.name, got, want)
+            everyone = dedup["stats_all_ranks"]["tables"][t.name]
+            assert everyone["payload_fwd_recv_bytes"] == sum(e[t.name]["recv"] for e in expected.values())
+            # what all owners sent is what all sample ranks received
+            assert everyone["payload_fwd_sent_bytes"] == everyone["payload_fwd_recv_bytes"]
+            assert everyone["id_sent_bytes"] == everyone["id_recv_bytes"]
         assert none["stats"]["tables"] == {}  # none is TorchRec's stock dist: no codec counters
 
 
