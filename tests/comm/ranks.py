@@ -212,7 +212,7 @@ def compare(rank: int, world_size: int, sc: Scenario) -> dict:
 
 
 def to_numpy(obj):
-    """Tensors become numpy arrays: run_ranks' queue hangs on large torch tensors."""
+    """Tensors become numpy arrays (plain, compact pickles for the parent process)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().numpy()
     if isinstance(obj, dict):
