@@ -5,8 +5,9 @@ TorchRec 1.8 hook points used here (the only module touching its internals):
   type (`_output_dists[i]`); we replace those a codec can carry.
 - `_create_input_dist` / `input_dist`: we record each sharding's KJT slice
   before the id all-to-all (the sample rank's ids) into its sharding context.
-- `compute_and_output_dist`: we put the KJT after the id all-to-all (the
-  owner's ids) into the same context before TorchRec calls the dists.
+- `compute_and_output_dist` (and `compute`): we put the KJT after the id
+  all-to-all (the owner's ids) into the same context before TorchRec calls
+  the dists.
 Everything else (lookups, fused optimizer, state dict) is TorchRec's.
 """
 
@@ -95,10 +96,18 @@ class CodecShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             recorder.last_input = None
         return awaitable
 
-    def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
-        for features, sharding_ctx in zip(input, ctx.sharding_contexts):
+    def _record_owner_features(self, ctx: EmbeddingBagCollectionContext, dist_input) -> None:
+        for features, sharding_ctx in zip(dist_input, ctx.sharding_contexts):
             setattr(sharding_ctx, OWNER_FEATURES, features)
+
+    def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
+        self._record_owner_features(ctx, input)
         return super().compute_and_output_dist(ctx, input)
+
+    def compute(self, ctx: EmbeddingBagCollectionContext, dist_input):
+        # for callers that run compute() and output_dist() separately
+        self._record_owner_features(ctx, dist_input)
+        return super().compute(ctx, dist_input)
 
 
 class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):

@@ -10,6 +10,7 @@ so every rank can recompute every other rank's ids for independent byte counts.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -181,6 +182,17 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
                 ("grad", i, table_row_grads(f, g, dims_per_sharding[i]))))
         captured.append(("lookup", idx))
 
+    # TorchRec's other entry: compute() and output_dist() called separately
+    kjt0, _ = batch_for(sc, 0, rank)
+    with torch.no_grad():
+        ctx = sebc.create_context()
+        dist_input = sebc.input_dist(ctx, kjt0).wait().wait()
+        split = sebc.output_dist(ctx, sebc.compute(ctx, dist_input)).wait().to_dict()
+    split_path_pooled = torch.cat([split[f] for f in dmp.module.features], dim=1)
+    for d in getattr(sebc, "codec_dists", []):  # count the training steps only
+        d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0,
+                                           transfer_seconds=0.0)
+
     sebc.post_lookup_tracker_fn = on_lookup
     result = {"losses": [], "pooled": [], "emb_grads": [], "dense_grads": [], "weights_after_1": None}
     for step in range(sc.steps):
@@ -198,6 +210,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
         if step == 0:
             result["weights_after_1"] = local_weights(dmp)
         result["losses"].append(loss.item())
+    result["split_path_pooled"] = split_path_pooled
     result["stats"] = collect_comm_stats(dmp)
     result["stats_all_ranks"] = collect_comm_stats(dmp, all_ranks=True)
     result["summary"] = format_comm_summary(result["stats"])

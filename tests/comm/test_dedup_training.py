@@ -59,6 +59,9 @@ def check(sc: Scenario, world_size: int, results: list[dict]) -> None:
         none, dedup = res["none"], res["dedup"]
         # forward of step 1: bitwise equal pooled embeddings
         assert np.array_equal(none["pooled"], dedup["pooled"]), f"rank {rank}: forward differs"
+        # TorchRec's compute() + output_dist() entry gives the same output
+        assert np.array_equal(dedup["split_path_pooled"], none["pooled"])
+        assert np.array_equal(none["split_path_pooled"], none["pooled"])
         # dense (MLP) gradients of step 1: bitwise
         assert none["dense_grads"].keys() == dedup["dense_grads"].keys() and none["dense_grads"]
         for name, g in none["dense_grads"].items():

@@ -153,7 +153,7 @@ class DedupPooledEmbeddingDist(nn.Module):
         if owner_kjt is None or sample_kjt is None:
             raise RuntimeError(
                 "dedup output dist needs the ids of both ends; it is driven by "
-                "CodecShardedEmbeddingBagCollection.compute_and_output_dist (output_dist alone is unsupported)")
+                "CodecShardedEmbeddingBagCollection.compute[_and_output_dist] before output_dist")
         if sharding_ctx.variable_batch_per_feature:
             raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
         plan = self._plan(owner_kjt, sample_kjt, list(sharding_ctx.batch_size_per_rank)
