@@ -240,21 +240,23 @@ class DedupPooledEmbeddingDist(nn.Module):
     def _widen(self, owner, sample, slots, overflow, owner_kjt, sample_kjt, owner_stride, starts,
                sizes, B, sample_widths) -> None:
         """Grow the key width of overflowing blocks to their longest bag and redo them."""
+        todo = []
         for (grid, i, b), over in zip(slots, overflow):
             if not over:
                 continue
             if grid is owner:
-                kjt, g0, size, entry = owner_kjt, i * owner_stride + starts[b], sizes[b], self.local_entries[i]
+                todo.append((grid, i, b, owner_kjt, i * owner_stride + starts[b], sizes[b], self.local_entries[i]))
             else:
-                kjt, g0, size, entry = sample_kjt, i * B, B, self.all_entries[i]
-            lengths = kjt.lengths()[g0:g0 + size]
-            width = int(lengths.max())  # extra sync, counted in extra_syncs
+                todo.append((grid, i, b, sample_kjt, i * B, B, self.all_entries[i]))
+        # the extra host sync (counted in extra_syncs): every overflowing block's longest bag at once
+        longest = torch.stack([kjt.lengths()[g0:g0 + n].max() for _, _, _, kjt, g0, n, _ in todo]).tolist()
+        for (grid, i, b, kjt, g0, n, entry), width in zip(todo, longest):
             if grid is owner:
                 self._owner_widths[i][b] = width
             else:
                 self._sample_widths[i] = sample_widths[i][0] = width
-            grid[i][b] = block_unique(kjt.values(), kjt.offsets()[g0:g0 + size], lengths, width,
-                                      entry.num_embeddings)
+            grid[i][b] = block_unique(kjt.values(), kjt.offsets()[g0:g0 + n], kjt.lengths()[g0:g0 + n],
+                                      width, entry.num_embeddings)
 
     def _build_plan(self, owner, sample, count, sizes, B, starts) -> DedupPlan:
         unit, W = self.unit, self.world_size
