@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         f = figs["dedup" if c == "dedup" else "none"]
         ratio = base["payload"] / f["payload"]
         whole = (base["payload"] + base["ids"]) / (f["payload"] + f["ids"])
-        print(f"{c:<8} {f['payload'] / 1e6:>16.2f} {ratio:>6.3f}x {ratio / figs['ideal_ratio']:>7.3f} "
+        vs_ideal = "-" if c == "none" else f"{ratio / figs['ideal_ratio']:.3f}"
+        print(f"{c:<8} {f['payload'] / 1e6:>16.2f} {ratio:>6.3f}x {vs_ideal:>7} "
               f"{(f['payload'] + f['ids']) / 1e6:>13.2f} {whole:>6.3f}x")
     print("projected all-to-all phase per step (busiest rank's payload + ids over its link):")
     for c in args.codec:
