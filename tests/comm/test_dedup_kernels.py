@@ -94,3 +94,14 @@ def test_batched_one_hot_blocks_equal_block_by_block() -> None:
     values, offsets, lengths = _kjt_parts([[1], [9], [2]])
     assert [bool(u.bad_ids) for u in one_hot_blocks_unique(values, offsets, lengths, [0, 1], [1, 2], [5, 5])] \
         == [False, True]
+
+
+def test_int32_lengths_and_offsets_as_the_data_loader_builds_them() -> None:
+    bags = [[4], [], [4], [2], [9], [2]]
+    values, offsets, lengths = _kjt_parts(bags)
+    for use_int32 in (False, True):
+        o, l = (offsets.int(), lengths.int()) if use_int32 else (offsets, lengths)
+        r = block_unique(values, o, l, 1, 10)
+        assert int(r.count) == 4 and r.inverse.tolist() == [2, 0, 2, 1, 3, 1]
+        (b,) = one_hot_blocks_unique(values, o, l, [0], [6], [10])
+        assert torch.equal(b.inverse, r.inverse)
