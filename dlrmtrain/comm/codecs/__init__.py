@@ -1,0 +1,1 @@
+"""One module per codec; registry.py maps their names to instances."""

@@ -1,0 +1,350 @@
+"""The lossless dedup codec: only distinct pooled rows cross the all-to-all.
+
+For every (feature, sample-rank) block, the owner (ids from the input
+all-to-all) and the sample rank (its own ids) compute the same unique bags
+(DESIGN.md §4). Forward: the owner sends one row per unique bag, the receiver
+expands with its inverse. Backward: the receiver segment-sums the gradient per
+unique bag and sends that; the owner writes each sum at the bag's first
+occurrence (zeros elsewhere), which the fused embedding backward turns into the
+same row update as the uncompressed gradient, up to float summation order.
+Gradients are divided by the world size like TorchRec's all-to-all backward.
+
+Host syncs: one per dist per step (all blocks' unique counts in one `.tolist()`),
+plus one more only when a bag is longer than the key width learned so far.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed import comm_ops
+from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm.buffers import BufferPool
+from dlrmtrain.comm.codecs.dedup_kernels import BlockUnique, block_unique, one_hot_blocks_unique
+from dlrmtrain.comm.layout import DistLayout, FeatureEntry
+from dlrmtrain.comm.stats import DistCommStats
+
+OWNER_FEATURES = "dlrmtrain_owner_features"
+"""sharding-context attribute: the KJT the owner looked up (after the id all-to-all)"""
+SAMPLE_FEATURES = "dlrmtrain_sample_features"
+"""sharding-context attribute: this rank's own KJT slice (before the id all-to-all)"""
+
+
+@dataclass
+class DedupPlan:
+    """Everything one step's forward and backward need, in units of `unit` columns."""
+
+    unit: int
+    send_index: torch.Tensor   # unit rows of local_embs, in message order
+    recv_index: torch.Tensor   # per output unit row: its unit row in the receive buffer
+    send_splits: list[int]     # elements per destination rank
+    recv_splits: list[int]     # elements per source rank
+    out_shape: tuple[int, int]
+
+
+class _ReadyAwaitable(Awaitable[torch.Tensor]):
+    """The all-to-all already ran (synchronously on CPU); callbacks run on wait()."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self._tensor = tensor
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._tensor
+
+
+def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                pg: dist.ProcessGroup) -> None:
+    """all_to_all_single on flat tensors; 16-bit payloads travel as bytes (gloo lacks them)."""
+    if inp.element_size() == 2:
+        out, inp = out.view(torch.uint8), inp.view(torch.uint8)
+        out_splits, in_splits = [2 * s for s in out_splits], [2 * s for s in in_splits]
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=pg)
+
+
+class _DedupAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_embs: torch.Tensor, plan: DedupPlan, owner: "DedupPooledEmbeddingDist"):
+        stats = owner.comm_stats
+        t0 = time.perf_counter()
+        send = torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index)
+        recv = local_embs.new_empty(sum(plan.recv_splits))
+        t1 = time.perf_counter()
+        _all_to_all(recv, send.view(-1), plan.recv_splits, plan.send_splits, owner.pg)
+        t2 = time.perf_counter()
+        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
+        torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index, out=out)
+        out = out.view(plan.out_shape)
+        t3 = time.perf_counter()
+        stats.codec_seconds += (t1 - t0) + (t3 - t2)
+        stats.transfer_seconds += t2 - t1
+        ctx.plan, ctx.owner = plan, owner
+        ctx.local_shape = local_embs.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        plan, owner = ctx.plan, ctx.owner
+        stats = owner.comm_stats
+        t0 = time.perf_counter()
+        grad_rows = grad_out.contiguous().view(-1, plan.unit)
+        grad_recv = grad_rows.new_zeros((sum(plan.recv_splits) // plan.unit, plan.unit))
+        grad_recv.index_add_(0, plan.recv_index, grad_rows)
+        grad_send = grad_out.new_empty(sum(plan.send_splits))
+        t1 = time.perf_counter()
+        _all_to_all(grad_send, grad_recv.view(-1), plan.send_splits, plan.recv_splits, owner.pg)
+        t2 = time.perf_counter()
+        if comm_ops.get_gradient_division():
+            grad_send.div_(owner.world_size)
+        numel = math.prod(ctx.local_shape)
+        grad_local = owner.grad_pool.get((numel // plan.unit, plan.unit), grad_out.dtype, grad_out.device,
+                                         zero=True)
+        grad_local.index_copy_(0, plan.send_index, grad_send.view(-1, plan.unit))
+        t3 = time.perf_counter()
+        stats.codec_seconds += (t1 - t0) + (t3 - t2)
+        stats.transfer_seconds += t2 - t1
+        return grad_local.view(ctx.local_shape), None, None
+
+
+class DedupPooledEmbeddingDist(nn.Module):
+    """Drop-in for TorchRec's `TwPooledEmbeddingDist` (table-/column-wise) with dedup.
+
+    `dedup_tables` selects the tables whose blocks are deduplicated; the other
+    tables of the same all-to-all travel in full (codec `none` per table).
+    """
+
+    def __init__(self, stock_dist: nn.Module, layout: DistLayout, dedup_tables: set[str],
+                 pg: dist.ProcessGroup, sharding_type: str) -> None:
+        super().__init__()
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        self.world_size = dist.get_world_size(pg)
+        # CW sharding reorders shards with a callback; keep it (it is differentiable)
+        self._callbacks = list(getattr(stock_dist, "_callbacks", None) or [])
+        self.layout = layout
+        self.local_entries = layout.entries_per_rank[self.rank]
+        self.all_entries = layout.all_entries()
+        self.dedup_tables = dedup_tables
+        dims = [e.dim for e in self.all_entries]
+        self.unit = math.gcd(*dims) if dims else 1
+        # learned key widths (longest bag so far), one per block; both ends of a
+        # block see the same ids, so they update them identically
+        self._owner_widths = [[1] * self.world_size for _ in self.local_entries]
+        self._sample_widths = [1] * len(self.all_entries)
+        self.output_pool = BufferPool()  # expanded outputs (forward)
+        self.grad_pool = BufferPool()    # embedding gradients (backward)
+        self.comm_stats = DistCommStats(
+            codec="dedup", sharding_type=sharding_type,
+            table_codecs={e.table: "dedup" if e.table in dedup_tables else "none" for e in self.all_entries})
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, local_embs: torch.Tensor,
+                sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
+        owner_kjt = getattr(sharding_ctx, OWNER_FEATURES, None)
+        sample_kjt = getattr(sharding_ctx, SAMPLE_FEATURES, None)
+        if owner_kjt is None or sample_kjt is None:
+            raise RuntimeError(
+                "dedup output dist needs the ids of both ends; it is driven by "
+                "CodecShardedEmbeddingBagCollection.compute[_and_output_dist] before output_dist")
+        if sharding_ctx.variable_batch_per_feature:
+            raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
+        plan = self._plan(owner_kjt, sample_kjt, list(sharding_ctx.batch_size_per_rank)
+                          or [sample_kjt.stride()] * self.world_size, local_embs.element_size())
+        out = _DedupAllToAll.apply(local_embs, plan, self)
+        awaitable = _ReadyAwaitable(out)
+        awaitable.callbacks.extend(self._callbacks)
+        return awaitable
+
+    # --------------------------------------------------------------------- plan
+    def _uniques(self, kjt: KeyedJaggedTensor, entries: list[FeatureEntry], stride: int,
+                 starts: list[int], sizes: list[int], widths: list[list[int]]) -> list[list[BlockUnique | None]]:
+        """BlockUnique per (entry, block); None for tables sent in full.
+
+        Blocks whose key width is 1 (one-hot so far) share one batched sort;
+        wider (multi-hot) blocks are keyed one by one.
+        """
+        lengths, offsets, values = kjt.lengths(), kjt.offsets(), kjt.values()
+        result: list[list[BlockUnique | None]] = [[None] * len(starts) for _ in entries]
+        batched = []
+        for i, entry in enumerate(entries):
+            if entry.table not in self.dedup_tables:
+                continue
+            for b, (start, size) in enumerate(zip(starts, sizes)):
+                g0 = i * stride + start
+                if widths[i][b] == 1:
+                    batched.append((i, b, g0, size, entry.num_embeddings))
+                else:
+                    result[i][b] = block_unique(values, offsets[g0:g0 + size], lengths[g0:g0 + size],
+                                                widths[i][b], entry.num_embeddings)
+        if batched:
+            uniques = one_hot_blocks_unique(values, offsets, lengths, [g for _, _, g, _, _ in batched],
+                                            [n for _, _, _, n, _ in batched], [e for *_, e in batched])
+            for (i, b, *_), u in zip(batched, uniques):
+                result[i][b] = u
+        return result
+
+    def _read_counts(self, blocks: list[BlockUnique]) -> tuple[list[int], list[bool], list[bool]]:
+        """The host sync: counts and flags of all blocks in one transfer."""
+        if not blocks:
+            return [], [], []
+        flat = torch.stack([torch.stack([b.count, b.overflow.long(), b.bad_ids.long()]) for b in blocks])
+        counts, overflow, bad = zip(*flat.tolist())
+        return list(counts), [bool(o) for o in overflow], [bool(x) for x in bad]
+
+    def _plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor,
+              batch_size_per_rank: list[int], elem_size: int) -> DedupPlan:
+        t0 = time.perf_counter()
+        W, B = self.world_size, batch_size_per_rank[self.rank]
+        starts = [sum(batch_size_per_rank[:s]) for s in range(W)]
+        owner_stride = sum(batch_size_per_rank)
+        sample_widths = [[w] for w in self._sample_widths]
+        owner = self._uniques(owner_kjt, self.local_entries, owner_stride, starts,
+                              batch_size_per_rank, self._owner_widths)
+        sample = self._uniques(sample_kjt, self.all_entries, B, [0], [B], sample_widths)
+
+        # one host sync for every block of both ends; a retry only if a bag outgrew its key width
+        for attempt in range(2):
+            slots = [(grid, i, b) for grid in (owner, sample) for i, row in enumerate(grid)
+                     for b, u in enumerate(row) if u is not None]
+            counts, overflow, bad = self._read_counts([grid[i][b] for grid, i, b in slots])
+            for (grid, i, b), is_bad in zip(slots, bad):
+                if is_bad:
+                    entry = (self.local_entries if grid is owner else self.all_entries)[i]
+                    raise ValueError(f"feature {entry.feature!r} (table {entry.table!r}): ids outside "
+                                     f"[0, {entry.num_embeddings}) reached the dedup codec")
+            if not any(overflow):
+                break
+            assert attempt == 0, "key width still too small after widening"
+            self.comm_stats.extra_syncs += 1
+            self._widen(owner, sample, slots, overflow, owner_kjt, sample_kjt, owner_stride, starts,
+                        batch_size_per_rank, B, sample_widths)
+        count_of = {(id(grid), i, b): c for (grid, i, b), c in zip(slots, counts)}
+
+        def count(grid, i, b, size):
+            return size if grid[i][b] is None else count_of[(id(grid), i, b)]
+
+        plan = self._build_plan(owner, sample, count, batch_size_per_rank, B, starts)
+        self._account(owner, sample, count, owner_kjt, sample_kjt, batch_size_per_rank, B, elem_size)
+        self.comm_stats.codec_seconds += time.perf_counter() - t0
+        self.comm_stats.steps += 1
+        return plan
+
+    def _widen(self, owner, sample, slots, overflow, owner_kjt, sample_kjt, owner_stride, starts,
+               sizes, B, sample_widths) -> None:
+        """Grow the key width of overflowing blocks to their longest bag and redo them."""
+        todo = []
+        for (grid, i, b), over in zip(slots, overflow):
+            if not over:
+                continue
+            if grid is owner:
+                todo.append((grid, i, b, owner_kjt, i * owner_stride + starts[b], sizes[b], self.local_entries[i]))
+            else:
+                todo.append((grid, i, b, sample_kjt, i * B, B, self.all_entries[i]))
+        # the extra host sync (counted in extra_syncs): every overflowing block's longest bag at once
+        longest = torch.stack([kjt.lengths()[g0:g0 + n].max() for _, _, _, kjt, g0, n, _ in todo]).tolist()
+        for (grid, i, b, kjt, g0, n, entry), width in zip(todo, longest):
+            if grid is owner:
+                self._owner_widths[i][b] = width
+            else:
+                self._sample_widths[i] = sample_widths[i][0] = width
+            grid[i][b] = block_unique(kjt.values(), kjt.offsets()[g0:g0 + n], kjt.lengths()[g0:g0 + n],
+                                      width, entry.num_embeddings)
+
+    def _build_plan(self, owner, sample, count, sizes, B, starts) -> DedupPlan:
+        unit, W = self.unit, self.world_size
+        device = self.pg_device(owner, sample)
+        # owner: message to rank s = its local entries in order, unique rows of each
+        local_units = sum(e.dim for e in self.local_entries) // unit
+        col_units = [0]
+        for e in self.local_entries:
+            col_units.append(col_units[-1] + e.dim // unit)
+        send_parts, send_splits = [], []
+        for s in range(W):
+            elems = 0
+            for i, entry in enumerate(self.local_entries):
+                d = entry.dim // unit
+                n = count(owner, i, s, sizes[s])
+                u = owner[i][s]
+                first = torch.arange(n, device=device) if u is None else u.first[:n]
+                rows = (starts[s] + first).unsqueeze(1) * local_units + col_units[i]
+                send_parts.append((rows + torch.arange(d, device=device)).reshape(-1))
+                elems += n * entry.dim
+            send_splits.append(elems)
+        # receiver: output unit (b, column) <- receive-buffer unit of bag b's unique row
+        recv_parts, recv_splits, unit_offset = [], [], 0
+        j = 0
+        for r in range(W):
+            elems = 0
+            for entry in self.layout.entries_per_rank[r]:
+                d = entry.dim // unit
+                n = count(sample, j, 0, B)
+                u = sample[j][0]
+                inverse = torch.arange(B, device=device) if u is None else u.inverse
+                recv_parts.append(unit_offset + inverse.unsqueeze(1) * d + torch.arange(d, device=device))
+                unit_offset += n * d
+                elems += n * entry.dim
+                j += 1
+            recv_splits.append(elems)
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        send_index = torch.cat(send_parts) if send_parts else empty
+        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+        out_dim = sum(e.dim for e in self.all_entries)
+        return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits, (B, out_dim))
+
+    @staticmethod
+    def pg_device(owner, sample) -> torch.device:
+        for grid in (owner, sample):
+            for row in grid:
+                for u in row:
+                    if u is not None:
+                        return u.inverse.device
+        return torch.device("cpu")
+
+    def _account(self, owner, sample, count, owner_kjt, sample_kjt, sizes, B, elem) -> None:
+        """Add this step's bytes to the per-table counters (host integers only)."""
+        stats = self.comm_stats
+        owner_lengths = owner_kjt.length_per_key() if self.local_entries else []
+        for i, entry in enumerate(self.local_entries):
+            t = stats.table(entry.table)
+            for s in range(self.world_size):
+                sent = count(owner, i, s, sizes[s]) * entry.dim * elem
+                t.payload_fwd_sent_bytes += sent
+                t.payload_bwd_recv_bytes += sent
+                t.uncompressed_fwd_sent_bytes += sizes[s] * entry.dim * elem
+            t.id_recv_bytes += (owner_lengths[i] * owner_kjt.values().element_size()
+                                + sum(sizes) * owner_kjt.lengths().element_size())
+        sample_lengths = sample_kjt.length_per_key() if self.all_entries else []
+        for j, entry in enumerate(self.all_entries):
+            t = stats.table(entry.table)
+            n = count(sample, j, 0, B)
+            t.bags += B
+            t.unique_bags += n
+            t.payload_fwd_recv_bytes += n * entry.dim * elem
+            t.payload_bwd_sent_bytes += n * entry.dim * elem
+            t.uncompressed_fwd_recv_bytes += B * entry.dim * elem
+            t.id_sent_bytes += (sample_lengths[j] * sample_kjt.values().element_size()
+                                + B * sample_kjt.lengths().element_size())
+
+
+class DedupCodec:
+    """Registry entry: builds `DedupPooledEmbeddingDist` for table- and column-wise shardings."""
+
+    name = "dedup"
+    lossless = True
+    # both shardings use TorchRec's TwPooledEmbeddingDist; row-wise (reduce-scatter) is issue 7
+    SHARDING_TYPES = frozenset({"table_wise", "column_wise", "table_column_wise"})
+
+    def supports(self, sharding_type: str) -> bool:
+        return sharding_type in self.SHARDING_TYPES
+
+    def make_output_dist(self, stock_dist: nn.Module, layout: DistLayout, tables: set[str],
+                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
+        return DedupPooledEmbeddingDist(stock_dist, layout, tables, pg, sharding_type)

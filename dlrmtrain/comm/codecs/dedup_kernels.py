@@ -1,0 +1,151 @@
+"""Pure-torch kernels of the dedup codec: bag keys, unique, expand, segment-sum.
+
+Everything here has fixed output sizes (upper bound: the block's bag count) so
+that no kernel needs the number of unique bags on the host; the caller reads
+all blocks' counts in ONE host sync per output dist per step. The same code
+runs on the sending and the receiving rank over the same ids, so both derive
+the same unique order bitwise — that agreement is what makes the codec
+lossless without sending an inverse index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class BlockUnique:
+    """Unique bags of one (feature, sample-rank) block of B bags.
+
+    `inverse[b]` is the index of bag b's unique bag (lexicographic order of the
+    bag's id sequence); `first[u]` the first bag holding unique u (valid for
+    u < count); `count` the number of unique bags as a 0-d device tensor.
+    `overflow` says a bag was longer than the key width (keys not exact);
+    `bad_ids` says an id lay outside [0, num_embeddings).
+    """
+
+    inverse: torch.Tensor
+    first: torch.Tensor
+    count: torch.Tensor
+    overflow: torch.Tensor
+    bad_ids: torch.Tensor
+
+
+def bag_keys(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+             width: int, num_embeddings: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bags as rows of a [B, width] id matrix padded with -1; overflow and bad-id flags.
+
+    -1 padding sorts below every valid id, so rows of different lengths sort
+    like their id sequences (a prefix first) and an empty bag is all -1.
+    """
+    pos = torch.arange(width, device=values.device)
+    valid = pos.unsqueeze(0) < lengths.unsqueeze(1)
+    if values.numel() == 0:
+        keys = torch.full((lengths.numel(), width), -1, dtype=torch.int64, device=values.device)
+    else:
+        idx = (offsets.unsqueeze(1) + pos.unsqueeze(0)).clamp_(max=values.numel() - 1)
+        keys = torch.where(valid, values[idx].to(torch.int64), -1)
+    overflow = (lengths > width).any()
+    bad_ids = (valid & ((keys < 0) | (keys >= num_embeddings))).any()
+    return keys, overflow, bad_ids
+
+
+def _dense_rank(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dense rank of each element (0 = smallest), plus the stable sort it used."""
+    sorted_key, perm = torch.sort(key, stable=True)
+    is_new = torch.ones_like(sorted_key, dtype=torch.bool)
+    is_new[1:] = sorted_key[1:] != sorted_key[:-1]
+    group = torch.cumsum(is_new, 0) - 1
+    rank = torch.empty_like(group)
+    rank[perm] = group
+    return rank, perm, group, is_new
+
+
+def unique_bags(keys: torch.Tensor, num_embeddings: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unique rows of `keys` in lexicographic order: (inverse, first, count).
+
+    Rows are ranked column by column: (rank of the prefix, next id) is packed
+    into one int64 that preserves lexicographic order, then re-ranked — a
+    radix-style lexsort with one sort per column (one-hot bags: one sort).
+    """
+    n, width = keys.shape
+    if n == 0:
+        empty = keys.new_zeros(0)
+        return empty, empty, keys.new_zeros(())
+    radix = num_embeddings + 1  # ids + 1 lie in [0, num_embeddings]
+    rank, perm, group, is_new = _dense_rank(keys[:, 0])
+    for col in range(1, width):
+        rank, perm, group, is_new = _dense_rank(rank * radix + (keys[:, col] + 1))
+    # the stable sort keeps equal bags in bag order, so the minimum bag index
+    # per group is the first occurrence
+    first = torch.full((n,), n, dtype=torch.int64, device=keys.device)
+    first.scatter_reduce_(0, group, perm, reduce="amin", include_self=True)
+    count = group[-1] + 1
+    return rank, first, count
+
+
+def block_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+                 width: int, num_embeddings: int) -> BlockUnique:
+    """Key, check and deduplicate one block of bags (see `BlockUnique`)."""
+    keys, overflow, bad_ids = bag_keys(values, offsets, lengths, width, num_embeddings)
+    inverse, first, count = unique_bags(keys, num_embeddings)
+    return BlockUnique(inverse, first, count, overflow, bad_ids)
+
+
+def expand_rows(unique_rows: torch.Tensor, index: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """out[i] = unique_rows[index[i]] — the receiver's forward decode."""
+    return torch.index_select(unique_rows, 0, index, out=out) if out is not None \
+        else torch.index_select(unique_rows, 0, index)
+
+
+def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """out[u] = sum of rows[i] with index[i] == u — the receiver's backward encode."""
+    out = rows.new_zeros((num_segments, rows.shape[1]))
+    out.index_add_(0, index, rows)
+    return out
+
+
+def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+                          starts: list[int], sizes: list[int], num_embeddings: list[int]) -> list[BlockUnique]:
+    """`block_unique` with width 1 for many blocks of one KJT in a single sort.
+
+    Bags [starts[j], starts[j] + sizes[j]) form block j. The block index is
+    packed above the id, so one sort orders every block's ids at once and
+    each block's unique bags come out in the same order `block_unique` gives.
+    """
+    device = lengths.device
+    total = sum(sizes)
+    if total == 0:
+        return [block_unique(values, offsets[s:s], lengths[s:s], 1, n)
+                for s, n in zip(starts, num_embeddings)]
+    bags = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, sizes)])
+    block = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                    torch.tensor(sizes, device=device), output_size=total)
+    lens = lengths[bags]
+    if values.numel():
+        ids = torch.where(lens > 0, values[offsets[bags].clamp(max=values.numel() - 1)].to(torch.int64), -1)
+    else:
+        ids = torch.full((total,), -1, dtype=torch.int64, device=device)
+    limit = torch.tensor(num_embeddings, device=device)[block]
+    nblocks = len(sizes)
+    overflow = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block, (lens > 1).long())
+    bad = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(
+        0, block, ((lens > 0) & ((ids < 0) | (ids >= limit))).long())
+    radix = max(num_embeddings) + 1
+    rank, perm, group, is_new = _dense_rank(block * radix + (ids + 1))
+    counts = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block[perm], is_new.long())
+    group_offset = torch.cumsum(counts, 0) - counts
+    inverse = rank - group_offset[block]
+    first_global = torch.full((total,), total, dtype=torch.int64, device=device)
+    first_global.scatter_reduce_(0, group, perm, reduce="amin", include_self=True)
+    out, bag_offset = [], 0
+    for j, size in enumerate(sizes):
+        pick = (group_offset[j] + torch.arange(size, device=device)).clamp_(max=total - 1)
+        first = first_global[pick] - bag_offset  # valid for u < count
+        out.append(BlockUnique(inverse[bag_offset:bag_offset + size], first, counts[j],
+                               overflow[j] > 0, bad[j] > 0))
+        bag_offset += size
+    return out

@@ -1,0 +1,55 @@
+"""Which features each rank owns in one TorchRec embedding sharding, in wire order.
+
+A pooled-embedding all-to-all (table-wise and column-wise sharding) carries,
+from owner rank r to sample rank s, the columns of r's features in the order of
+r's grouped embedding configs. Every rank can rebuild that order from the
+sharding object, so codecs agree on the message layout without exchanging it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchrec.distributed.sharding.tw_sharding import BaseTwEmbeddingSharding
+
+
+@dataclass(frozen=True)
+class FeatureEntry:
+    """One feature's column block (a whole table, or one column shard of it)."""
+
+    feature: str
+    table: str
+    dim: int
+    num_embeddings: int
+
+
+@dataclass(frozen=True)
+class DistLayout:
+    """Feature entries per owner rank, in the order their columns travel."""
+
+    entries_per_rank: list[list[FeatureEntry]]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.entries_per_rank)
+
+    def dim_sum(self, rank: int) -> int:
+        return sum(e.dim for e in self.entries_per_rank[rank])
+
+    def all_entries(self) -> list[FeatureEntry]:
+        """Entries of all ranks, rank-major: the receiver's feature order."""
+        return [e for entries in self.entries_per_rank for e in entries]
+
+
+def layout_of(sharding: BaseTwEmbeddingSharding) -> DistLayout:
+    """Read the per-rank feature order from a table-/column-wise sharding."""
+    per_rank: list[list[FeatureEntry]] = []
+    for grouped_configs in sharding._grouped_embedding_configs_per_rank:
+        entries = [
+            FeatureEntry(feature, table.name, table.local_cols, table.num_embeddings)
+            for config in grouped_configs
+            for table in config.embedding_tables
+            for feature in table.feature_names
+        ]
+        per_rank.append(entries)
+    return DistLayout(per_rank)

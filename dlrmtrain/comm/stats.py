@@ -1,0 +1,158 @@
+"""Byte and time counters of the embedding all-to-all, per table, and their summary.
+
+Codec dists add to a `DistCommStats` each step (host integers only: the counts
+come from the one host sync the all-to-all needs anyway). `collect_comm_stats`
+gathers every codec dist in a model into one JSON-serialisable dict for the
+run directory; `format_comm_summary` renders it for the end-of-run log.
+All figures are this rank's: bytes it put into / took out of the collectives
+(its own block included, as the all-to-all split sizes include it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass
+class TableCommStats:
+    """Counters of one embedding table on one rank (summed over its column shards)."""
+
+    bags: int = 0
+    """bags this rank received pooled embeddings for (as sample rank)"""
+    unique_bags: int = 0
+    """distinct bags among them: rows that actually crossed the wire"""
+    payload_fwd_sent_bytes: int = 0
+    payload_fwd_recv_bytes: int = 0
+    payload_bwd_sent_bytes: int = 0
+    payload_bwd_recv_bytes: int = 0
+    uncompressed_fwd_sent_bytes: int = 0
+    """what the stock all-to-all would have sent forward (B·D·element size per block)"""
+    uncompressed_fwd_recv_bytes: int = 0
+    id_sent_bytes: int = 0
+    """ids and lengths this rank sent in the input (id) all-to-all"""
+    id_recv_bytes: int = 0
+
+    def add(self, other: "TableCommStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class DistCommStats:
+    """Counters of one codec output dist (one sharding type of one sharded EBC)."""
+
+    codec: str
+    sharding_type: str
+    tables: dict[str, TableCommStats] = field(default_factory=dict)
+    table_codecs: dict[str, str] = field(default_factory=dict)
+    """codec per table of this all-to-all (a per-table `none` travels uncompressed)"""
+    steps: int = 0
+    codec_seconds: float = 0.0
+    """unique + expand + segment-sum + index building, forward and backward"""
+    transfer_seconds: float = 0.0
+    """inside all_to_all_single, forward and backward"""
+    extra_syncs: int = 0
+    """host syncs beyond the one per step: bags longer than the learned key width"""
+
+    def table(self, name: str) -> TableCommStats:
+        return self.tables.setdefault(name, TableCommStats())
+
+
+def _codec_dists(model: nn.Module) -> list[DistCommStats]:
+    # codec dists live in a plain list of the sharded module (like TorchRec's own
+    # dists), so they are found through the module that holds them
+    return [d.comm_stats for m in model.modules() for d in getattr(m, "codec_dists", [])]
+
+
+def _sum_over_ranks(per_table: dict[str, TableCommStats], seconds: list[float],
+                    group: dist.ProcessGroup | None) -> list[float]:
+    """Sum the byte/bag counters over ranks in place; slowest rank's seconds. Collective."""
+    names = [f.name for f in fields(TableCommStats)]
+    counters = torch.tensor([[getattr(per_table[t], n) for n in names] for t in sorted(per_table)],
+                            dtype=torch.float64)
+    dist.all_reduce(counters, group=group)  # float64 holds byte counts exactly below 2**53
+    for t, row in zip(sorted(per_table), counters.tolist()):
+        for n, v in zip(names, row):
+            setattr(per_table[t], n, int(v))
+    times = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+    return times.tolist()
+
+
+def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
+                       group: dist.ProcessGroup | None = None) -> dict:
+    """Per-table counters of every codec dist in `model` (JSON-ready).
+
+    This rank's figures by default; with `all_ranks=True` (a collective: call
+    it on every rank) bytes and bags are summed over ranks and times are the
+    slowest rank's. Tables under codec `none` keep TorchRec's stock dist and
+    have no counters: a model sharded with `none` everywhere gives empty `tables`.
+    """
+    per_table: dict[str, TableCommStats] = {}
+    codec_of: dict[str, str] = {}
+    steps = 0
+    codec_s = transfer_s = 0.0
+    extra_syncs = 0
+    for d in _codec_dists(model):
+        for name, t in d.tables.items():
+            per_table.setdefault(name, TableCommStats()).add(t)
+            codec_of[name] = d.table_codecs.get(name, d.codec)
+        steps = max(steps, d.steps)
+        codec_s += d.codec_seconds
+        transfer_s += d.transfer_seconds
+        extra_syncs += d.extra_syncs
+    if all_ranks and per_table:
+        codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
+    tables = {}
+    for name in sorted(per_table):
+        t = per_table[name]
+        row = asdict(t)
+        row["codec"] = codec_of[name]
+        row["distinct_fraction"] = t.unique_bags / t.bags if t.bags else None
+        row["payload_fwd_ratio"] = (t.uncompressed_fwd_recv_bytes / t.payload_fwd_recv_bytes
+                                    if t.payload_fwd_recv_bytes else None)
+        tables[name] = row
+    total = TableCommStats()
+    for t in per_table.values():
+        total.add(t)
+    return {
+        "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
+        "steps": steps,
+        "codec_seconds_per_step": codec_s / steps if steps else 0.0,
+        "transfer_seconds_per_step": transfer_s / steps if steps else 0.0,
+        "extra_syncs": extra_syncs,
+        "total": asdict(total),
+        "tables": tables,
+    }
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:9.2f}"
+
+
+def format_comm_summary(stats: dict) -> str:
+    """A readable table of `collect_comm_stats` output."""
+    if not stats["tables"]:
+        return "comm: no codec dists (codec none everywhere: TorchRec's stock all-to-all)"
+    steps = max(stats["steps"], 1)
+    lines = [f"embedding all-to-all over {stats['steps']} steps ({stats['scope']}; MiB per step)",
+             f"{'table':<12} {'codec':<6} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
+    for name, t in stats["tables"].items():
+        frac = f"{t['distinct_fraction']:.3f}" if t["distinct_fraction"] is not None else "-"
+        ratio = f"{t['payload_fwd_ratio']:.2f}" if t["payload_fwd_ratio"] else "-"
+        lines.append(f"{name:<12} {t['codec']:<6} {frac:>8} {_mb(t['payload_fwd_recv_bytes'] / steps)} "
+                     f"{_mb(t['uncompressed_fwd_recv_bytes'] / steps)} {ratio:>6} {_mb(t['id_sent_bytes'] / steps)}")
+    tot = stats["total"]
+    payload = tot["payload_fwd_recv_bytes"] + tot["payload_bwd_recv_bytes"]
+    stock = 2 * tot["uncompressed_fwd_recv_bytes"]
+    ids = tot["id_recv_bytes"]
+    lines.append(f"payload ratio (fwd+bwd) {stock / payload:.2f}x; with id all-to-all "
+                 f"{(stock + ids) / (payload + ids):.2f}x" if payload else "payload: 0 bytes")
+    lines.append(f"codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, "
+                 f"transfer {stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, "
+                 f"extra host syncs {stats['extra_syncs']}")
+    return "\n".join(lines)

@@ -1,0 +1,286 @@
+"""Embedding all-to-all bytes and time per codec, on real Criteo rows or synthetic ids.
+
+    PYTHONPATH=. python scripts/bench_comm.py --data ../shared/data/criteo_kaggle_sample.tsv.gz \
+        --world-size 8 --batch-size 4096 --codec none dedup
+
+Two parts, printed side by side per codec:
+- bytes per step for `--world-size` ranks (any size: the global batches are
+  split as that many ranks would see them; tables placed table-wise round
+  robin). Counted from the ids: embedding payload forward + backward, the id
+  all-to-all, their ratios to `none`, and the ideal B/U. Only blocks that
+  leave their rank count (a rank's block to itself is a local copy).
+- time, measured on real Gloo ranks (at most `--measure-ranks`, default 2,
+  this machine's cores) running the real sharded EBC with each codec in one
+  run: whole step, all-to-all transfer, and codec work (unique, expand,
+  segment-sum) separately; then the all-to-all phase projected for 25/100/400
+  Gb/s links from the bytes. On CPU loopback the "network" is a memcpy, so
+  measured transfer understates what a real link saves (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from tqdm import tqdm
+
+NUM_DENSE, NUM_CAT = 13, 26
+LINK_GBPS = (25, 100, 400)
+
+
+# ----------------------------------------------------------------------------- data
+def read_criteo_tsv(path: Path, max_rows: int | None) -> np.ndarray:
+    """Categorical columns of a raw Criteo day file as contiguous per-column ids [N, 26].
+
+    Each column's values (8 hex digits; empty = missing, its own value) are
+    numbered in order of first appearance, like the MLPerf two-pass remap.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    vocab: list[dict[str, int]] = [{} for _ in range(NUM_CAT)]
+    rows: list[list[int]] = []
+    with opener(path, "rt") as f:
+        for line_no, line in enumerate(tqdm(f, desc=f"reading {path.name}", unit=" rows", leave=False), 1):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 1 + NUM_DENSE + NUM_CAT:
+                raise ValueError(f"{path}:{line_no}: expected {1 + NUM_DENSE + NUM_CAT} tab-separated "
+                                 f"fields, found {len(fields)}")
+            cats = fields[1 + NUM_DENSE:]
+            rows.append([v.setdefault(c, len(v)) for v, c in zip(vocab, cats)])
+            if max_rows and len(rows) >= max_rows:
+                break
+    return np.asarray(rows, dtype=np.int64)
+
+
+def synthetic_ids(num_rows: int, seed: int = 0) -> np.ndarray:
+    """Power-law ids per column (Kaggle-like spread of distinct fractions)."""
+    rng = np.random.default_rng(seed)
+    cols = []
+    for c in range(NUM_CAT):
+        vocab = int(10 ** rng.uniform(1, 5))
+        cols.append(np.minimum(rng.zipf(1.05 + 0.5 * rng.random(), num_rows) - 1, vocab - 1))
+    return np.stack(cols, axis=1).astype(np.int64)
+
+
+def global_batches(ids: np.ndarray, world_size: int, batch_size: int) -> list[np.ndarray]:
+    step = world_size * batch_size
+    n = len(ids) // step
+    if n == 0:
+        raise SystemExit(f"{len(ids)} rows are fewer than one global batch of {world_size}x{batch_size}")
+    return [ids[i * step:(i + 1) * step] for i in range(n)]
+
+
+# ---------------------------------------------------------------------------- bytes
+def byte_figures(batches: list[np.ndarray], world_size: int, batch_size: int, dim: int) -> dict:
+    """Off-rank bytes per step for none and dedup (fp32 payload, int64 ids, int32 lengths)."""
+    owner = [t % world_size for t in range(NUM_CAT)]
+    rows_all = rows_unique = 0
+    payload_none = payload_dedup = ids_bytes = 0
+    per_rank_none = np.zeros(world_size)
+    per_rank_dedup = np.zeros(world_size)
+    for gb in tqdm(batches, desc="counting bytes", leave=False):
+        for s in range(world_size):
+            block = gb[s * batch_size:(s + 1) * batch_size]
+            for t in range(NUM_CAT):
+                u = len(np.unique(block[:, t]))
+                rows_all += batch_size
+                rows_unique += u
+                if owner[t] == s:
+                    continue  # the owner's block to itself never leaves the rank
+                payload_none += 2 * batch_size * dim * 4  # forward rows + backward grads
+                payload_dedup += 2 * u * dim * 4
+                ids_bytes += batch_size * (8 + 4)  # one id + one length per one-hot bag
+                # the owner sends forward, the sample rank sends backward: both directions
+                per_rank_none[owner[t]] += batch_size * dim * 4
+                per_rank_none[s] += batch_size * dim * 4
+                per_rank_dedup[owner[t]] += u * dim * 4
+                per_rank_dedup[s] += u * dim * 4
+    steps = len(batches)
+    return {
+        "steps": steps,
+        "distinct_fraction": rows_unique / rows_all,
+        "ideal_ratio": rows_all / rows_unique,
+        "none": {"payload": payload_none / steps, "ids": ids_bytes / steps,
+                 "max_rank_send": per_rank_none.max() / steps},
+        "dedup": {"payload": payload_dedup / steps, "ids": ids_bytes / steps,
+                  "max_rank_send": per_rank_dedup.max() / steps},
+    }
+
+
+# ---------------------------------------------------------------------------- timing
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kjt(block: np.ndarray):
+    from torchrec import KeyedJaggedTensor
+    values = torch.from_numpy(np.ascontiguousarray(block.T).reshape(-1))
+    lengths = torch.ones(values.numel(), dtype=torch.int32)
+    return KeyedJaggedTensor(keys=[f"cat_{t}" for t in range(NUM_CAT)], values=values, lengths=lengths)
+
+
+def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], vocab: list[int],
+               codecs: list[str], dim: int, warmup: int, steps: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+
+    from dlrmtrain.comm.sharder import make_ebc_sharder
+    from dlrmtrain.comm.stats import collect_comm_stats
+    from dlrmtrain.distributed.env import shutdown_distributed
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    B = batches[0].shape[0] // world
+    out = {}
+    for codec in codecs:
+        sharder = make_ebc_sharder(codec, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
+        ebc = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name=f"t_cat_{t}", embedding_dim=dim, num_embeddings=vocab[t],
+                               feature_names=[f"cat_{t}"]) for t in range(NUM_CAT)], device=torch.device("meta"))
+        plan = construct_module_sharding_plan(
+            ebc, {f"t_cat_{t}": table_wise(rank=t % world, compute_kernel="fused") for t in range(NUM_CAT)},
+            sharder=sharder, local_size=world, world_size=world, device_type="cpu")
+        model = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[sharder],
+                                         device=torch.device("cpu"), init_data_parallel=False)
+        # stock transfer time: the same split sizes TorchRec's all-to-all uses
+        dims = [dim * len(range(r, NUM_CAT, world)) for r in range(world)]
+        a2a_in = torch.randn(B * world * dims[rank])
+        a2a_out = torch.empty(B * sum(dims))
+        step_s = a2a_s = 0.0
+        # a fixed random upstream gradient: contiguous, like a real top MLP's
+        upstream = torch.randn(B, NUM_CAT * dim, generator=torch.Generator().manual_seed(rank))
+        for i in range(warmup + steps):
+            kjt = _kjt(batches[i % len(batches)][rank * B:(rank + 1) * B])
+            dist.barrier()
+            t0 = time.perf_counter()
+            kt = model(kjt)
+            (kt.values() * upstream).sum().backward()
+            t1 = time.perf_counter()
+            if codec == "none":
+                for _ in range(2):  # forward and backward all-to-all
+                    dist.all_to_all_single(a2a_out, a2a_in, [B * d for d in dims], [B * dims[rank]] * world)
+            t2 = time.perf_counter()
+            if i == warmup - 1 and codec != "none":
+                warm = collect_comm_stats(model)
+            if i >= warmup:
+                step_s += t1 - t0
+                a2a_s += t2 - t1
+        stats = collect_comm_stats(model)
+        if codec == "none":
+            out[codec] = {"step": step_s / steps, "transfer": a2a_s / steps, "codec": 0.0}
+        else:
+            n = stats["steps"] - warm["steps"]
+            out[codec] = {"step": step_s / steps,
+                          "transfer": (stats["transfer_seconds_per_step"] * stats["steps"]
+                                       - warm["transfer_seconds_per_step"] * warm["steps"]) / n,
+                          "codec": (stats["codec_seconds_per_step"] * stats["steps"]
+                                    - warm["codec_seconds_per_step"] * warm["steps"]) / n,
+                          "recv_bytes": stats["total"]["payload_fwd_recv_bytes"],
+                          "recv_bytes_none": stats["total"]["uncompressed_fwd_recv_bytes"]}
+        del model, kt
+    queue.put((rank, out))
+    shutdown_distributed()
+
+
+def measure(batches, vocab, codecs, dim, world, warmup, steps) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_time_rank, args=(r, world, port, batches, vocab, codecs, dim, warmup, steps, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=1800) for _ in procs)
+    for p in procs:
+        p.join(60)
+        if p.exitcode != 0:
+            raise SystemExit(f"timing rank exited with {p.exitcode}")
+    # the slowest rank sets the pace of a collective step; bytes add up over ranks
+    return {c: {k: (sum if k.endswith("bytes") or k.endswith("none") else max)(results[r][c][k] for r in results)
+                for k in results[0][c]} for c in codecs}
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="raw Criteo TSV (.gz ok) or 'synthetic'")
+    ap.add_argument("--world-size", type=int, required=True, help="ranks the byte figures are for")
+    ap.add_argument("--batch-size", type=int, required=True, help="local (per-rank) batch size")
+    ap.add_argument("--codec", nargs="+", required=True, help="codecs to compare, e.g. none dedup")
+    ap.add_argument("--dim", type=int, default=128, help="embedding dimension (MLPerf: 128)")
+    ap.add_argument("--max-rows", type=int, default=None)
+    ap.add_argument("--measure-ranks", type=int, default=2, help="Gloo ranks for the timing (0: skip)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    from dlrmtrain.comm.registry import available_codecs
+    unknown = [c for c in args.codec if c not in available_codecs()]
+    if unknown:
+        raise SystemExit(f"--codec: unknown {unknown}; available: {available_codecs()}")
+    if args.data == "synthetic":
+        ids = synthetic_ids(max(args.max_rows or 0, 4 * args.world_size * args.batch_size))
+        source = "synthetic power-law ids"
+    else:
+        ids = read_criteo_tsv(Path(args.data), args.max_rows)
+        source = f"{args.data} ({len(ids)} rows)"
+    vocab = [int(ids[:, t].max()) + 1 for t in range(NUM_CAT)]
+
+    figs = byte_figures(global_batches(ids, args.world_size, args.batch_size),
+                        args.world_size, args.batch_size, args.dim)
+    print(f"\ndata: {source}; {NUM_CAT} one-hot tables, dim {args.dim}, fp32, table-wise round robin")
+    print(f"bytes: world size {args.world_size}, local batch {args.batch_size}, "
+          f"{figs['steps']} global batches; distinct fraction {figs['distinct_fraction']:.4f}, "
+          f"ideal B/U {figs['ideal_ratio']:.3f}x")
+    base = figs["none"]
+    print(f"{'codec':<8} {'payload MB/step':>16} {'ratio':>7} {'/ideal':>7} {'+ids MB/step':>13} {'ratio':>7}")
+    for c in args.codec:
+        f = figs["dedup" if c == "dedup" else "none"]
+        ratio = base["payload"] / f["payload"]
+        whole = (base["payload"] + base["ids"]) / (f["payload"] + f["ids"])
+        vs_ideal = "-" if c == "none" else f"{ratio / figs['ideal_ratio']:.3f}"
+        print(f"{c:<8} {f['payload'] / 1e6:>16.2f} {ratio:>6.3f}x {vs_ideal:>7} "
+              f"{(f['payload'] + f['ids']) / 1e6:>13.2f} {whole:>6.3f}x")
+    print("projected all-to-all phase per step (busiest rank's payload + ids over its link):")
+    for c in args.codec:
+        f = figs["dedup" if c == "dedup" else "none"]
+        ids_per_rank = f["ids"] / args.world_size
+        cells = "  ".join(f"{g} Gb/s {(f['max_rank_send'] + ids_per_rank) * 8 / (g * 1e9) * 1e3:7.2f} ms"
+                          for g in LINK_GBPS)
+        print(f"  {c:<8} {cells}")
+
+    if args.measure_ranks:
+        world = args.measure_ranks
+        batches = global_batches(ids, world, args.batch_size)
+        print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
+              f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
+        t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps)
+        print(f"{'codec':<8} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13}")
+        for c in args.codec:
+            r = t[c]
+            rel = f"{t['none']['step'] / r['step']:.2f}x" if "none" in t else "-"
+            print(f"{c:<8} {r['step'] * 1e3:>9.1f} {r['transfer'] * 1e3:>12.1f} {r['codec'] * 1e3:>9.1f} {rel:>13}")
+        for c in args.codec:
+            if "recv_bytes" in t[c]:
+                print(f"{c}: bytes the codec itself counted on these ranks (all blocks, warm-up included): "
+                      f"{t[c]['recv_bytes_none'] / t[c]['recv_bytes']:.3f}x fewer than none")
+        print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; "
+              "dedup: time inside its all_to_all_single calls; codec = unique, expand, segment-sum, indices)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

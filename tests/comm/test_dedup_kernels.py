@@ -1,0 +1,107 @@
+"""The dedup kernels against plain-Python references (single process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlrmtrain.comm.codecs.dedup_kernels import (
+    block_unique,
+    expand_rows,
+    one_hot_blocks_unique,
+    segment_sum_rows,
+)
+
+
+def _kjt_parts(bags: list[list[int]]):
+    lengths = torch.tensor([len(b) for b in bags], dtype=torch.int64)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    values = torch.tensor([i for b in bags for i in b], dtype=torch.int64)
+    return values, offsets, lengths
+
+
+def _check(bags: list[list[int]], width: int, num_embeddings: int = 50) -> None:
+    values, offsets, lengths = _kjt_parts(bags)
+    r = block_unique(values, offsets, lengths, width, num_embeddings)
+    distinct = sorted({tuple(b) for b in bags})  # Python tuple order = lexicographic, prefix first
+    assert not bool(r.bad_ids)
+    assert bool(r.overflow) == (max((len(b) for b in bags), default=0) > width)
+    if not bool(r.overflow):  # keys are exact only when no bag outgrew the width
+        n = int(r.count)
+        assert n == len(distinct)
+        assert [distinct[i] for i in r.inverse.tolist()] == [tuple(b) for b in bags]
+        for u in range(n):  # first occurrence of each unique bag
+            assert r.first[u].item() == [tuple(b) for b in bags].index(distinct[u])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_jagged_bags_match_python_sets(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    bags = [torch.randint(0, 4, (int(torch.randint(0, 4, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(40)]
+    for width in (1, 2, 3, 5):
+        _check(bags, width)
+
+
+def test_one_hot_all_equal_all_distinct_and_empty() -> None:
+    _check([[7]] * 16, 1)
+    _check([[i] for i in range(16)], 1)
+    _check([[] for _ in range(16)], 1)
+    _check([[3], [], [3], []], 1)
+    _check([], 1)
+
+
+def test_fixed_size_multi_hot_bags() -> None:
+    g = torch.Generator().manual_seed(0)
+    lookup = torch.randint(0, 50, (6, 5), generator=g)
+    bags = [lookup[i].tolist() for i in torch.randint(0, 6, (30,), generator=g).tolist()]
+    _check(bags, 5)
+
+
+def test_out_of_range_ids_are_flagged() -> None:
+    values, offsets, lengths = _kjt_parts([[1], [50], [2]])
+    assert bool(block_unique(values, offsets, lengths, 1, 50).bad_ids)
+    values, offsets, lengths = _kjt_parts([[1], [-3]])
+    assert bool(block_unique(values, offsets, lengths, 1, 50).bad_ids)
+
+
+def test_expand_and_segment_sum_are_adjoint() -> None:
+    rows = torch.randn(4, 3)
+    index = torch.tensor([2, 0, 2, 3, 3, 3])
+    out = expand_rows(rows, index)
+    assert torch.equal(out, rows[index])
+    grad = torch.randn(6, 3)
+    summed = segment_sum_rows(grad, index, 4)
+    torch.testing.assert_close(summed[3], grad[3] + grad[4] + grad[5])
+    assert torch.equal(summed[1], torch.zeros(3))
+
+
+def test_batched_one_hot_blocks_equal_block_by_block() -> None:
+    g = torch.Generator().manual_seed(3)
+    bags = [[i] if i < 5 else [] for i in torch.randint(0, 7, (60,), generator=g).tolist()]
+    bags[10] = [4, 1]  # one bag too long for width 1: only its block overflows
+    values, offsets, lengths = _kjt_parts(bags)
+    starts, sizes, nums = [0, 12, 12, 30, 41], [12, 0, 18, 11, 19], [5, 5, 6, 5, 9]
+    batched = one_hot_blocks_unique(values, offsets, lengths, starts, sizes, nums)
+    for (s, n, num), got in zip(zip(starts, sizes, nums), batched):
+        want = block_unique(values, offsets[s:s + n], lengths[s:s + n], 1, num)
+        assert bool(got.overflow) == bool(want.overflow) and bool(got.bad_ids) == bool(want.bad_ids)
+        if not bool(want.overflow):
+            c = int(want.count)
+            assert int(got.count) == c
+            assert torch.equal(got.inverse, want.inverse)
+            assert torch.equal(got.first[:c], want.first[:c])
+    values, offsets, lengths = _kjt_parts([[1], [9], [2]])
+    assert [bool(u.bad_ids) for u in one_hot_blocks_unique(values, offsets, lengths, [0, 1], [1, 2], [5, 5])] \
+        == [False, True]
+
+
+def test_int32_lengths_and_offsets_as_the_data_loader_builds_them() -> None:
+    bags = [[4], [], [4], [2], [9], [2]]
+    values, offsets, lengths = _kjt_parts(bags)
+    for use_int32 in (False, True):
+        o, l = (offsets.int(), lengths.int()) if use_int32 else (offsets, lengths)
+        r = block_unique(values, o, l, 1, 10)
+        assert int(r.count) == 4 and r.inverse.tolist() == [2, 0, 2, 1, 3, 1]
+        (b,) = one_hot_blocks_unique(values, o, l, [0], [6], [10])
+        assert torch.equal(b.inverse, r.inverse)
