@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from dlrmtrain.checkpoint import Checkpointer, TrainerPosition
 from dlrmtrain.config.schema import Config
+from dlrmtrain.comm.stats import collect_comm_stats, format_comm_summary
 from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.distributed.env import DistEnv
 from dlrmtrain.distributed.sharding import shard_model
@@ -300,6 +301,10 @@ class Trainer:
                 break
         bar.close()
         self.timer.close()
+        comm_stats = collect_comm_stats(self.model, all_ranks=True)  # collective
+        if comm_stats["tables"]:
+            self._print(format_comm_summary(comm_stats))
+            self.records.write_json("comm_stats.json", comm_stats)
         if isinstance(self.timer, StepBreakdown):
             self._print(self.timer.render())
             self.records.write_json("step_breakdown.json", self.timer.report())

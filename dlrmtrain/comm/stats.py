@@ -10,6 +10,7 @@ All figures are this rank's: bytes it put into / took out of the collectives
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -108,7 +109,9 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     if all_ranks and per_table:
         codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
     tables = {}
-    for name in sorted(per_table):
+    # Natural order: t_cat_2 before t_cat_10.
+    for name in sorted(per_table, key=lambda n: [int(p) if p.isdigit() else p
+                                                 for p in re.split(r"(\d+)", n)]):
         t = per_table[name]
         row = asdict(t)
         row["codec"] = codec_of[name]

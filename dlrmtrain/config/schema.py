@@ -122,7 +122,8 @@ class ShardingConfig:
 @dataclass
 class CommConfig:
     codec: str = "none"
-    """Codec on the embedding all-to-all for every table: `none` (TorchRec's stock dist)."""
+    """Codec on the embedding all-to-all for every table: `none` (TorchRec's stock dist)
+    or `dedup` (lossless: only the distinct rows of each block cross the wire)."""
     table_codecs: dict[str, str] = field(default_factory=dict)
     """Per-table codec overrides, e.g. {t_cat_3: none}."""
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
+from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.config.schema import CommConfig, Config, OptimConfig
 from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
 from dlrmtrain.precision import embedding_output_dtype
@@ -26,8 +26,9 @@ def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[s
 
 
 def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any]) -> ModuleSharder:
-    """The EmbeddingBagCollection sharder; codecs plug in here (comm.codec)."""
-    return EmbeddingBagCollectionSharder(fused_params=fused_params)
+    """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
+    `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm)."""
+    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params)
 
 
 def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
