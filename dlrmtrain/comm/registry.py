@@ -1,19 +1,42 @@
-"""Codec names → codec instances, and the per-table codec choice from config."""
+"""Codec names → codec instances, and the per-table codec choice from config.
+
+Lossless: `none`, `dedup`. LOSSY (training differs from `none`): TorchRec's
+qcomms `fp16`, `bf16`, `int8`, `fp8` (GPU only), and dedup stacked with a
+lossy wire precision, `dedup+fp16`, `dedup+bf16`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import torch
+from torchrec.distributed.fbgemm_qcomm_codec import CommType
+
 from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.codecs.dedup import DedupCodec
+from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
 
-_CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (NoneCodec(), DedupCodec())}
+_CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
+    NoneCodec(),
+    DedupCodec(),
+    DedupCodec(wire_dtype=torch.float16),
+    DedupCodec(wire_dtype=torch.bfloat16),
+    LossyQCommsCodec("fp16", CommType.FP16),
+    LossyQCommsCodec("bf16", CommType.BF16),
+    LossyQCommsCodec("int8", CommType.INT8),
+    LossyQCommsCodec("fp8", CommType.FP8),
+)}
 
 
 def available_codecs() -> list[str]:
     """Names accepted by `comm.codec` and `comm.table_codecs` (config validation uses this)."""
     return sorted(_CODECS)
+
+
+def lossy_codecs() -> list[str]:
+    """The names among `available_codecs()` that change what the model trains on."""
+    return sorted(n for n, c in _CODECS.items() if not c.lossless)
 
 
 def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
@@ -24,11 +47,28 @@ def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
         raise ValueError(f"{where}: unknown codec {name!r}; available: {available_codecs()}") from None
 
 
-def validate_codec_choice(codec: str, table_codecs: Mapping[str, str]) -> None:
-    """Reject unknown codec names before anything is built."""
-    get_codec(codec, "comm.codec")
+def is_qcomms(name: str) -> bool:
+    """Whether `name` is one of TorchRec's quantized comms (applied to the whole sharder)."""
+    return isinstance(_CODECS.get(name), LossyQCommsCodec)
+
+
+def validate_codec_choice(codec: str, table_codecs: Mapping[str, str], device_type: str | None = None) -> None:
+    """Reject unknown names, per-table qcomms, and codecs the device cannot run, before anything is built.
+
+    TorchRec's qcomms quantize a whole all-to-all, so `fp16`/`bf16`/`int8`/`fp8`
+    can only be the run's `comm.codec`, with no per-table overrides.
+    """
+    run_codec = get_codec(codec, "comm.codec")
     for table, name in table_codecs.items():
         get_codec(name, f"comm.table_codecs.{table}")
+        if is_qcomms(name) and name != codec:
+            raise ValueError(f"comm.table_codecs.{table}: {name!r} is one of TorchRec's quantized comms, "
+                             f"which apply to the whole all-to-all; set it as comm.codec instead")
+        if is_qcomms(codec) and name != codec:
+            raise ValueError(f"comm.table_codecs.{table}: comm.codec={codec!r} (TorchRec quantized comms) "
+                             f"applies to every table; per-table overrides are not supported with it")
+    if device_type is not None and isinstance(run_codec, LossyQCommsCodec):
+        run_codec.check_device(device_type, "comm.codec")
 
 
 def codecs_per_table(codec: str, table_codecs: Mapping[str, str], tables: Iterable[str]) -> dict[str, str]:

@@ -30,7 +30,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.codecs.dedup import OWNER_FEATURES, SAMPLE_FEATURES
 from dlrmtrain.comm.layout import layout_of
-from dlrmtrain.comm.registry import codecs_per_table, get_codec, validate_codec_choice
+from dlrmtrain.comm.registry import codecs_per_table, get_codec, is_qcomms, validate_codec_choice
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +76,15 @@ class CodecShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 logger.warning("comm codec %r does not support %s sharding; tables %s use codec none",
                                name, sharding_type, sorted(coded))
                 continue
-            if self._is_weighted:
+            if self._is_weighted and getattr(codec, "needs_ids", False):
                 raise ValueError(f"comm codec {name!r}: weighted (per-id weight) features are not supported")
             pg = self._env.process_group
             new_dist = codec.make_output_dist(self._output_dists[i], layout, coded, pg, sharding_type)
             if new_dist is not self._output_dists[i]:
                 self._output_dists[i] = new_dist
                 self.codec_dists.append(new_dist)
-                logger.info("comm codec %r carries %s tables %s", name, sharding_type, sorted(coded))
+                logger.info("comm codec %r%s carries %s tables %s", name, "" if codec.lossless else " (LOSSY)",
+                            sharding_type, sorted(coded))
 
     def _create_input_dist(self, input_feature_names: list[str]) -> None:
         super()._create_input_dist(input_feature_names)
@@ -139,13 +140,22 @@ class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return CodecShardedEmbeddingBagCollection
 
 
-def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict) -> ModuleSharder:
+def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
+                     device_type: str = "cpu") -> ModuleSharder:
     """The EBC sharder for a run: stock TorchRec for `none` everywhere, else ours.
 
     `codec` is the run's `comm.codec`; `table_codecs` per-table overrides keyed
-    by table name; `fused_params` go to the fused embedding optimizer as usual.
+    by table name; `fused_params` go to the fused embedding optimizer as usual;
+    `device_type` ("cpu" / "cuda") picks TorchRec's qcomms kernels for the lossy
+    codecs (`fp8` is refused off GPU).
     """
-    validate_codec_choice(codec, table_codecs)
+    validate_codec_choice(codec, table_codecs, device_type)
     if codec == "none" and all(c == "none" for c in table_codecs.values()):
         return EmbeddingBagCollectionSharder(fused_params=fused_params)
-    return CodecEmbeddingBagCollectionSharder(codec, table_codecs, fused_params=fused_params)
+    lossy = sorted({codec, *table_codecs.values()} - {"none"} - {"dedup"})
+    if lossy:
+        logger.warning("comm codec %s is LOSSY: pooled embeddings and their gradients are rounded on the "
+                       "wire, so training differs from comm.codec=none", ", ".join(lossy))
+    registry = get_codec(codec).codecs_registry(device_type) if is_qcomms(codec) else None
+    return CodecEmbeddingBagCollectionSharder(codec, table_codecs, fused_params=fused_params,
+                                              qcomm_codecs_registry=registry)

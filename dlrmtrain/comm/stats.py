@@ -122,7 +122,10 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     total = TableCommStats()
     for t in per_table.values():
         total.add(t)
+    from dlrmtrain.comm.registry import lossy_codecs  # registry imports the codecs, which import us
+
     return {
+        "lossy_codecs": sorted(set(codec_of.values()) & set(lossy_codecs())),
         "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
         "steps": steps,
         "codec_seconds_per_step": codec_s / steps if steps else 0.0,
@@ -143,19 +146,23 @@ def format_comm_summary(stats: dict) -> str:
         return "comm: no codec dists (codec none everywhere: TorchRec's stock all-to-all)"
     steps = max(stats["steps"], 1)
     lines = [f"embedding all-to-all over {stats['steps']} steps ({stats['scope']}; MiB per step)",
-             f"{'table':<12} {'codec':<6} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
+             f"{'table':<12} {'codec':<10} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
     for name, t in stats["tables"].items():
         frac = f"{t['distinct_fraction']:.3f}" if t["distinct_fraction"] is not None else "-"
         ratio = f"{t['payload_fwd_ratio']:.2f}" if t["payload_fwd_ratio"] else "-"
-        lines.append(f"{name:<12} {t['codec']:<6} {frac:>8} {_mb(t['payload_fwd_recv_bytes'] / steps)} "
+        lines.append(f"{name:<12} {t['codec']:<10} {frac:>8} {_mb(t['payload_fwd_recv_bytes'] / steps)} "
                      f"{_mb(t['uncompressed_fwd_recv_bytes'] / steps)} {ratio:>6} {_mb(t['id_sent_bytes'] / steps)}")
     tot = stats["total"]
     payload = tot["payload_fwd_recv_bytes"] + tot["payload_bwd_recv_bytes"]
     stock = 2 * tot["uncompressed_fwd_recv_bytes"]
     ids = tot["id_recv_bytes"]
-    lines.append(f"payload ratio (fwd+bwd) {stock / payload:.2f}x; with id all-to-all "
-                 f"{(stock + ids) / (payload + ids):.2f}x" if payload else "payload: 0 bytes")
+    with_ids = f"; with id all-to-all {(stock + ids) / (payload + ids):.2f}x" if ids else \
+        " (id all-to-all not counted by TorchRec's qcomms)"
+    lines.append(f"payload ratio (fwd+bwd) {stock / payload:.2f}x{with_ids}" if payload else "payload: 0 bytes")
     lines.append(f"codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"transfer {stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"extra host syncs {stats['extra_syncs']}")
+    if stats.get("lossy_codecs"):
+        lines.append(f"LOSSY codecs {', '.join(stats['lossy_codecs'])}: embeddings and gradients rounded "
+                     f"on the wire; training differs from codec none")
     return "\n".join(lines)

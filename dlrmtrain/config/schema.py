@@ -122,8 +122,11 @@ class ShardingConfig:
 @dataclass
 class CommConfig:
     codec: str = "none"
-    """Codec on the embedding all-to-all for every table: `none` (TorchRec's stock dist)
-    or `dedup` (lossless: only the distinct rows of each block cross the wire)."""
+    """Codec on the embedding all-to-all for every table. Lossless: `none` (TorchRec's stock
+    dist) or `dedup` (only the distinct rows of each block cross the wire). LOSSY baselines
+    (training differs from `none`): TorchRec's quantized comms `fp16`, `bf16`, `int8`, `fp8`
+    (GPU only; run-wide, no per-table overrides), and `dedup+fp16` / `dedup+bf16` (dedup,
+    then each unique row rounded on the wire)."""
     table_codecs: dict[str, str] = field(default_factory=dict)
     """Per-table codec overrides, e.g. {t_cat_3: none}."""
 

@@ -47,7 +47,7 @@ def _validate_criteo_source(data) -> None:
 
 def validate_config(cfg: Config, world_size: int) -> None:
     """Raise ConfigError naming the key for any impossible combination."""
-    from dlrmtrain.comm.registry import available_codecs
+    from dlrmtrain.comm.registry import available_codecs, validate_codec_choice
 
     run, data, model = cfg.run, cfg.data, cfg.model
     _one_of("run.device", run.device, DEVICES)
@@ -136,6 +136,12 @@ def validate_config(cfg: Config, world_size: int) -> None:
         if table not in names:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")
         _one_of(f"comm.table_codecs.{table}", codec, available_codecs())
+    # qcomms apply run-wide; fp8 has GPU kernels only (the error names comm.codec)
+    device = run.device if run.device != "auto" else ("cuda" if _cuda_available() else "cpu")
+    try:
+        validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr: must be positive, got {cfg.optim.lr}")

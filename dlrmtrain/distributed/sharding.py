@@ -25,17 +25,18 @@ def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[s
     return {**params, "optimizer": EmbOptimType.EXACT_ADAGRAD, "eps": optim.adagrad_eps}
 
 
-def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any]) -> ModuleSharder:
+def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
-    `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm)."""
-    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params)
+    `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
+    device type picks TorchRec's quantized-comms kernels for the lossy codecs."""
+    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type)
 
 
 def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
                 world_size: int) -> tuple[DistributedModelParallel, str]:
     """Wrap the single-device model in DMP with the configured plan; returns the
     sharded model and a printable description of the plan."""
-    sharder = build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type))
+    sharder = build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type), device.type)
     plan = build_sharding_plan(model, cfg.sharding, world_size, device.type, sharder)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
     return dmp, describe_plan(plan)

@@ -220,8 +220,12 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
 
 def compare(rank: int, world_size: int, sc: Scenario) -> dict:
     """Run `none` then `dedup` on this rank; return both results for the test to compare."""
-    return to_numpy({"none": run_codec(sc, "none", rank, world_size),
-                     "dedup": run_codec(sc, "dedup", rank, world_size)})
+    return compare_codecs(rank, world_size, sc, ("none", "dedup"))
+
+
+def compare_codecs(rank: int, world_size: int, sc: Scenario, codecs: tuple[str, ...]) -> dict:
+    """Run each codec on this rank (same weights, same batches); results keyed by codec."""
+    return to_numpy({codec: run_codec(sc, codec, rank, world_size) for codec in codecs})
 
 
 def to_numpy(obj):

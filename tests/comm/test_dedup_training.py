@@ -31,13 +31,16 @@ def ulp_distance(a: np.ndarray, b: np.ndarray, floor: float = 0.01) -> float:
     return float((np.abs(a.astype(np.float64) - b) / np.spacing(scale)).max())
 
 
-def expected_bytes(sc: Scenario, world_size: int) -> dict[int, dict[str, dict[str, int]]]:
-    """Bytes each rank receives / sends forward, counted from the ids with plain Python sets."""
+def expected_bytes(sc: Scenario, world_size: int, elem: int = 4) -> dict[int, dict[str, dict[str, int]]]:
+    """Bytes each rank receives / sends forward, counted from the ids with plain Python sets.
+
+    `elem`: bytes per value on the wire (4 for fp32; 2 for dedup stacked with fp16/bf16).
+    """
     out = {r: {} for r in range(world_size)}
     for t in sc.tables:
         shard_ranks = [t.placement[1]] if t.placement[0] == "tw" else list(t.placement[1])
         shard_dim = t.dim // len(shard_ranks)
-        coded = sc.table_codecs.get(t.name, "dedup") == "dedup"
+        coded = sc.table_codecs.get(t.name, "dedup") != "none"
         for r in range(world_size):
             recv = sent = ids = 0
             for step in range(sc.steps):
@@ -47,8 +50,8 @@ def expected_bytes(sc: Scenario, world_size: int) -> dict[int, dict[str, dict[st
                 def n_rows(rank: int) -> int:
                     bags = bags_for(sc, step, rank)[f"f_{t.name}"]
                     return len({tuple(b) for b in bags}) if coded else len(bags)
-                recv += n_rows(r) * t.dim * 4
-                sent += sum(n_rows(s) for s in range(world_size)) * shard_dim * 4 * shard_ranks.count(r)
+                recv += n_rows(r) * t.dim * elem
+                sent += sum(n_rows(s) for s in range(world_size)) * shard_dim * elem * shard_ranks.count(r)
             out[r][t.name] = {"recv": recv, "sent": sent, "ids": ids}
     return out
 

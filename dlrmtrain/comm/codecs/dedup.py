@@ -9,6 +9,11 @@ occurrence (zeros elsewhere), which the fused embedding backward turns into the
 same row update as the uncompressed gradient, up to float summation order.
 Gradients are divided by the world size like TorchRec's all-to-all backward.
 
+Stacked with a lossy wire precision (`dedup+fp16`, `dedup+bf16`, LOSSY): the
+unique rows, and backward their gradient sums, cross the wire rounded by the
+same fbgemm casts TorchRec's qcomms use, so the forward equals that of `fp16` /
+`bf16` alone bitwise and the bytes are the product of both savings.
+
 Host syncs: one per dist per step (all blocks' unique counts in one `.tolist()`),
 plus one more only when a bag is longer than the key width learned so far.
 """
@@ -22,6 +27,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from fbgemm_gpu.quantize_utils import (
+    bf16_to_fp32,
+    fp16_to_fp32,
+    fp32_to_bf16_with_clamp,
+    fp32_to_fp16_with_clamp,
+)
 from torchrec.distributed import comm_ops
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
@@ -70,16 +81,35 @@ def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_
     dist.all_to_all_single(out, inp, out_splits, in_splits, group=pg)
 
 
+_ENCODE = {torch.float16: fp32_to_fp16_with_clamp, torch.bfloat16: fp32_to_bf16_with_clamp}
+_DECODE = {torch.float16: fp16_to_fp32, torch.bfloat16: bf16_to_fp32}
+
+
+def _encode(rows: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.Tensor:
+    """Round rows to the lossy wire precision (fbgemm's clamped cast, as TorchRec's qcomms)."""
+    if wire_dtype is None or rows.dtype == wire_dtype:
+        return rows
+    return _ENCODE[wire_dtype](rows.float())
+
+
+def _decode(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if rows.dtype == dtype:
+        return rows
+    return _DECODE[rows.dtype](rows).to(dtype) if rows.dtype in _DECODE else rows.to(dtype)
+
+
 class _DedupAllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, plan: DedupPlan, owner: "DedupPooledEmbeddingDist"):
         stats = owner.comm_stats
         t0 = time.perf_counter()
-        send = torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index)
-        recv = local_embs.new_empty(sum(plan.recv_splits))
+        send = _encode(torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index),
+                       owner.wire_dtype)
+        recv = send.new_empty(sum(plan.recv_splits))
         t1 = time.perf_counter()
         _all_to_all(recv, send.view(-1), plan.recv_splits, plan.send_splits, owner.pg)
         t2 = time.perf_counter()
+        recv = _decode(recv, local_embs.dtype)  # only the U unique rows: decode before expanding
         out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
         torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index, out=out)
         out = out.view(plan.out_shape)
@@ -98,10 +128,12 @@ class _DedupAllToAll(torch.autograd.Function):
         grad_rows = grad_out.contiguous().view(-1, plan.unit)
         grad_recv = grad_rows.new_zeros((sum(plan.recv_splits) // plan.unit, plan.unit))
         grad_recv.index_add_(0, plan.recv_index, grad_rows)
-        grad_send = grad_out.new_empty(sum(plan.send_splits))
+        grad_recv = _encode(grad_recv, owner.wire_dtype)
+        grad_send = grad_recv.new_empty(sum(plan.send_splits))
         t1 = time.perf_counter()
         _all_to_all(grad_send, grad_recv.view(-1), plan.send_splits, plan.recv_splits, owner.pg)
         t2 = time.perf_counter()
+        grad_send = _decode(grad_send, grad_out.dtype)
         if comm_ops.get_gradient_division():
             grad_send.div_(owner.world_size)
         numel = math.prod(ctx.local_shape)
@@ -122,8 +154,10 @@ class DedupPooledEmbeddingDist(nn.Module):
     """
 
     def __init__(self, stock_dist: nn.Module, layout: DistLayout, dedup_tables: set[str],
-                 pg: dist.ProcessGroup, sharding_type: str) -> None:
+                 pg: dist.ProcessGroup, sharding_type: str, wire_dtype: torch.dtype | None = None,
+                 codec_name: str = "dedup") -> None:
         super().__init__()
+        self.wire_dtype = wire_dtype
         self.pg = pg
         self.rank = dist.get_rank(pg)
         self.world_size = dist.get_world_size(pg)
@@ -133,6 +167,11 @@ class DedupPooledEmbeddingDist(nn.Module):
         self.local_entries = layout.entries_per_rank[self.rank]
         self.all_entries = layout.all_entries()
         self.dedup_tables = dedup_tables
+        plain = sorted({e.table for e in self.all_entries} - dedup_tables)
+        if wire_dtype is not None and plain:
+            raise ValueError(f"comm.table_codecs: tables {plain} are 'none' but share an all-to-all with "
+                             f"{codec_name!r} tables, whose lossy wire precision covers the whole message; "
+                             f"give them the same codec or shard them apart")
         dims = [e.dim for e in self.all_entries]
         self.unit = math.gcd(*dims) if dims else 1
         # learned key widths (longest bag so far), one per block; both ends of a
@@ -142,8 +181,8 @@ class DedupPooledEmbeddingDist(nn.Module):
         self.output_pool = BufferPool()  # expanded outputs (forward)
         self.grad_pool = BufferPool()    # embedding gradients (backward)
         self.comm_stats = DistCommStats(
-            codec="dedup", sharding_type=sharding_type,
-            table_codecs={e.table: "dedup" if e.table in dedup_tables else "none" for e in self.all_entries})
+            codec=codec_name, sharding_type=sharding_type,
+            table_codecs={e.table: codec_name if e.table in dedup_tables else "none" for e in self.all_entries})
 
     # ------------------------------------------------------------------ forward
     def forward(self, local_embs: torch.Tensor,
@@ -309,13 +348,18 @@ class DedupPooledEmbeddingDist(nn.Module):
         return torch.device("cpu")
 
     def _account(self, owner, sample, count, owner_kjt, sample_kjt, sizes, B, elem) -> None:
-        """Add this step's bytes to the per-table counters (host integers only)."""
+        """Add this step's bytes to the per-table counters (host integers only).
+
+        `elem` is the embedding's element size (what `none` sends); the payload
+        travels at the wire precision's.
+        """
         stats = self.comm_stats
+        wire = torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype else elem
         owner_lengths = owner_kjt.length_per_key() if self.local_entries else []
         for i, entry in enumerate(self.local_entries):
             t = stats.table(entry.table)
             for s in range(self.world_size):
-                sent = count(owner, i, s, sizes[s]) * entry.dim * elem
+                sent = count(owner, i, s, sizes[s]) * entry.dim * wire
                 t.payload_fwd_sent_bytes += sent
                 t.payload_bwd_recv_bytes += sent
                 t.uncompressed_fwd_sent_bytes += sizes[s] * entry.dim * elem
@@ -327,24 +371,33 @@ class DedupPooledEmbeddingDist(nn.Module):
             n = count(sample, j, 0, B)
             t.bags += B
             t.unique_bags += n
-            t.payload_fwd_recv_bytes += n * entry.dim * elem
-            t.payload_bwd_sent_bytes += n * entry.dim * elem
+            t.payload_fwd_recv_bytes += n * entry.dim * wire
+            t.payload_bwd_sent_bytes += n * entry.dim * wire
             t.uncompressed_fwd_recv_bytes += B * entry.dim * elem
             t.id_sent_bytes += (sample_lengths[j] * sample_kjt.values().element_size()
                                 + B * sample_kjt.lengths().element_size())
 
 
 class DedupCodec:
-    """Registry entry: builds `DedupPooledEmbeddingDist` for table- and column-wise shardings."""
+    """Registry entry: builds `DedupPooledEmbeddingDist` for table- and column-wise shardings.
 
-    name = "dedup"
-    lossless = True
+    With `wire_dtype` (fp16 / bf16) it is the stacked, LOSSY `dedup+fp16` / `dedup+bf16`.
+    """
+
     # both shardings use TorchRec's TwPooledEmbeddingDist; row-wise (reduce-scatter) is issue 7
     SHARDING_TYPES = frozenset({"table_wise", "column_wise", "table_column_wise"})
+    _WIRE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+    needs_ids = True  # both ends' KJTs, recorded by the sharder; per-id weights unsupported
+
+    def __init__(self, wire_dtype: torch.dtype | None = None) -> None:
+        self.wire_dtype = wire_dtype
+        self.name = "dedup" if wire_dtype is None else f"dedup+{self._WIRE_NAMES[wire_dtype]}"
+        self.lossless = wire_dtype is None
 
     def supports(self, sharding_type: str) -> bool:
         return sharding_type in self.SHARDING_TYPES
 
     def make_output_dist(self, stock_dist: nn.Module, layout: DistLayout, tables: set[str],
                          pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
-        return DedupPooledEmbeddingDist(stock_dist, layout, tables, pg, sharding_type)
+        return DedupPooledEmbeddingDist(stock_dist, layout, tables, pg, sharding_type,
+                                        wire_dtype=self.wire_dtype, codec_name=self.name)

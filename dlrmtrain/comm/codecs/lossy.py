@@ -1,0 +1,136 @@
+"""LOSSY baselines: TorchRec's own quantized comms (`fp16`, `bf16`, `int8`, `fp8`).
+
+These exist to compare against, not to train MLPerf runs with: every pooled
+embedding (forward) and its gradient (backward) is rounded to the wire
+precision, so training differs from `none`. TorchRec does the work: the run's
+`QCommsConfig` becomes a `qcomm_codecs_registry` handed to the EBC sharder,
+and TorchRec's stock dists quantize inside their collectives. Our part is the
+name, the device check (`fp8` runs on GPU only), and byte counters: the
+message size of these codecs is a pure function of the shape, so a thin
+wrapper around the stock dist counts it from the batch sizes alone.
+
+One deliberate difference from `get_qcomm_codecs_registry`: on CPU it turns
+BF16 into FP16 because old Gloo lacked bf16 collectives; Gloo in torch 2.13
+carries bf16 all-to-alls (checked), so `bf16` here really is bf16 everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
+from torchrec.distributed.fbgemm_qcomm_codec import (
+    CommType,
+    QCommsConfig,
+    get_qcomm_codecs,
+    get_qcomm_codecs_registry,
+)
+from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodecs
+
+from dlrmtrain.comm.layout import DistLayout
+from dlrmtrain.comm.stats import DistCommStats
+
+logger = logging.getLogger(__name__)
+
+GPU_ONLY = {"fp8"}
+"""lossy codecs whose fbgemm kernels have no CPU implementation"""
+
+
+class LossyQCommsCodec:
+    """Registry entry for one TorchRec qcomms precision (same precision both ways)."""
+
+    lossless = False
+
+    def __init__(self, name: str, comm_type: CommType) -> None:
+        self.name = name
+        self.comm_type = comm_type
+
+    def supports(self, sharding_type: str) -> bool:
+        return True  # TorchRec's qcomms cover every pooled-embedding dist
+
+    def qcomms_config(self) -> QCommsConfig:
+        return QCommsConfig(forward_precision=self.comm_type, backward_precision=self.comm_type)
+
+    def check_device(self, device_type: str, where: str = "comm.codec") -> None:
+        """Config-time error for a precision TorchRec cannot run on this device."""
+        if self.name in GPU_ONLY and device_type != "cuda":
+            raise ValueError(f"{where}: lossy codec {self.name!r} runs on GPU only (fbgemm has no CPU "
+                             f"{self.name} quantize kernel); on {device_type} use fp16, bf16 or int8")
+
+    def codecs_registry(self, device_type: str) -> dict[str, QuantizedCommCodecs]:
+        """`qcomm_codecs_registry` for TorchRec's sharder (keyed by CommOp name)."""
+        self.check_device(device_type)
+        config = self.qcomms_config()
+        if device_type == "cuda":
+            return get_qcomm_codecs_registry(config, device=torch.device("cuda"))
+        # TorchRec's CPU path would silently turn bf16 into fp16 (see module docstring)
+        ops = (CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER,
+               CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL)
+        return {op.name: get_qcomm_codecs(copy.deepcopy(config)) for op in ops}
+
+    def make_output_dist(self, stock_dist: nn.Module, layout: DistLayout | None, tables: set[str],
+                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
+        codecs = getattr(stock_dist, "_codecs", None) or getattr(getattr(stock_dist, "_dist", None),
+                                                                 "_codecs", None)
+        if layout is None or codecs is None:
+            return stock_dist  # still quantized by TorchRec; only the counters are skipped
+        return CountingLossyDist(stock_dist, layout, codecs, self.name, sharding_type, pg)
+
+
+class CountingLossyDist(nn.Module):
+    """TorchRec's quantizing dist, unchanged, plus per-table byte counters.
+
+    Bytes per block are its elements times the codec's bytes per element,
+    measured once by encoding one quantization row (fp16/bf16: 2; int8: 40
+    bytes per 32 values, a scale and bias per row), as TorchRec sizes its all-to-all.
+    """
+
+    def __init__(self, stock_dist: nn.Module, layout: DistLayout, codecs: QuantizedCommCodecs,
+                 name: str, sharding_type: str, pg: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.inner = stock_dist
+        self.layout = layout
+        self.rank = dist.get_rank(pg)
+        self.codecs = codecs
+        self.bytes_per_element: float | None = None
+        self.comm_stats = DistCommStats(codec=name, sharding_type=sharding_type,
+                                        table_codecs={e.table: name for e in layout.all_entries()})
+
+    def _wire_bytes(self, elements: int) -> int:
+        return round(elements * self.bytes_per_element)
+
+    def _measure(self, like: torch.Tensor) -> float:
+        """Bytes on the wire per float: encode one quantization row and measure it."""
+        ctx = self.codecs.forward.create_context()
+        row = max(getattr(ctx, "row_dim", 1) or 1, 1)
+        return self.codecs.forward.encode(like.new_zeros(row), ctx).nbytes / row
+
+    def forward(self, local_embs: torch.Tensor,
+                sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
+        sizes = list(getattr(sharding_ctx, "batch_size_per_rank", None) or [])
+        W = self.layout.world_size
+        if not sizes:
+            sizes = [local_embs.shape[0] // W] * W if local_embs.ndim == 2 else [0] * W
+        B = sizes[self.rank]
+        if self.bytes_per_element is None:
+            self.bytes_per_element = self._measure(local_embs)
+        stats = self.comm_stats
+        for entry in self.layout.entries_per_rank[self.rank]:
+            t = stats.table(entry.table)
+            for n in sizes:
+                t.payload_fwd_sent_bytes += self._wire_bytes(n * entry.dim)
+                t.payload_bwd_recv_bytes += self._wire_bytes(n * entry.dim)
+                t.uncompressed_fwd_sent_bytes += n * entry.dim * local_embs.element_size()
+        for entry in self.layout.all_entries():
+            t = stats.table(entry.table)
+            t.bags += B
+            t.unique_bags += B
+            t.payload_fwd_recv_bytes += self._wire_bytes(B * entry.dim)
+            t.payload_bwd_sent_bytes += self._wire_bytes(B * entry.dim)
+            t.uncompressed_fwd_recv_bytes += B * entry.dim * local_embs.element_size()
+        stats.steps += 1
+        return self.inner(local_embs, sharding_ctx)
