@@ -4,12 +4,16 @@ A pooled-embedding all-to-all (table-wise and column-wise sharding) carries,
 from owner rank r to sample rank s, the columns of r's features in the order of
 r's grouped embedding configs. Every rank can rebuild that order from the
 sharding object, so codecs agree on the message layout without exchanging it.
+Row-wise sharding puts every feature on every rank, rows cut into blocks of
+ceil(num_embeddings / world size) (TorchRec's bucketization), so id // block
+is the rank that holds it (`RowWiseLayout`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchrec.distributed.sharding.rw_sharding import BaseRwEmbeddingSharding
 from torchrec.distributed.sharding.tw_sharding import BaseTwEmbeddingSharding
 
 
@@ -53,3 +57,26 @@ def layout_of(sharding: BaseTwEmbeddingSharding) -> DistLayout:
         ]
         per_rank.append(entries)
     return DistLayout(per_rank)
+
+
+@dataclass(frozen=True)
+class RowWiseLayout:
+    """Row-wise sharding: every rank holds rows [r·block, (r+1)·block) of every feature's table."""
+
+    entries: list[FeatureEntry]
+    """features in the order of the pooled output's columns"""
+    block_sizes: list[int]
+    """rows per rank, per entry"""
+    world_size: int
+
+
+def row_wise_layout_of(sharding: BaseRwEmbeddingSharding, world_size: int) -> RowWiseLayout:
+    entries = [
+        FeatureEntry(feature, table.name, table.embedding_dim, table.num_embeddings)
+        for config in sharding._grouped_embedding_configs
+        for table in config.embedding_tables
+        for feature in table.feature_names
+    ]
+    # the same block size RwSparseFeaturesDist bucketizes ids with
+    blocks = [(e.num_embeddings + world_size - 1) // world_size for e in entries]
+    return RowWiseLayout(entries, blocks, world_size)

@@ -29,7 +29,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.codecs.dedup import OWNER_FEATURES, SAMPLE_FEATURES
-from dlrmtrain.comm.layout import layout_of
+from dlrmtrain.comm.layout import DistLayout, RowWiseLayout, layout_of, row_wise_layout_of
 from dlrmtrain.comm.registry import codecs_per_table, get_codec, is_qcomms, validate_codec_choice
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class CodecShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         super().__init__(*args, **kwargs)
         self.codec_dists: list[nn.Module] = []
         for i, (sharding_type, sharding) in enumerate(zip(self._sharding_types, self._embedding_shardings)):
-            layout = layout_of(sharding) if hasattr(sharding, "_grouped_embedding_configs_per_rank") else None
+            layout = self._layout(sharding_type, sharding)
             tables = {info.embedding_config.name for info in self.sharding_type_to_sharding_infos[sharding_type]}
             by_codec: dict[str, set[str]] = {}
             for t in tables:
@@ -72,7 +72,7 @@ class CodecShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                  f"{sorted(by_codec)}; one non-none codec per sharding type is supported")
             (name, coded), = by_codec.items()
             codec = get_codec(name)
-            if layout is None or not codec.supports(sharding_type):
+            if not codec.supports(sharding_type) or (layout is None and getattr(codec, "needs_ids", False)):
                 logger.warning("comm codec %r does not support %s sharding; tables %s use codec none",
                                name, sharding_type, sorted(coded))
                 continue
@@ -85,6 +85,13 @@ class CodecShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 self.codec_dists.append(new_dist)
                 logger.info("comm codec %r%s carries %s tables %s", name, "" if codec.lossless else " (LOSSY)",
                             sharding_type, sorted(coded))
+
+    def _layout(self, sharding_type: str, sharding) -> DistLayout | RowWiseLayout | None:
+        if sharding_type == "row_wise":
+            return row_wise_layout_of(sharding, self._env.world_size)
+        if sharding_type in ("table_wise", "column_wise", "table_column_wise"):
+            return layout_of(sharding)
+        return None
 
     def _create_input_dist(self, input_feature_names: list[str]) -> None:
         super()._create_input_dist(input_feature_names)

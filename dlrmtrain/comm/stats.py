@@ -58,6 +58,8 @@ class DistCommStats:
     """inside all_to_all_single, forward and backward"""
     extra_syncs: int = 0
     """host syncs beyond the one per step: bags longer than the learned key width"""
+    fallback_steps: int = 0
+    """row-wise: steps that saw a multi-id bag and ran TorchRec's reduce-scatter instead"""
 
     def table(self, name: str) -> TableCommStats:
         return self.tables.setdefault(name, TableCommStats())
@@ -97,7 +99,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     codec_of: dict[str, str] = {}
     steps = 0
     codec_s = transfer_s = 0.0
-    extra_syncs = 0
+    extra_syncs = fallback_steps = 0
     for d in _codec_dists(model):
         for name, t in d.tables.items():
             per_table.setdefault(name, TableCommStats()).add(t)
@@ -106,6 +108,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         codec_s += d.codec_seconds
         transfer_s += d.transfer_seconds
         extra_syncs += d.extra_syncs
+        fallback_steps += d.fallback_steps
     if all_ranks and per_table:
         codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
     tables = {}
@@ -131,6 +134,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "codec_seconds_per_step": codec_s / steps if steps else 0.0,
         "transfer_seconds_per_step": transfer_s / steps if steps else 0.0,
         "extra_syncs": extra_syncs,
+        "fallback_steps": fallback_steps,
         "total": asdict(total),
         "tables": tables,
     }
@@ -157,11 +161,14 @@ def format_comm_summary(stats: dict) -> str:
     stock = 2 * tot["uncompressed_fwd_recv_bytes"]
     ids = tot["id_recv_bytes"]
     with_ids = f"; with id all-to-all {(stock + ids) / (payload + ids):.2f}x" if ids else \
-        " (id all-to-all not counted by TorchRec's qcomms)"
+        " (id all-to-all not counted)"
     lines.append(f"payload ratio (fwd+bwd) {stock / payload:.2f}x{with_ids}" if payload else "payload: 0 bytes")
     lines.append(f"codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"transfer {stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"extra host syncs {stats['extra_syncs']}")
+    if stats.get("fallback_steps"):
+        lines.append(f"row-wise: {stats['fallback_steps']} steps had multi-id bags and used "
+                     f"TorchRec's reduce-scatter (codec none)")
     if stats.get("lossy_codecs"):
         lines.append(f"LOSSY codecs {', '.join(stats['lossy_codecs'])}: embeddings and gradients rounded "
                      f"on the wire; training differs from codec none")

@@ -19,7 +19,12 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    row_wise,
+    table_wise,
+)
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -33,7 +38,7 @@ class Table:
     name: str
     rows: int
     dim: int
-    placement: tuple  # ("tw", rank) or ("cw", (rank, rank, ...))
+    placement: tuple  # ("tw", rank), ("cw", (rank, rank, ...)) or ("rw",): rows over all ranks
     ids: str = "random"  # random | equal | distinct | empty_on_rank1 | missing | jagged
     bag: int = 1  # fixed multi-hot bag size (bag = lookup[id], as the DCNv2 reference)
 
@@ -116,6 +121,15 @@ def _sharded_ebc(model: nn.Module) -> ShardedEmbeddingBagCollection:
     return next(m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection))
 
 
+def _placement(t: Table):
+    kind = t.placement[0]
+    if kind == "tw":
+        return table_wise(rank=t.placement[1], compute_kernel="fused")
+    if kind == "cw":
+        return column_wise(ranks=list(t.placement[1]), compute_kernel="fused")
+    return row_wise(compute_kernel="fused")
+
+
 def build(sc: Scenario, codec: str, world_size: int):
     opt = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ADAGRAD}[sc.optimizer]
     fused = {"optimizer": opt, "learning_rate": sc.lr}
@@ -123,9 +137,7 @@ def build(sc: Scenario, codec: str, world_size: int):
         fused["eps"] = 1e-8
     sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused)
     model = TinyModel(sc)
-    per_param = {t.name: (table_wise(rank=t.placement[1], compute_kernel="fused") if t.placement[0] == "tw"
-                          else column_wise(ranks=list(t.placement[1]), compute_kernel="fused"))
-                 for t in sc.tables}
+    per_param = {t.name: _placement(t) for t in sc.tables}
     mplan = construct_module_sharding_plan(model.ebc, per_param, sharder=sharder, local_size=world_size,
                                            world_size=world_size, device_type="cpu")
     dmp = DistributedModelParallel(model, plan=ShardingPlan({"ebc": mplan}), sharders=[sharder],
@@ -173,7 +185,9 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
     dmp, dense_opt = build(sc, codec, world_size)
     sebc = _sharded_ebc(dmp)
     captured: list = []
-    dims_per_sharding = [[e for e in s._emb_dim_per_rank_per_feature()[rank]] for s in sebc._embedding_shardings]
+    dims_per_sharding = [list(s._emb_dim_per_rank_per_feature()[rank]) if hasattr(s, "_emb_dim_per_rank_per_feature")
+                         else list(s.embedding_dims())  # row-wise: every feature, full width, on every rank
+                         for s in sebc._embedding_shardings]
 
     def on_lookup(features, embs, module, _):
         idx = sum(1 for c in captured if c[0] == "lookup")
@@ -190,7 +204,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
         split = sebc.output_dist(ctx, sebc.compute(ctx, dist_input)).wait().to_dict()
     split_path_pooled = torch.cat([split[f] for f in dmp.module.features], dim=1)
     for d in getattr(sebc, "codec_dists", []):  # count the training steps only
-        d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0,
+        d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0, fallback_steps=0,
                                            transfer_seconds=0.0)
 
     sebc.post_lookup_tracker_fn = on_lookup

@@ -38,6 +38,10 @@ def expected_bytes(sc: Scenario, world_size: int, elem: int = 4) -> dict[int, di
     """
     out = {r: {} for r in range(world_size)}
     for t in sc.tables:
+        if t.placement[0] == "rw":
+            for r in range(world_size):
+                out[r][t.name] = _expected_row_wise(sc, t, r, world_size, elem)
+            continue
         shard_ranks = [t.placement[1]] if t.placement[0] == "tw" else list(t.placement[1])
         shard_dim = t.dim // len(shard_ranks)
         coded = sc.table_codecs.get(t.name, "dedup") != "none"
@@ -54,6 +58,20 @@ def expected_bytes(sc: Scenario, world_size: int, elem: int = 4) -> dict[int, di
                 sent += sum(n_rows(s) for s in range(world_size)) * shard_dim * elem * shard_ranks.count(r)
             out[r][t.name] = {"recv": recv, "sent": sent, "ids": ids}
     return out
+
+
+def _expected_row_wise(sc: Scenario, t, r: int, world_size: int, elem: int) -> dict[str, int]:
+    """Row-wise under dedup: distinct ids received from their shards; owner r sends those in its block."""
+    block = -(-t.rows // world_size)
+    recv = sent = ids = 0
+    for step in range(sc.steps):
+        own = bags_for(sc, step, r)[f"f_{t.name}"]
+        ids += (sum(len(b) for b in own) + world_size * len(own)) * 8  # every shard gets every length
+        recv += len({b[0] for b in own if b}) * t.dim * elem
+        for s in range(world_size):
+            theirs = bags_for(sc, step, s)[f"f_{t.name}"]
+            sent += len({b[0] for b in theirs if b and b[0] // block == r}) * t.dim * elem
+    return {"recv": recv, "sent": sent, "ids": ids}
 
 
 def check(sc: Scenario, world_size: int, results: list[dict]) -> None:
@@ -89,7 +107,9 @@ def check(sc: Scenario, world_size: int, results: list[dict]) -> None:
             assert got["payload_fwd_recv_bytes"] == want["recv"], (rank, t.name, got, want)
             assert got["payload_fwd_sent_bytes"] == want["sent"], (rank, t.name, got, want)
             assert got["payload_bwd_sent_bytes"] == want["recv"]
-            assert got["uncompressed_fwd_recv_bytes"] == sc.steps * sc.batch * t.dim * 4
+            # a reduce-scatter brings every rank's partial sums; an all-to-all one copy
+            copies = world_size if t.placement[0] == "rw" else 1
+            assert got["uncompressed_fwd_recv_bytes"] == copies * sc.steps * sc.batch * t.dim * 4
             assert got["codec"] == sc.table_codecs.get(t.name, "dedup")
             assert got["id_sent_bytes"] == want["ids"], (rank, t.name, got, want)
             everyone = dedup["stats_all_ranks"]["tables"][t.name]

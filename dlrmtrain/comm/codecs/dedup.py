@@ -59,6 +59,7 @@ class DedupPlan:
     send_splits: list[int]     # elements per destination rank
     recv_splits: list[int]     # elements per source rank
     out_shape: tuple[int, int]
+    pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
 
 
 class _ReadyAwaitable(Awaitable[torch.Tensor]):
@@ -105,9 +106,11 @@ class _DedupAllToAll(torch.autograd.Function):
         t0 = time.perf_counter()
         send = _encode(torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index),
                        owner.wire_dtype)
-        recv = send.new_empty(sum(plan.recv_splits))
+        total = sum(plan.recv_splits)
+        recv = send.new_empty(total + plan.pad_units * plan.unit)
+        recv[total:].zero_()
         t1 = time.perf_counter()
-        _all_to_all(recv, send.view(-1), plan.recv_splits, plan.send_splits, owner.pg)
+        _all_to_all(recv[:total], send.view(-1), plan.recv_splits, plan.send_splits, owner.pg)
         t2 = time.perf_counter()
         recv = _decode(recv, local_embs.dtype)  # only the U unique rows: decode before expanding
         out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
@@ -126,9 +129,10 @@ class _DedupAllToAll(torch.autograd.Function):
         stats = owner.comm_stats
         t0 = time.perf_counter()
         grad_rows = grad_out.contiguous().view(-1, plan.unit)
-        grad_recv = grad_rows.new_zeros((sum(plan.recv_splits) // plan.unit, plan.unit))
+        total_units = sum(plan.recv_splits) // plan.unit
+        grad_recv = grad_rows.new_zeros((total_units + plan.pad_units, plan.unit))
         grad_recv.index_add_(0, plan.recv_index, grad_rows)
-        grad_recv = _encode(grad_recv, owner.wire_dtype)
+        grad_recv = _encode(grad_recv[:total_units], owner.wire_dtype)
         grad_send = grad_recv.new_empty(sum(plan.send_splits))
         t1 = time.perf_counter()
         _all_to_all(grad_send, grad_recv.view(-1), plan.send_splits, plan.recv_splits, owner.pg)
@@ -384,8 +388,9 @@ class DedupCodec:
     With `wire_dtype` (fp16 / bf16) it is the stacked, LOSSY `dedup+fp16` / `dedup+bf16`.
     """
 
-    # both shardings use TorchRec's TwPooledEmbeddingDist; row-wise (reduce-scatter) is issue 7
-    SHARDING_TYPES = frozenset({"table_wise", "column_wise", "table_column_wise"})
+    # table-/column-wise: TorchRec's TwPooledEmbeddingDist; row-wise: its reduce-scatter, replaced
+    # by an all-to-all of unique rows (dedup_rw.py); table-row-wise: not supported (falls back to none)
+    SHARDING_TYPES = frozenset({"table_wise", "column_wise", "table_column_wise", "row_wise"})
     _WIRE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
     needs_ids = True  # both ends' KJTs, recorded by the sharder; per-id weights unsupported
 
@@ -399,5 +404,14 @@ class DedupCodec:
 
     def make_output_dist(self, stock_dist: nn.Module, layout: DistLayout, tables: set[str],
                          pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
+        if sharding_type == "row_wise":
+            from dlrmtrain.comm.codecs.dedup_rw import RowWiseDedupDist  # it builds on this module
+
+            plain = sorted({e.table for e in layout.entries} - tables)
+            if plain:
+                raise ValueError(f"comm.table_codecs: row-wise tables {plain} are 'none' but share the "
+                                 f"reduce-scatter of {self.name!r} tables {sorted(tables)}; give all "
+                                 f"row-wise tables the same codec")
+            return RowWiseDedupDist(stock_dist, layout, pg, wire_dtype=self.wire_dtype, codec_name=self.name)
         return DedupPooledEmbeddingDist(stock_dist, layout, tables, pg, sharding_type,
                                         wire_dtype=self.wire_dtype, codec_name=self.name)

@@ -76,7 +76,7 @@ class LossyQCommsCodec:
                          pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
         codecs = getattr(stock_dist, "_codecs", None) or getattr(getattr(stock_dist, "_dist", None),
                                                                  "_codecs", None)
-        if layout is None or codecs is None:
+        if not isinstance(layout, DistLayout) or codecs is None:
             return stock_dist  # still quantized by TorchRec; only the counters are skipped
         return CountingLossyDist(stock_dist, layout, codecs, self.name, sharding_type, pg)
 
