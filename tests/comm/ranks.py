@@ -232,6 +232,38 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
     return result
 
 
+def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str) -> dict:
+    """Train sc.steps steps under HostSyncCounter; the codec's syncs per step and its dists' types."""
+    from tests.comm.sync_counter import HostSyncCounter
+
+    dmp, dense_opt = build(sc, codec, world_size)
+    sebc = _sharded_ebc(dmp)
+    per_step = []
+    for step in range(sc.steps):
+        kjt, labels = batch_for(sc, step, rank)
+        counter = HostSyncCounter()
+        with counter:
+            dense_opt.zero_grad()
+            loss, _ = dmp(kjt, labels)
+            loss.backward()
+            dense_opt.step()
+        per_step.append(counter.syncs)
+    # the dist itself hands back an awaitable with the transfer in flight
+    with torch.no_grad():
+        ctx = sebc.create_context()
+        dist_input = sebc.input_dist(ctx, batch_for(sc, 0, rank)[0]).wait().wait()
+        embs = sebc.compute(ctx, dist_input)
+        awaitables = [d(e, c) for d, e, c in zip(sebc._output_dists, embs, ctx.sharding_contexts)]
+        kinds = [type(a).__name__ for a in awaitables]
+        works = [type(a._req.work).__name__ for a in awaitables if hasattr(a, "_req")]
+        for a in awaitables:
+            a.wait()
+    result = {"per_step": per_step, "awaitables": kinds, "works": works,
+              "dists": len(getattr(sebc, "codec_dists", []))}
+    del dmp, dense_opt, sebc
+    return result
+
+
 def compare(rank: int, world_size: int, sc: Scenario) -> dict:
     """Run `none` then `dedup` on this rank; return both results for the test to compare."""
     return compare_codecs(rank, world_size, sc, ("none", "dedup"))

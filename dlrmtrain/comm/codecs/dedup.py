@@ -22,23 +22,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from fbgemm_gpu.quantize_utils import (
-    bf16_to_fp32,
-    fp16_to_fp32,
-    fp32_to_bf16_with_clamp,
-    fp32_to_fp16_with_clamp,
-)
-from torchrec.distributed import comm_ops
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.buffers import BufferPool
+from dlrmtrain.comm.codecs.dedup_comm import DedupPlan, start_dedup_all_to_all
 from dlrmtrain.comm.codecs.dedup_kernels import BlockUnique, block_unique, one_hot_blocks_unique
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
 from dlrmtrain.comm.stats import DistCommStats
@@ -47,107 +40,6 @@ OWNER_FEATURES = "dlrmtrain_owner_features"
 """sharding-context attribute: the KJT the owner looked up (after the id all-to-all)"""
 SAMPLE_FEATURES = "dlrmtrain_sample_features"
 """sharding-context attribute: this rank's own KJT slice (before the id all-to-all)"""
-
-
-@dataclass
-class DedupPlan:
-    """Everything one step's forward and backward need, in units of `unit` columns."""
-
-    unit: int
-    send_index: torch.Tensor   # unit rows of local_embs, in message order
-    recv_index: torch.Tensor   # per output unit row: its unit row in the receive buffer
-    send_splits: list[int]     # elements per destination rank
-    recv_splits: list[int]     # elements per source rank
-    out_shape: tuple[int, int]
-    pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
-
-
-class _ReadyAwaitable(Awaitable[torch.Tensor]):
-    """The all-to-all already ran (synchronously on CPU); callbacks run on wait()."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        super().__init__()
-        self._tensor = tensor
-
-    def _wait_impl(self) -> torch.Tensor:
-        return self._tensor
-
-
-def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                pg: dist.ProcessGroup) -> None:
-    """all_to_all_single on flat tensors; 16-bit payloads travel as bytes (gloo lacks them)."""
-    if inp.element_size() == 2:
-        out, inp = out.view(torch.uint8), inp.view(torch.uint8)
-        out_splits, in_splits = [2 * s for s in out_splits], [2 * s for s in in_splits]
-    dist.all_to_all_single(out, inp, out_splits, in_splits, group=pg)
-
-
-_ENCODE = {torch.float16: fp32_to_fp16_with_clamp, torch.bfloat16: fp32_to_bf16_with_clamp}
-_DECODE = {torch.float16: fp16_to_fp32, torch.bfloat16: bf16_to_fp32}
-
-
-def _encode(rows: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.Tensor:
-    """Round rows to the lossy wire precision (fbgemm's clamped cast, as TorchRec's qcomms)."""
-    if wire_dtype is None or rows.dtype == wire_dtype:
-        return rows
-    return _ENCODE[wire_dtype](rows.float())
-
-
-def _decode(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if rows.dtype == dtype:
-        return rows
-    return _DECODE[rows.dtype](rows).to(dtype) if rows.dtype in _DECODE else rows.to(dtype)
-
-
-class _DedupAllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, local_embs: torch.Tensor, plan: DedupPlan, owner: "DedupPooledEmbeddingDist"):
-        stats = owner.comm_stats
-        t0 = time.perf_counter()
-        send = _encode(torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index),
-                       owner.wire_dtype)
-        total = sum(plan.recv_splits)
-        recv = send.new_empty(total + plan.pad_units * plan.unit)
-        recv[total:].zero_()
-        t1 = time.perf_counter()
-        _all_to_all(recv[:total], send.view(-1), plan.recv_splits, plan.send_splits, owner.pg)
-        t2 = time.perf_counter()
-        recv = _decode(recv, local_embs.dtype)  # only the U unique rows: decode before expanding
-        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
-        torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index, out=out)
-        out = out.view(plan.out_shape)
-        t3 = time.perf_counter()
-        stats.codec_seconds += (t1 - t0) + (t3 - t2)
-        stats.transfer_seconds += t2 - t1
-        ctx.plan, ctx.owner = plan, owner
-        ctx.local_shape = local_embs.shape
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        plan, owner = ctx.plan, ctx.owner
-        stats = owner.comm_stats
-        t0 = time.perf_counter()
-        grad_rows = grad_out.contiguous().view(-1, plan.unit)
-        total_units = sum(plan.recv_splits) // plan.unit
-        grad_recv = grad_rows.new_zeros((total_units + plan.pad_units, plan.unit))
-        grad_recv.index_add_(0, plan.recv_index, grad_rows)
-        grad_recv = _encode(grad_recv[:total_units], owner.wire_dtype)
-        grad_send = grad_recv.new_empty(sum(plan.send_splits))
-        t1 = time.perf_counter()
-        _all_to_all(grad_send, grad_recv.view(-1), plan.send_splits, plan.recv_splits, owner.pg)
-        t2 = time.perf_counter()
-        grad_send = _decode(grad_send, grad_out.dtype)
-        if comm_ops.get_gradient_division():
-            grad_send.div_(owner.world_size)
-        numel = math.prod(ctx.local_shape)
-        grad_local = owner.grad_pool.get((numel // plan.unit, plan.unit), grad_out.dtype, grad_out.device,
-                                         zero=True)
-        grad_local.index_copy_(0, plan.send_index, grad_send.view(-1, plan.unit))
-        t3 = time.perf_counter()
-        stats.codec_seconds += (t1 - t0) + (t3 - t2)
-        stats.transfer_seconds += t2 - t1
-        return grad_local.view(ctx.local_shape), None, None
 
 
 class DedupPooledEmbeddingDist(nn.Module):
@@ -201,8 +93,7 @@ class DedupPooledEmbeddingDist(nn.Module):
             raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
         plan = self._plan(owner_kjt, sample_kjt, list(sharding_ctx.batch_size_per_rank)
                           or [sample_kjt.stride()] * self.world_size, local_embs.element_size())
-        out = _DedupAllToAll.apply(local_embs, plan, self)
-        awaitable = _ReadyAwaitable(out)
+        awaitable = start_dedup_all_to_all(local_embs, plan, self)
         awaitable.callbacks.extend(self._callbacks)
         return awaitable
 

@@ -15,6 +15,18 @@ from dataclasses import dataclass
 import torch
 
 
+def host_to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 tensor of `values` on `device` without a host sync.
+
+    `torch.tensor(values, device=cuda)` is a blocking copy that waits for the
+    stream; staging in pinned memory and copying with non_blocking=True does not.
+    """
+    t = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class BlockUnique:
     """Unique bags of one (feature, sample-rank) block of B bags.
@@ -123,13 +135,13 @@ def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: 
                 for s, n in zip(starts, num_embeddings)]
     bags = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, sizes)])
     block = torch.repeat_interleave(torch.arange(len(sizes), device=device),
-                                    torch.tensor(sizes, device=device), output_size=total)
+                                    host_to_device(sizes, device), output_size=total)
     lens = lengths[bags]
     if values.numel():
         ids = torch.where(lens > 0, values[offsets[bags].clamp(max=values.numel() - 1)].to(torch.int64), -1)
     else:
         ids = torch.full((total,), -1, dtype=torch.int64, device=device)
-    limit = torch.tensor(num_embeddings, device=device)[block]
+    limit = host_to_device(num_embeddings, device)[block]
     nblocks = len(sizes)
     overflow = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block, (lens > 1).long())
     bad = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(

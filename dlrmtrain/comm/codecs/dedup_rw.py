@@ -29,13 +29,9 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.buffers import BufferPool
-from dlrmtrain.comm.codecs.dedup import (
-    OWNER_FEATURES,
-    SAMPLE_FEATURES,
-    DedupPlan,
-    _DedupAllToAll,
-    _ReadyAwaitable,
-)
+from dlrmtrain.comm.codecs.dedup import OWNER_FEATURES, SAMPLE_FEATURES
+from dlrmtrain.comm.codecs.dedup_comm import DedupPlan, start_dedup_all_to_all
+from dlrmtrain.comm.codecs.dedup_kernels import host_to_device
 from dlrmtrain.comm.layout import RowWiseLayout
 from dlrmtrain.comm.stats import DistCommStats
 
@@ -105,7 +101,7 @@ class RowWiseDedupDist(nn.Module):
         plan = self._plan(owner_kjt, sample_kjt, sizes, local_embs)
         if plan is None:
             return self.stock_dist(local_embs, sharding_ctx)
-        return _ReadyAwaitable(_DedupAllToAll.apply(local_embs, plan, self))
+        return start_dedup_all_to_all(local_embs, plan, self)
 
     # ------------------------------------------------------------------ plan
     def _bag_ids(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,12 +118,12 @@ class RowWiseDedupDist(nn.Module):
         W, F, rank = self.world_size, len(self.entries), self.rank
         B, B_global = sizes[rank], sum(sizes)
         device = local_embs.device
-        blocks = torch.tensor(self.block_sizes, device=device)
+        blocks = host_to_device(self.block_sizes, device)
         # owner: bags of all ranks, ids local to this rank's row block; key (dest rank, feature, id)
         o_ids, o_valid, o_multi = self._bag_ids(owner_kjt)
         o_feature = torch.arange(F, device=device).repeat_interleave(B_global)
         o_dest = torch.bucketize(torch.arange(B_global, device=device),
-                                 torch.tensor(sizes, device=device).cumsum(0), right=True).repeat(F)
+                                 host_to_device(sizes, device).cumsum(0), right=True).repeat(F)
         o_bad = o_valid & ((o_ids < 0) | (o_ids >= blocks[o_feature]))
         o_uid, o_first, o_counts = sorted_unique_one_hot(o_dest * F + o_feature, o_ids, o_valid & ~o_bad,
                                                          W * F, self.radix)
@@ -135,8 +131,8 @@ class RowWiseDedupDist(nn.Module):
         s_ids, s_valid, s_multi = self._bag_ids(sample_kjt)
         s_feature = torch.arange(F, device=device).repeat_interleave(B)
         s_shard = torch.div(s_ids, blocks[s_feature], rounding_mode="floor")
-        s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= torch.tensor(
-            [e.num_embeddings for e in self.entries], device=device)[s_feature]))
+        s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= host_to_device(
+            [e.num_embeddings for e in self.entries], device)[s_feature]))
         s_local = s_ids - s_shard * blocks[s_feature]
         s_group = s_shard * F + s_feature
         s_uid, _, s_counts = sorted_unique_one_hot(s_group, s_local, s_valid & ~s_bad,
@@ -192,8 +188,8 @@ class RowWiseDedupDist(nn.Module):
                 elems += n * d_units[i] * unit
             recv_splits.append(elems)
         zero_unit = unit_off  # one all-zero row after the message: empty bags point there
-        base_t = torch.tensor(base_units + [zero_unit], device=device)
-        first_t = torch.tensor(first_uid + [uid_off], device=device)
+        base_t = host_to_device(base_units + [zero_unit], device)
+        first_t = host_to_device(first_uid + [uid_off], device)
         recv_parts = []
         for i in range(F):
             uid = s_uid[i * B:(i + 1) * B]

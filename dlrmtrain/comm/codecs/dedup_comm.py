@@ -1,0 +1,196 @@
+"""The dedup all-to-all as TorchRec-style asynchronous autograd functions.
+
+`start_dedup_all_to_all` launches the forward all-to-all of the unique rows
+(`async_op=True`) and returns an `Awaitable`; its `wait()` waits for the
+transfer and expands the rows. Backward mirrors it: the wait's backward
+segment-sums the gradient and launches the reverse all-to-all, the start's
+backward waits for it and scatters the sums for the embedding backward. So,
+like TorchRec's own dists, the transfer overlaps whatever runs between the
+two halves (under `TrainPipelineSparseDist`, the dense forward/backward of
+another batch on GPUs). Nothing here reads a device value on the host: the
+split sizes come from the plan, built with the one host sync per step.
+
+Optionally the rows travel at a lower, LOSSY precision (`dedup+fp16`,
+`dedup+bf16`), rounded by the same fbgemm casts TorchRec's qcomms use.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.quantize_utils import (
+    bf16_to_fp32,
+    fp16_to_fp32,
+    fp32_to_bf16_with_clamp,
+    fp32_to_fp16_with_clamp,
+)
+from torchrec.distributed import comm_ops
+from torchrec.distributed.types import Awaitable
+
+from dlrmtrain.comm.buffers import BufferPool
+from dlrmtrain.comm.stats import DistCommStats
+
+
+@dataclass
+class DedupPlan:
+    """Everything one step's forward and backward need, in units of `unit` columns."""
+
+    unit: int
+    send_index: torch.Tensor   # unit rows of local_embs, in message order
+    recv_index: torch.Tensor   # per output unit row: its unit row in the receive buffer
+    send_splits: list[int]     # elements per destination rank
+    recv_splits: list[int]     # elements per source rank
+    out_shape: tuple[int, int]
+    pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
+
+
+class DedupDistState(Protocol):
+    """What the autograd functions need from the dist that owns them."""
+
+    pg: dist.ProcessGroup
+    world_size: int
+    wire_dtype: torch.dtype | None
+    comm_stats: DistCommStats
+    output_pool: BufferPool
+    grad_pool: BufferPool
+
+
+@dataclass
+class _Request:
+    """One step's transfers in flight, shared by the two halves."""
+
+    plan: DedupPlan
+    owner: Any
+    local_shape: torch.Size | None = None
+    dtype: torch.dtype | None = None
+    recv: torch.Tensor | None = None
+    work: Any = None
+    grad_send: torch.Tensor | None = None
+    grad_work: Any = None
+    dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
+
+
+_ENCODE = {torch.float16: fp32_to_fp16_with_clamp, torch.bfloat16: fp32_to_bf16_with_clamp}
+_DECODE = {torch.float16: fp16_to_fp32, torch.bfloat16: bf16_to_fp32}
+
+
+def _encode(rows: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.Tensor:
+    """Round rows to the lossy wire precision (fbgemm's clamped cast, as TorchRec's qcomms)."""
+    if wire_dtype is None or rows.dtype == wire_dtype:
+        return rows
+    return _ENCODE[wire_dtype](rows.float())
+
+
+def _decode(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if rows.dtype == dtype:
+        return rows
+    return _DECODE[rows.dtype](rows).to(dtype) if rows.dtype in _DECODE else rows.to(dtype)
+
+
+def _start_all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                      pg: dist.ProcessGroup):
+    """Asynchronous all_to_all_single on flat tensors; 16-bit payloads travel as bytes (gloo lacks them)."""
+    if inp.element_size() == 2:
+        out, inp = out.view(torch.uint8), inp.view(torch.uint8)
+        out_splits, in_splits = [2 * s for s in out_splits], [2 * s for s in in_splits]
+    return dist.all_to_all_single(out, inp, out_splits, in_splits, group=pg, async_op=True)
+
+
+def _timed_wait(work, stats: DistCommStats) -> None:
+    t0 = time.perf_counter()
+    work.wait()
+    stats.transfer_seconds += time.perf_counter() - t0
+
+
+class _DedupStart(torch.autograd.Function):
+    """Forward: pick (and round) the unique rows, launch the all-to-all. Backward: the mirror's end."""
+
+    @staticmethod
+    def forward(ctx, local_embs: torch.Tensor, req: _Request) -> torch.Tensor:
+        plan, owner = req.plan, req.owner
+        t0 = time.perf_counter()
+        send = _encode(torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index),
+                       owner.wire_dtype)
+        total = sum(plan.recv_splits)
+        req.recv = send.new_empty(total + plan.pad_units * plan.unit)
+        req.recv[total:].zero_()
+        req.work = _start_all_to_all(req.recv[:total], send.view(-1), plan.recv_splits, plan.send_splits,
+                                     owner.pg)
+        req.send = send  # keep the input alive until the transfer is done
+        req.local_shape, req.dtype = local_embs.shape, local_embs.dtype
+        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        ctx.req = req
+        return req.dummy
+
+    @staticmethod
+    def backward(ctx, _unused: torch.Tensor):
+        req = ctx.req
+        plan, owner = req.plan, req.owner
+        _timed_wait(req.grad_work, owner.comm_stats)
+        t0 = time.perf_counter()
+        grad_send = _decode(req.grad_send, req.dtype)
+        if comm_ops.get_gradient_division():  # as TorchRec's all-to-all backward
+            grad_send = grad_send / owner.world_size
+        numel = math.prod(req.local_shape)
+        grad_local = owner.grad_pool.get((numel // plan.unit, plan.unit), req.dtype, grad_send.device, zero=True)
+        grad_local.index_copy_(0, plan.send_index, grad_send.view(-1, plan.unit))
+        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        ctx.req = None
+        return grad_local.view(req.local_shape), None
+
+
+class _DedupWait(torch.autograd.Function):
+    """Forward: wait for the rows and expand them. Backward: segment-sum, launch the reverse all-to-all."""
+
+    @staticmethod
+    def forward(ctx, dummy: torch.Tensor, req: _Request) -> torch.Tensor:
+        plan, owner = req.plan, req.owner
+        _timed_wait(req.work, owner.comm_stats)
+        t0 = time.perf_counter()
+        recv = _decode(req.recv, req.dtype)  # only the U unique rows: decode before expanding
+        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
+        torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index, out=out)
+        req.recv = req.send = req.work = None
+        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        ctx.req = req
+        return out.view(plan.out_shape)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        req = ctx.req
+        plan, owner = req.plan, req.owner
+        t0 = time.perf_counter()
+        grad_rows = grad_out.contiguous().view(-1, plan.unit)
+        total_units = sum(plan.recv_splits) // plan.unit
+        grad_recv = grad_rows.new_zeros((total_units + plan.pad_units, plan.unit))
+        grad_recv.index_add_(0, plan.recv_index, grad_rows)
+        grad_recv = _encode(grad_recv[:total_units], owner.wire_dtype)
+        req.grad_send = grad_recv.new_empty(sum(plan.send_splits))
+        req.grad_work = _start_all_to_all(req.grad_send, grad_recv.reshape(-1), plan.send_splits,
+                                          plan.recv_splits, owner.pg)
+        req.grad_recv = grad_recv  # alive until the transfer is done
+        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        ctx.req = None
+        return torch.zeros_like(req.dummy), None
+
+
+class DedupAwaitable(Awaitable[torch.Tensor]):
+    """The forward all-to-all in flight; `wait()` returns the expanded pooled embeddings."""
+
+    def __init__(self, dummy: torch.Tensor, req: _Request) -> None:
+        super().__init__()
+        self._dummy, self._req = dummy, req
+
+    def _wait_impl(self) -> torch.Tensor:
+        return _DedupWait.apply(self._dummy, self._req)
+
+
+def start_dedup_all_to_all(local_embs: torch.Tensor, plan: DedupPlan, owner: DedupDistState) -> DedupAwaitable:
+    """Launch the unique-row all-to-all of `plan`; wait() on the result decodes it."""
+    req = _Request(plan, owner)
+    return DedupAwaitable(_DedupStart.apply(local_embs, req), req)

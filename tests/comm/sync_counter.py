@@ -1,0 +1,55 @@
+"""Counting host syncs on CPU: a TorchFunctionMode that records every call that would
+make a GPU wait for the host (or the host for the GPU) when it comes from the codec layer.
+
+On CPU nothing actually waits, but the same Python calls are what sync on a GPU:
+reading a device value (`tolist`, `item`, `bool`/`int`/`float` of a tensor),
+ops whose output size depends on the data (`nonzero`, `masked_select`, `unique`,
+`repeat_interleave` without `output_size`), and building a device tensor from a
+Python list (`torch.tensor(..., device=...)`: a blocking host-to-device copy).
+Only calls made by the codec dists (the innermost non-library frame lies in
+dlrmtrain/comm/codecs/, so TorchRec methods they call count too) are counted:
+TorchRec's and the model's own syncs do not blur the codec's.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
+          torch.Tensor.__float__, torch.Tensor.__index__}
+_DATA_SIZED = {torch.nonzero, torch.Tensor.nonzero, torch.masked_select, torch.Tensor.masked_select,
+               torch.unique, torch.Tensor.unique, torch.unique_consecutive}
+_REPEAT = {torch.repeat_interleave, torch.Tensor.repeat_interleave}
+
+
+def _is_sync(func, args, kwargs) -> bool:
+    if func in _READS or func in _DATA_SIZED:
+        return True
+    if func in _REPEAT:  # needs output_size unless the repeats are a Python int
+        repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+        return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+    if func in (torch.tensor, torch.as_tensor):
+        return kwargs.get("device") is not None
+    return False
+
+
+class HostSyncCounter(TorchFunctionMode):
+    """`syncs`: (function name, codec file:line) of each counted call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[tuple[str, str]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_sync(func, args, kwargs):
+            # the innermost frame outside libraries (torch, TorchRec, fbgemm) and this file
+            ours = [f for f in traceback.extract_stack()
+                    if "site-packages" not in f.filename and not f.filename.endswith("sync_counter.py")]
+            if ours and "dlrmtrain/comm/codecs/" in ours[-1].filename:
+                where = f"{ours[-1].filename.split('dlrmtrain/')[-1]}:{ours[-1].lineno}"
+                self.syncs.append((getattr(func, "__name__", str(func)), where))
+        return func(*args, **kwargs)

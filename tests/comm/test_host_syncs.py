@@ -1,0 +1,33 @@
+"""GPU-readiness, checked on CPU: each codec dist costs exactly one host sync per step
+(the all-to-all split sizes) and hands back a real awaitable with the transfer in flight.
+
+Syncs are counted with HostSyncCounter (sync_counter.py): every call from
+dlrmtrain/comm/ that would sync on a GPU, forward and backward of whole
+training steps. The first step may add one more (the key width learned for
+multi-hot bags); one-hot steps must not.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.comm.ranks import Scenario, Table, count_host_syncs
+from tests.multiproc import run_ranks
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("codec", ["dedup", "dedup+fp16"])
+def test_one_host_sync_per_dist_per_step(codec: str):
+    sc = Scenario(tables=(
+        Table("a", 10, 8, ("tw", 0)),
+        Table("b", 12, 8, ("tw", 1), ids="missing"),
+        Table("c", 10, 16, ("cw", (0, 1))),
+        Table("r", 11, 8, ("rw",)),
+    ), batch=8, steps=3, id_range=10)
+    for rank, res in enumerate(run_ranks(count_host_syncs, 2, sc, codec, timeout=280)):
+        dists = res["dists"]
+        assert dists == 3  # table-wise, column-wise, row-wise
+        for step, syncs in enumerate(res["per_step"]):
+            assert [name for name, _ in syncs] == ["tolist"] * dists, (rank, step, syncs)
+        assert res["awaitables"] == ["DedupAwaitable"] * dists
+        assert res["works"] and all("Work" in w for w in res["works"])
