@@ -1,7 +1,11 @@
 """Embedding all-to-all bytes and time per codec, on real Criteo rows or synthetic ids.
 
     PYTHONPATH=. python scripts/bench_comm.py --data ../shared/data/criteo_kaggle_sample.tsv.gz \
-        --world-size 8 --batch-size 4096 --codec none dedup
+        --world-size 8 --batch-size 4096 --codec none dedup fp16 bf16 int8 dedup+fp16 dedup+bf16
+
+LOSSY codecs (TorchRec qcomms fp16/bf16/int8, stacked dedup+fp16/bf16) are
+marked as such; for them the timing run also reports the forward error against
+`none` (max and mean |difference| of the pooled output, same weights and batch).
 
 Two parts, printed side by side per codec:
 - bytes per step for `--world-size` ranks (any size: the global batches are
@@ -139,6 +143,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
     from torchrec.distributed.types import ShardingPlan
 
+    from dlrmtrain.comm.registry import is_qcomms
     from dlrmtrain.comm.sharder import make_ebc_sharder
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.distributed.env import shutdown_distributed
@@ -146,8 +151,10 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     dist.init_process_group("gloo", rank=rank, world_size=world)
     B = batches[0].shape[0] // world
     out = {}
+    reference = None  # none's pooled output of the first timed batch: the lossy codecs' error baseline
     for codec in codecs:
         sharder = make_ebc_sharder(codec, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
+        torch.manual_seed(1234)  # TorchRec's table init draws from it: equal weights for every codec
         ebc = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=f"t_cat_{t}", embedding_dim=dim, num_embeddings=vocab[t],
                                feature_names=[f"cat_{t}"]) for t in range(NUM_CAT)], device=torch.device("meta"))
@@ -170,6 +177,10 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
             kt = model(kjt)
             (kt.values() * upstream).sum().backward()
             t1 = time.perf_counter()
+            if i == 0:  # before any update: same weights in every codec's model
+                error = _forward_error(kt.values().detach(), reference)
+                if codec == "none":
+                    reference = kt.values().detach().clone()
             if codec == "none":
                 for _ in range(2):  # forward and backward all-to-all
                     dist.all_to_all_single(a2a_out, a2a_in, [B * d for d in dims], [B * dims[rank]] * world)
@@ -181,7 +192,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
                 a2a_s += t2 - t1
         stats = collect_comm_stats(model)
         if codec == "none":
-            out[codec] = {"step": step_s / steps, "transfer": a2a_s / steps, "codec": 0.0}
+            out[codec] = {"step": step_s / steps, "transfer": a2a_s / steps, "codec": 0.0, **error}
         else:
             n = stats["steps"] - warm["steps"]
             out[codec] = {"step": step_s / steps,
@@ -190,10 +201,21 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
                           "codec": (stats["codec_seconds_per_step"] * stats["steps"]
                                     - warm["codec_seconds_per_step"] * warm["steps"]) / n,
                           "recv_bytes": stats["total"]["payload_fwd_recv_bytes"],
-                          "recv_bytes_none": stats["total"]["uncompressed_fwd_recv_bytes"]}
+                          "recv_bytes_none": stats["total"]["uncompressed_fwd_recv_bytes"], **error}
+        if is_qcomms(codec):  # quantize + transfer happen inside TorchRec's all-to-all: not split out
+            out[codec]["transfer"] = out[codec]["codec"] = float("nan")
         del model, kt
     queue.put((rank, out))
     shutdown_distributed()
+
+
+def _forward_error(out: torch.Tensor, reference: torch.Tensor | None) -> dict:
+    """max / mean |out - reference| and mean |reference| (NaN without a `none` run first)."""
+    if reference is None:
+        return {"err_max": float("nan"), "err_mean": float("nan"), "ref_mean": float("nan")}
+    diff = (out.double() - reference.double()).abs()
+    return {"err_max": diff.max().item(), "err_mean": diff.mean().item(),
+            "ref_mean": reference.double().abs().mean().item()}
 
 
 def measure(batches, vocab, codecs, dim, world, warmup, steps) -> dict:
@@ -210,7 +232,9 @@ def measure(batches, vocab, codecs, dim, world, warmup, steps) -> dict:
         if p.exitcode != 0:
             raise SystemExit(f"timing rank exited with {p.exitcode}")
     # the slowest rank sets the pace of a collective step; bytes add up over ranks
-    return {c: {k: (sum if k.endswith("bytes") or k.endswith("none") else max)(results[r][c][k] for r in results)
+    return {c: {k: (sum if k.endswith("bytes") or k.endswith("none") else
+                    (lambda v: sum(v) / len(v)) if k in ("err_mean", "ref_mean") else max)(
+                        [results[r][c][k] for r in results])
                 for k in results[0][c]} for c in codecs}
 
 
@@ -228,10 +252,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args(argv)
 
-    from dlrmtrain.comm.registry import available_codecs
+    from dlrmtrain.comm.registry import available_codecs, lossy_codecs, validate_codec_choice, wire_bytes_per_value
     unknown = [c for c in args.codec if c not in available_codecs()]
     if unknown:
         raise SystemExit(f"--codec: unknown {unknown}; available: {available_codecs()}")
+    for c in args.codec:
+        try:
+            validate_codec_choice(c, {}, "cpu")  # the timing runs on CPU ranks
+        except ValueError as e:
+            raise SystemExit(f"--codec {c}: {e}") from None
+    if "none" in args.codec:  # none first: it is the error baseline of the lossy codecs
+        args.codec = ["none"] + [c for c in args.codec if c != "none"]
+    label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
+    width = max(len(v) for v in label.values()) + 1
+    wire = {c: wire_bytes_per_value(c) for c in args.codec}
     if args.data == "synthetic":
         ids = synthetic_ids(max(args.max_rows or 0, 4 * args.world_size * args.batch_size))
         source = "synthetic power-law ids"
@@ -247,21 +281,29 @@ def main(argv: list[str] | None = None) -> None:
           f"{figs['steps']} global batches; distinct fraction {figs['distinct_fraction']:.4f}, "
           f"ideal B/U {figs['ideal_ratio']:.3f}x")
     base = figs["none"]
-    print(f"{'codec':<8} {'payload MB/step':>16} {'ratio':>7} {'/ideal':>7} {'+ids MB/step':>13} {'ratio':>7}")
+    print(f"{'codec':<{width}} {'bytes/value':>11} {'payload MB/step':>16} {'ratio':>7} {'/ideal':>7} "
+          f"{'+ids MB/step':>13} {'ratio':>7}")
+
+    def scaled(c: str) -> dict:
+        """Byte figures of codec c: dedup's or none's rows, at c's wire bytes per value."""
+        f = figs["dedup" if c.startswith("dedup") else "none"]
+        k = wire[c] / 4.0
+        return {"payload": f["payload"] * k, "ids": f["ids"], "max_rank_send": f["max_rank_send"] * k}
+
     for c in args.codec:
-        f = figs["dedup" if c == "dedup" else "none"]
+        f = scaled(c)
         ratio = base["payload"] / f["payload"]
         whole = (base["payload"] + base["ids"]) / (f["payload"] + f["ids"])
-        vs_ideal = "-" if c == "none" else f"{ratio / figs['ideal_ratio']:.3f}"
-        print(f"{c:<8} {f['payload'] / 1e6:>16.2f} {ratio:>6.3f}x {vs_ideal:>7} "
+        vs_ideal = f"{ratio / figs['ideal_ratio']:.3f}" if c.startswith("dedup") else "-"
+        print(f"{label[c]:<{width}} {wire[c]:>11.3g} {f['payload'] / 1e6:>16.2f} {ratio:>6.3f}x {vs_ideal:>7} "
               f"{(f['payload'] + f['ids']) / 1e6:>13.2f} {whole:>6.3f}x")
     print("projected all-to-all phase per step (busiest rank's payload + ids over its link):")
     for c in args.codec:
-        f = figs["dedup" if c == "dedup" else "none"]
+        f = scaled(c)
         ids_per_rank = f["ids"] / args.world_size
         cells = "  ".join(f"{g} Gb/s {(f['max_rank_send'] + ids_per_rank) * 8 / (g * 1e9) * 1e3:7.2f} ms"
                           for g in LINK_GBPS)
-        print(f"  {c:<8} {cells}")
+        print(f"  {label[c]:<{width}} {cells}")
 
     if args.measure_ranks:
         world = args.measure_ranks
@@ -269,17 +311,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
               f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
         t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps)
-        print(f"{'codec':<8} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13}")
+        print(f"{'codec':<{width}} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13} "
+              f"{'max |err|':>10} {'mean |err|':>11} {'rel':>9}")
         for c in args.codec:
             r = t[c]
             rel = f"{t['none']['step'] / r['step']:.2f}x" if "none" in t else "-"
-            print(f"{c:<8} {r['step'] * 1e3:>9.1f} {r['transfer'] * 1e3:>12.1f} {r['codec'] * 1e3:>9.1f} {rel:>13}")
+            err_rel = r["err_mean"] / r["ref_mean"] if r["ref_mean"] else float("nan")
+            print(f"{label[c]:<{width}} {r['step'] * 1e3:>9.1f} {r['transfer'] * 1e3:>12.1f} "
+                  f"{r['codec'] * 1e3:>9.1f} {rel:>13} {r['err_max']:>10.3g} {r['err_mean']:>11.3g} {err_rel:>9.2g}")
         for c in args.codec:
             if "recv_bytes" in t[c]:
                 print(f"{c}: bytes the codec itself counted on these ranks (all blocks, warm-up included): "
                       f"{t[c]['recv_bytes_none'] / t[c]['recv_bytes']:.3f}x fewer than none")
-        print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; "
-              "dedup: time inside its all_to_all_single calls; codec = unique, expand, segment-sum, indices)")
+        print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; dedup: time "
+              "waiting for its all_to_all_single; codec = unique, expand, segment-sum, indices; qcomms: "
+              "quantization runs inside TorchRec's all-to-all, so it is not split out; err = forward "
+              "pooled output vs none, same weights, first batch; rel = mean |err| / mean |none|)")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,21 @@ def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
         raise ValueError(f"{where}: unknown codec {name!r}; available: {available_codecs()}") from None
 
 
+def wire_bytes_per_value(name: str) -> float:
+    """Bytes one embedding value takes on the wire under codec `name` (fp32 embeddings).
+
+    int8 is measured from fbgemm's encoder (a 32-value row plus its scale and bias).
+    """
+    codec = get_codec(name)
+    if isinstance(codec, LossyQCommsCodec):
+        forward = codec.codecs_registry("cpu")["POOLED_EMBEDDINGS_ALL_TO_ALL"].forward
+        ctx = forward.create_context()
+        row = max(getattr(ctx, "row_dim", 1) or 1, 1)
+        return forward.encode(torch.zeros(row), ctx).nbytes / row
+    wire_dtype = getattr(codec, "wire_dtype", None)
+    return torch.empty(0, dtype=wire_dtype).element_size() if wire_dtype is not None else 4.0
+
+
 def is_qcomms(name: str) -> bool:
     """Whether `name` is one of TorchRec's quantized comms (applied to the whole sharder)."""
     return isinstance(_CODECS.get(name), LossyQCommsCodec)

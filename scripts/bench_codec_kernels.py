@@ -1,0 +1,114 @@
+"""Time the dedup codec's pure-torch kernels (unique, expand, segment-sum) per device.
+
+    PYTHONPATH=. python scripts/bench_codec_kernels.py --batch-size 4096 --tables 26 --dim 128
+
+The same functions the codec runs (dlrmtrain/comm/codecs/dedup_kernels.py), on
+one rank's worth of one-hot blocks: `--tables` features of `--batch-size` bags
+whose ids repeat so that about `--distinct` of them are distinct (the real
+Kaggle sample at batch 4096: 0.22). Runs on CPU and, when CUDA is available, on
+the GPU (timed with CUDA events after a warm-up); `--devices` picks. Prints
+milliseconds per call (median of `--repeats`) and the effective memory
+bandwidth of expand and segment-sum (bytes read + written / time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+from dlrmtrain.comm.codecs.dedup_kernels import expand_rows, one_hot_blocks_unique, segment_sum_rows
+
+
+def make_blocks(tables: int, batch: int, distinct: float, seed: int = 0):
+    """KJT parts of `tables` one-hot features of `batch` bags, ~distinct·batch distinct ids each."""
+    g = torch.Generator().manual_seed(seed)
+    pool = max(1, int(distinct * batch))
+    # ids drawn from a pool of `pool` values, each seen at least once: U == pool
+    ids = torch.cat([torch.cat([torch.arange(pool), torch.randint(0, pool, (batch - pool,), generator=g)])
+                     [torch.randperm(batch, generator=g)] for _ in range(tables)])
+    lengths = torch.ones(tables * batch, dtype=torch.int64)
+    offsets = torch.arange(tables * batch + 1, dtype=torch.int64)
+    return ids, offsets, lengths, pool
+
+
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of fn() after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench_device(device: torch.device, args) -> list[tuple[str, float, float | None]]:
+    T, B, D = args.tables, args.batch_size, args.dim
+    ids, offsets, lengths, pool = make_blocks(T, B, args.distinct)
+    ids, offsets, lengths = ids.to(device), offsets.to(device), lengths.to(device)
+    starts, sizes, nums = [t * B for t in range(T)], [B] * T, [pool] * T
+    uniques = one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums)
+    U = int(uniques[0].count)
+    inverse = torch.cat([u.inverse + t * U for t, u in enumerate(uniques)])  # all tables' rows stacked
+    rows = torch.randn(T * U, D, device=device)
+    out = torch.empty(T * B, D, device=device)
+    grads = torch.randn(T * B, D, device=device)
+    elem = rows.element_size()
+    results = []
+    ms = time_call(lambda: one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums), device, args.repeats)
+    results.append((f"unique ({T} blocks x {B} ids, one sort)", ms, None))
+    ms = time_call(lambda: expand_rows(rows, inverse, out=out), device, args.repeats)
+    results.append((f"expand [{T * U}, {D}] -> [{T * B}, {D}] (reused out)", ms,
+                    (T * U * D + T * B * D) * elem / (ms * 1e-3) / 1e9))
+    ms = time_call(lambda: segment_sum_rows(grads, inverse, T * U), device, args.repeats)
+    results.append((f"segment-sum [{T * B}, {D}] -> [{T * U}, {D}]", ms,
+                    (T * B * D + T * U * D) * elem / (ms * 1e-3) / 1e9))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch-size", type=int, default=4096, help="bags per block (local batch)")
+    ap.add_argument("--tables", type=int, default=26)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--distinct", type=float, default=0.22, help="distinct fraction per block, (0, 1]")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--devices", nargs="+", default=None, help="cpu and/or cuda (default: all available)")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (this machine: 2 shared cores)")
+    args = ap.parse_args(argv)
+    if not 0 < args.distinct <= 1:
+        raise SystemExit(f"--distinct: must be in (0, 1], got {args.distinct}")
+    torch.set_num_threads(args.threads)
+    devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    if "cuda" in devices and not torch.cuda.is_available():
+        raise SystemExit("--devices cuda: no CUDA device here")
+    print(f"dedup kernels: {args.tables} one-hot blocks x {args.batch_size} bags, dim {args.dim}, "
+          f"distinct {args.distinct}; median of {args.repeats} (CPU threads {args.threads})")
+    if "cuda" not in devices:
+        print("(no GPU here: CPU only)")
+    for name in tqdm(devices, desc="devices", leave=False):
+        device = torch.device(name)
+        label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        print(f"\n{label}")
+        print(f"  {'kernel':<52} {'ms':>9} {'GB/s':>8}")
+        for kernel, ms, gbps in bench_device(device, args):
+            print(f"  {kernel:<52} {ms:>9.3f} {gbps if gbps is not None else float('nan'):>8.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
