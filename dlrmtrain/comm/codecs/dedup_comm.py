@@ -68,8 +68,10 @@ class _Request:
     owner: Any
     local_shape: torch.Size | None = None
     dtype: torch.dtype | None = None
+    send: torch.Tensor | None = None       # kept alive until its transfer is done
     recv: torch.Tensor | None = None
     work: Any = None
+    grad_recv: torch.Tensor | None = None  # kept alive until its transfer is done
     grad_send: torch.Tensor | None = None
     grad_work: Any = None
     dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
@@ -121,7 +123,7 @@ class _DedupStart(torch.autograd.Function):
         req.recv[total:].zero_()
         req.work = _start_all_to_all(req.recv[:total], send.view(-1), plan.recv_splits, plan.send_splits,
                                      owner.pg)
-        req.send = send  # keep the input alive until the transfer is done
+        req.send = send
         req.local_shape, req.dtype = local_embs.shape, local_embs.dtype
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = req
@@ -173,7 +175,7 @@ class _DedupWait(torch.autograd.Function):
         req.grad_send = grad_recv.new_empty(sum(plan.send_splits))
         req.grad_work = _start_all_to_all(req.grad_send, grad_recv.reshape(-1), plan.send_splits,
                                           plan.recv_splits, owner.pg)
-        req.grad_recv = grad_recv  # alive until the transfer is done
+        req.grad_recv = grad_recv
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = None
         return torch.zeros_like(req.dummy), None
