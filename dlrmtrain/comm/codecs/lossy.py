@@ -66,11 +66,20 @@ class LossyQCommsCodec:
         self.check_device(device_type)
         config = self.qcomms_config()
         if device_type == "cuda":
-            return get_qcomm_codecs_registry(config, device=torch.device("cuda"))
-        # TorchRec's CPU path would silently turn bf16 into fp16 (see module docstring)
-        ops = (CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER,
-               CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL)
-        return {op.name: get_qcomm_codecs(copy.deepcopy(config)) for op in ops}
+            registry = get_qcomm_codecs_registry(config, device=torch.device("cuda"))
+        else:
+            # TorchRec's CPU path would silently turn bf16 into fp16 (see module docstring)
+            ops = (CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER,
+                   CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL)
+            registry = {op.name: get_qcomm_codecs(copy.deepcopy(config)) for op in ops}
+        if self.comm_type == CommType.INT8:
+            # TorchRec 1.8's reduce-scatter calls the int8 quantizer without its row context and
+            # crashes; like TorchRec's own fp8 fallback there, row-wise tables travel in fp16
+            logger.warning("comm.codec=int8: row-wise tables, if any (reduce-scatter), use fp16 instead; "
+                           "TorchRec 1.8 cannot reduce-scatter int8")
+            registry[CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name] = get_qcomm_codecs(
+                QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16))
+        return registry
 
     def make_output_dist(self, stock_dist: nn.Module, layout: DistLayout | None, tables: set[str],
                          pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
