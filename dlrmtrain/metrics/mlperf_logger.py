@@ -1,0 +1,355 @@
+"""MLPerf-compliant event log (``:::MLLOG`` lines) for the DLRM benchmarks.
+
+A thin wrapper around ``mlperf_logging.mllog`` (pinned 4.1.68) that knows what
+the compliance checker demands of ``dlrm`` (rulesets 0.7.0–2.1.0) and of
+``dlrm_dcnv2`` (ruleset 6.0.0), so the trainer calls plain methods at its
+events and never writes ``if rank == 0``:
+
+    logger = build_mlperf_logger("dlrm", run_dir / "mlperf.log", rank)
+
+Rank 0 with a path gets an `MLPerfLogger` writing to that file; other ranks,
+or a ``None`` path (MLPerf logging off), get a `NullMLPerfLogger`, which runs
+the same argument checks and writes nothing.
+
+Timeline the trainer follows (every call is required unless marked optional)::
+
+    logger.cache_clear()
+    logger.init_start()
+    logger.submission_info(org, division, platform, status)  # before init_stop
+    logger.hyperparameters(dlrm_v1_hyperparameters(...))     # or dcnv2_...
+    logger.weights_initialization()        # every MLPerf layer of the model
+    logger.train_samples(n); logger.eval_samples(n)          # once each
+    logger.init_stop()
+    logger.run_start()
+    for epoch in ...:                      # 0-based epoch index
+        logger.epoch_start(epoch)
+        ... at each evaluation, with e = epochs trained so far (float) ...
+        logger.eval_start(e); logger.eval_accuracy(auc, e); logger.eval_stop(e)
+        logger.epoch_stop(epoch)           # optional on early stop
+    logger.run_stop("success" | "aborted", e)
+    logger.close()
+
+Progress arguments are always *epochs trained so far*, counted from 0
+(``epoch + steps_done / steps_per_epoch``); the logger converts them to each
+benchmark's ``epoch_num`` convention:
+
+- ``dlrm`` (DLRM v1 reference, facebookresearch/dlrm): epochs are numbered
+  from 1; an eval after fraction f of the first epoch has ``epoch_num 1 + f``
+  (RCP "epochs to converge" ≈ 1.75). Each epoch is also a block:
+  ``block_start(first_epoch_num=k+1, epoch_count=1)`` plus ``epoch_start(k+1)``.
+- ``dlrm_dcnv2`` (torchrec_dlrm reference): epochs are numbered from 0; an
+  eval after fraction f of the first epoch has ``epoch_num f`` (RCP ≈ 0.7).
+  Only ``epoch_start/stop`` are logged, as the reference does.
+
+Keys each ruleset requires (checked by `hyperparameters`):
+
+- ``dlrm``: global_batch_size, gradient_accumulation_steps,
+  opt_base_learning_rate, opt_learning_rate_warmup_steps,
+  lr_decay_start_steps, sgd_opt_base_learning_rate,
+  sgd_opt_learning_rate_decay_steps, sgd_opt_learning_rate_decay_poly_power
+  (must be 2); weights_initialization for exactly `MLPERF_LAYERS["dlrm"]`.
+- ``dlrm_dcnv2``: global_batch_size, gradient_accumulation_steps, opt_name
+  (``adagrad``), opt_base_learning_rate, opt_adagrad_learning_rate_decay,
+  opt_weight_decay, opt_adagrad_initial_accumulator_value (all 0),
+  opt_adagrad_epsilon (1e-8), opt_learning_rate_warmup_steps,
+  opt_learning_rate_decay_start_step, opt_learning_rate_decay_steps (all 0).
+
+Timestamps are wall-clock milliseconds; the MLPerf score is
+``run_stop - run_start``. Call a barrier before ``run_start``/``run_stop`` so
+rank 0's clock marks the moment every rank got there (the reference does).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mlperf_logging.mllog import constants as C
+from mlperf_logging.mllog import mllog
+
+DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant for it)
+DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0+
+BENCHMARKS = (DLRM, DLRM_DCNV2)
+
+# The checker's END rule for dlrm wants exactly these tensor names (closed_dlrm.yaml,
+# 1.0.0+). DCNv2's rules name none; the cross layers follow the same pattern.
+_MLP_LAYERS = (
+    "bottom_mlp_dense1", "bottom_mlp_dense2", "bottom_mlp_dense3",
+    "top_mlp_dense1", "top_mlp_dense2", "top_mlp_dense3", "top_mlp_dense4", "top_mlp_dense5",
+)
+MLPERF_LAYERS: dict[str, tuple[str, ...]] = {
+    DLRM: ("embeddings", *_MLP_LAYERS),
+    DLRM_DCNV2: ("embeddings", *_MLP_LAYERS, "dcn_cross_layer1", "dcn_cross_layer2",
+                 "dcn_cross_layer3"),
+}
+
+REQUIRED_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
+    DLRM: (
+        C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.OPT_BASE_LR,
+        C.OPT_LR_WARMUP_STEPS, "lr_decay_start_steps", "sgd_opt_base_learning_rate",
+        "sgd_opt_learning_rate_decay_steps", "sgd_opt_learning_rate_decay_poly_power",
+    ),
+    DLRM_DCNV2: (
+        C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.OPT_NAME, C.OPT_BASE_LR,
+        C.OPT_ADAGRAD_LR_DECAY, C.OPT_WEIGHT_DECAY, C.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE,
+        C.OPT_ADAGRAD_EPSILON, C.OPT_LR_WARMUP_STEPS, C.OPT_LR_DECAY_START_STEP,
+        C.OPT_LR_DECAY_STEPS,
+    ),
+}
+# Extra keys worth logging (the checker ignores keys it has no rule for).
+OPTIONAL_HYPERPARAMETERS = (C.SEED, C.OPT_NAME)
+
+# epoch_num of "no training yet": DLRM v1 counts epochs from 1, DCNv2 from 0.
+_EPOCH_BASE = {DLRM: 1, DLRM_DCNV2: 0}
+
+DIVISIONS = ("closed", "open")
+SUBMISSION_STATUSES = ("cloud", "onprem", "preview", "research")
+RUN_STATUSES = (C.SUCCESS, C.ABORTED)
+
+
+def dlrm_v1_hyperparameters(*, global_batch_size: int, learning_rate: float,
+                            warmup_steps: int, decay_start_step: int, decay_steps: int,
+                            gradient_accumulation_steps: int = 1,
+                            seed: int | None = None) -> dict[str, Any]:
+    """The ``dlrm`` ruleset's hyperparameter keys for SGD with warmup + poly-2 decay."""
+    hp: dict[str, Any] = {
+        C.GLOBAL_BATCH_SIZE: global_batch_size,
+        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
+        C.OPT_NAME: C.SGD,
+        C.OPT_BASE_LR: learning_rate,
+        C.OPT_LR_WARMUP_STEPS: warmup_steps,
+        # The v1 rules use the keys of the official hyperparameter table, not mllog's.
+        "lr_decay_start_steps": decay_start_step,
+        "sgd_opt_base_learning_rate": learning_rate,
+        "sgd_opt_learning_rate_decay_steps": decay_steps,
+        "sgd_opt_learning_rate_decay_poly_power": 2,
+    }
+    if seed is not None:
+        hp[C.SEED] = seed
+    return hp
+
+
+def dcnv2_hyperparameters(*, global_batch_size: int, learning_rate: float,
+                          epsilon: float = 1e-8, initial_accumulator_value: float = 0.0,
+                          warmup_steps: int = 0, decay_start_step: int = 0,
+                          decay_steps: int = 0, gradient_accumulation_steps: int = 1,
+                          seed: int | None = None) -> dict[str, Any]:
+    """The ``dlrm_dcnv2`` ruleset's hyperparameter keys for plain Adagrad."""
+    hp: dict[str, Any] = {
+        C.GLOBAL_BATCH_SIZE: global_batch_size,
+        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
+        C.OPT_NAME: C.ADAGRAD,
+        C.OPT_BASE_LR: learning_rate,
+        C.OPT_ADAGRAD_LR_DECAY: 0.0,
+        C.OPT_WEIGHT_DECAY: 0.0,
+        C.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE: initial_accumulator_value,
+        C.OPT_ADAGRAD_EPSILON: epsilon,
+        C.OPT_LR_WARMUP_STEPS: warmup_steps,
+        C.OPT_LR_DECAY_START_STEP: decay_start_step,
+        C.OPT_LR_DECAY_STEPS: decay_steps,
+    }
+    if seed is not None:
+        hp[C.SEED] = seed
+    return hp
+
+
+class MLPerfLogger:
+    """Writes one benchmark's MLPerf events to a log file (rank 0 only)."""
+
+    def __init__(self, benchmark: str, log_path: Path | str,
+                 clock: Callable[[], float] | None = None) -> None:
+        """`clock` returns milliseconds since the epoch (default: wall clock)."""
+        self.benchmark = _check_benchmark(benchmark)
+        self.log_path = Path(log_path)
+        self._clock = clock or (lambda: time.time() * 1e3)
+        self._submission_logged = False
+        self._once: dict[str, Any] = {}
+        self._py_logger, self._handler = self._open(self.log_path)
+        self._mllog = mllog.MLLogger(logger=self._py_logger)
+
+    # -- submission and hyperparameters -------------------------------------------------
+
+    def submission_info(self, org: str, division: str, platform: str, status: str) -> None:
+        """submission_{benchmark,org,division,platform,status}; log before init_stop()."""
+        if not org or not platform:
+            raise ValueError(f"submission org and platform must be non-empty, got {org!r}, {platform!r}")
+        _check_choice("submission division", division, DIVISIONS)
+        _check_choice("submission status", status, SUBMISSION_STATUSES)
+        self._emit(C.SUBMISSION_BENCHMARK, self.benchmark)
+        self._emit(C.SUBMISSION_ORG, org)
+        self._emit(C.SUBMISSION_DIVISION, division)
+        self._emit(C.SUBMISSION_PLATFORM, platform)
+        self._emit(C.SUBMISSION_STATUS, status)
+        self._submission_logged = True
+
+    def hyperparameters(self, mapping: Mapping[str, Any]) -> None:
+        """Log every key the benchmark's rules require (see the module docstring)."""
+        required = REQUIRED_HYPERPARAMETERS[self.benchmark]
+        missing = [k for k in required if k not in mapping]
+        if missing:
+            raise ValueError(f"MLPerf {self.benchmark} hyperparameters lack {missing}; "
+                             f"required: {list(required)}")
+        unknown = [k for k in mapping if k not in required and k not in OPTIONAL_HYPERPARAMETERS]
+        if unknown:
+            raise ValueError(f"unknown MLPerf {self.benchmark} hyperparameter keys {unknown}; "
+                             f"allowed: {list(required) + list(OPTIONAL_HYPERPARAMETERS)}")
+        for key, value in mapping.items():
+            self._emit_once(key, value)
+
+    def weights_initialization(self, tensor_names: Iterable[str] | None = None) -> None:
+        """One event per initialized MLPerf layer (default: all of the benchmark's)."""
+        layers = MLPERF_LAYERS[self.benchmark]
+        names = list(layers if tensor_names is None else tensor_names)
+        bad = [n for n in names if n not in layers]
+        if bad:
+            raise ValueError(f"{bad} are not MLPerf {self.benchmark} layers {list(layers)}")
+        for name in names:
+            self._emit(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+
+    def train_samples(self, n: int) -> None:
+        """Training-set size (logged once; the rules want exactly one)."""
+        self._emit_once(C.TRAIN_SAMPLES, _positive_int("train_samples", n))
+
+    def eval_samples(self, n: int) -> None:
+        """Evaluation-set size (logged once; dlrm_dcnv2's rules check its value)."""
+        self._emit_once(C.EVAL_SAMPLES, _positive_int("eval_samples", n))
+
+    # -- phases --------------------------------------------------------------------------
+
+    def cache_clear(self) -> None:
+        self._emit(C.CACHE_CLEAR, True)
+
+    def init_start(self) -> None:
+        self._emit(C.INIT_START, kind="start")
+
+    def init_stop(self) -> None:
+        # The checker's init-time limit is set by the division line: it must come first.
+        if not self._submission_logged:
+            raise RuntimeError("call submission_info() before init_stop(): the checker "
+                               "derives the allowed init time from submission_division")
+        self._emit(C.INIT_STOP, kind="end")
+
+    def run_start(self) -> None:
+        self._emit(C.RUN_START, kind="start")
+
+    def run_stop(self, status: str, epochs_done: float) -> None:
+        _check_choice("run status", status, RUN_STATUSES)
+        self._emit(C.RUN_STOP, kind="end", metadata={
+            C.STATUS: status, C.EPOCH_NUM: self.epoch_num(epochs_done)})
+
+    def epoch_start(self, epoch: int) -> None:
+        """Start of 0-based training epoch `epoch` (and, for dlrm, its block)."""
+        num = self.epoch_num(epoch)
+        if self.benchmark == DLRM:
+            self._emit(C.BLOCK_START, kind="start",
+                       metadata={C.FIRST_EPOCH_NUM: num, C.EPOCH_COUNT: 1})
+        self._emit(C.EPOCH_START, kind="start", metadata={C.EPOCH_NUM: num})
+
+    def epoch_stop(self, epoch: int) -> None:
+        num = self.epoch_num(epoch)
+        self._emit(C.EPOCH_STOP, kind="end", metadata={C.EPOCH_NUM: num})
+        if self.benchmark == DLRM:
+            self._emit(C.BLOCK_STOP, kind="end", metadata={C.FIRST_EPOCH_NUM: num})
+
+    def eval_start(self, epochs_done: float) -> None:
+        self._emit(C.EVAL_START, kind="start", metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
+
+    def eval_accuracy(self, value: float, epochs_done: float) -> None:
+        """The evaluation's ROC AUC."""
+        self._emit(C.EVAL_ACCURACY, float(value),
+                   metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
+
+    def eval_stop(self, epochs_done: float) -> None:
+        self._emit(C.EVAL_STOP, kind="end", metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
+
+    def epoch_num(self, epochs_done: float) -> float:
+        """The benchmark's epoch_num for `epochs_done` epochs of training (0-based)."""
+        if epochs_done < 0:
+            raise ValueError(f"epochs_done must be >= 0, got {epochs_done}")
+        num = _EPOCH_BASE[self.benchmark] + epochs_done
+        return int(num) if float(num).is_integer() else round(float(num), 6)
+
+    def close(self) -> None:
+        if self._handler is not None:
+            self._py_logger.removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
+
+    def __enter__(self) -> MLPerfLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _open(path: Path) -> tuple[logging.Logger, logging.Handler | None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A private, unregistered logger: no propagation to the root, no global state.
+        py_logger = logging.Logger(f"dlrmtrain.mlperf:{path}", level=logging.INFO)
+        handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+        py_logger.addHandler(handler)
+        return py_logger, handler
+
+    def _emit_once(self, key: str, value: Any) -> None:
+        # Keys the rules want EXACTLY_ONE of: repeat calls with the same value are
+        # no-ops, a different value is a bug in the caller.
+        if key in self._once:
+            if self._once[key] != value:
+                raise ValueError(f"MLPerf key {key!r} already logged as {self._once[key]!r}, "
+                                 f"now {value!r}: it must be logged exactly once")
+            return
+        self._once[key] = value
+        self._emit(key, value, _depth=1)
+
+    def _emit(self, key: str, value: Any = None, *, kind: str = "event",
+              metadata: dict[str, Any] | None = None, _depth: int = 0) -> None:
+        write = {"event": self._mllog.event, "start": self._mllog.start,
+                 "end": self._mllog.end}[kind]
+        # mllog records its caller's file:line; skip event(), _emit(), any helper
+        # (_depth) and our public method so the line names the trainer's call.
+        write(key=key, value=value, metadata=metadata, time_ms=int(self._clock()),
+              stack_offset=3 + _depth)
+
+
+class NullMLPerfLogger(MLPerfLogger):
+    """The stand-in for ranks that do not log: same checks, no output."""
+
+    def __init__(self, benchmark: str) -> None:
+        self.benchmark = _check_benchmark(benchmark)
+        self.log_path = None  # type: ignore[assignment]
+        self._submission_logged = False
+        self._once = {}
+        self._handler = None
+
+    def _emit(self, key: str, value: Any = None, *, kind: str = "event",
+              metadata: dict[str, Any] | None = None, _depth: int = 0) -> None:
+        pass
+
+
+def build_mlperf_logger(benchmark: str, log_path: Path | str | None, rank: int,
+                        clock: Callable[[], float] | None = None) -> MLPerfLogger:
+    """Rank 0 with a path writes `log_path`; every other case gets the stand-in."""
+    if rank == 0 and log_path is not None:
+        return MLPerfLogger(benchmark, log_path, clock=clock)
+    return NullMLPerfLogger(benchmark)
+
+
+def _check_benchmark(benchmark: str) -> str:
+    _check_choice("MLPerf benchmark", benchmark, BENCHMARKS)
+    return benchmark
+
+
+def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
+
+
+def _positive_int(what: str, n: int) -> int:
+    if isinstance(n, bool) or int(n) != n or n <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {n!r}")
+    return int(n)
