@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from dlrmtrain.metrics.compliance import check_log
-from dlrmtrain.metrics.rules.derive import RULESETS, DerivedRulesSpec, write_derived_rules
+from dlrmtrain.metrics.rules import RULESETS, DerivedRulesSpec
+from dlrmtrain.metrics.rules.derive import write_derived_rules
 from tests.metrics.simulated_run import EVAL_SAMPLES, SimulatedRun
 
 SMALL_TARGET = 0.75

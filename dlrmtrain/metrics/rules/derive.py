@@ -35,39 +35,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import mlperf_logging.compliance_checker as _checker_pkg
 import yaml
 
-import mlperf_logging.compliance_checker as _checker_pkg
+from dlrmtrain.metrics.rules import (
+    COMMITTED_SPECS,
+    OFFICIAL_EVAL_SAMPLES,
+    OFFICIAL_TARGET,
+    RULES_DIR,
+    RULESETS,
+    DerivedRulesSpec,
+)
 
 CHECKER_DIR = Path(_checker_pkg.__file__).parent
-RULES_DIR = Path(__file__).parent
-
-# Official values the derived rules replace (asserted present in the official files).
-OFFICIAL_TARGET = {"dlrm": "0.8025", "dlrm_dcnv2": "0.80275"}
-OFFICIAL_EVAL_SAMPLES = {"dlrm_dcnv2": "89137319"}
-RULESETS = {"dlrm": ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0"), "dlrm_dcnv2": ("6.0.0",)}
 
 _ENQUEUE = re.compile(r"enqueue_config\('training_[0-9.]+/[^']*'\.format\(v\['value'\]\)\)\s*;?\s*")
-
-
-@dataclass(frozen=True)
-class DerivedRulesSpec:
-    """What a set of derived rules is for."""
-
-    benchmark: str
-    ruleset: str
-    target: float
-    eval_samples: int | None = None
-    """Required eval size (dlrm_dcnv2 only: the dlrm rules do not check it)."""
-
-    def filename(self) -> str:
-        size = f"_eval{self.eval_samples}" if self.eval_samples is not None else ""
-        return f"unofficial_closed_{self.benchmark}_auc{self.target:g}{size}.yaml"
 
 
 def official_files(benchmark: str, ruleset: str) -> list[Path]:
@@ -204,8 +190,6 @@ _BlockDumper.add_representer(str, _str_representer)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dlrmtrain.metrics.rules import COMMITTED_SPECS
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RULES_DIR,
                         help="folder to write into (default: the package's rules folder)")
