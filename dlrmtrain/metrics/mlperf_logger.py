@@ -73,6 +73,8 @@ from mlperf_logging.mllog import mllog
 DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant for it)
 DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0+
 BENCHMARKS = (DLRM, DLRM_DCNV2)
+# model.arch in the run config → MLPerf benchmark name.
+_BENCHMARK_OF_ARCH = {"dlrm_v1": DLRM, "dlrm_dcnv2": DLRM_DCNV2}
 
 # The checker's END rule for dlrm wants exactly these tensor names (closed_dlrm.yaml,
 # 1.0.0+). DCNv2's rules name none; the cross layers follow the same pattern.
@@ -337,6 +339,14 @@ def build_mlperf_logger(benchmark: str, log_path: Path | str | None, rank: int,
     if rank == 0 and log_path is not None:
         return MLPerfLogger(benchmark, log_path, clock=clock)
     return NullMLPerfLogger(benchmark)
+
+
+def benchmark_for_arch(arch: str) -> str:
+    """The MLPerf benchmark a model architecture (config `model.arch`) is scored under."""
+    if arch not in _BENCHMARK_OF_ARCH:
+        raise ValueError(f"model.arch {arch!r} has no MLPerf benchmark; "
+                         f"known: {sorted(_BENCHMARK_OF_ARCH)}")
+    return _BENCHMARK_OF_ARCH[arch]
 
 
 def _check_benchmark(benchmark: str) -> str:
