@@ -47,7 +47,8 @@ Keys each ruleset requires (checked by `hyperparameters`):
   opt_base_learning_rate, opt_learning_rate_warmup_steps,
   lr_decay_start_steps, sgd_opt_base_learning_rate,
   sgd_opt_learning_rate_decay_steps, sgd_opt_learning_rate_decay_poly_power
-  (must be 2); weights_initialization for exactly `MLPERF_LAYERS["dlrm"]`.
+  (must be 2); weights_initialization for exactly
+  `mlperf_layer_names("dlrm")` (embeddings, bottom_mlp_dense1-3, top_mlp_dense1-5).
 - ``dlrm_dcnv2``: global_batch_size, gradient_accumulation_steps, opt_name
   (``adagrad``), opt_base_learning_rate, opt_adagrad_learning_rate_decay,
   opt_weight_decay, opt_adagrad_initial_accumulator_value (all 0),
@@ -62,13 +63,17 @@ rank 0's clock marks the moment every rank got there (the reference does).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog import mllog
+
+if TYPE_CHECKING:
+    from dlrmtrain.config.schema import Config
 
 DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant for it)
 DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0+
@@ -76,17 +81,26 @@ BENCHMARKS = (DLRM, DLRM_DCNV2)
 # model.arch in the run config → MLPerf benchmark name.
 _BENCHMARK_OF_ARCH = {"dlrm_v1": DLRM, "dlrm_dcnv2": DLRM_DCNV2}
 
-# The checker's END rule for dlrm wants exactly these tensor names (closed_dlrm.yaml,
-# 1.0.0+). DCNv2's rules name none; the cross layers follow the same pattern.
-_MLP_LAYERS = (
-    "bottom_mlp_dense1", "bottom_mlp_dense2", "bottom_mlp_dense3",
-    "top_mlp_dense1", "top_mlp_dense2", "top_mlp_dense3", "top_mlp_dense4", "top_mlp_dense5",
-)
-MLPERF_LAYERS: dict[str, tuple[str, ...]] = {
-    DLRM: ("embeddings", *_MLP_LAYERS),
-    DLRM_DCNV2: ("embeddings", *_MLP_LAYERS, "dcn_cross_layer1", "dcn_cross_layer2",
-                 "dcn_cross_layer3"),
-}
+
+
+def mlperf_layer_names(benchmark: str, bottom_layers: int = 3, top_layers: int = 5,
+                       cross_layers: int = 3) -> tuple[str, ...]:
+    """The weights_initialization tensor names of a model with these layer counts.
+
+    With MLPerf's counts (bottom 3, top 5, DCNv2 cross 3) this is exactly the list
+    the dlrm END rule wants (closed_dlrm.yaml, 1.0.0+); DCNv2's rules name none,
+    so its cross layers follow the same pattern.
+    """
+    names = ["embeddings", *(f"bottom_mlp_dense{i}" for i in range(1, bottom_layers + 1)),
+             *(f"top_mlp_dense{i}" for i in range(1, top_layers + 1))]
+    if _check_benchmark(benchmark) == DLRM_DCNV2:
+        names += [f"dcn_cross_layer{i}" for i in range(1, cross_layers + 1)]
+    return tuple(names)
+
+
+_LAYER_PATTERN = {DLRM: re.compile(r"embeddings|(bottom|top)_mlp_dense[1-9]\d*"),
+                  DLRM_DCNV2: re.compile(r"embeddings|(bottom|top)_mlp_dense[1-9]\d*"
+                                         r"|dcn_cross_layer[1-9]\d*")}
 
 REQUIRED_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     DLRM: (
@@ -202,12 +216,16 @@ class MLPerfLogger:
             self._emit_once(key, value)
 
     def weights_initialization(self, tensor_names: Iterable[str] | None = None) -> None:
-        """One event per initialized MLPerf layer (default: all of the benchmark's)."""
-        layers = MLPERF_LAYERS[self.benchmark]
-        names = list(layers if tensor_names is None else tensor_names)
-        bad = [n for n in names if n not in layers]
+        """One event per initialized layer (default: MLPerf's full-size model).
+
+        Pass `mlperf_layer_names(...)` of the actual model when its layer counts
+        differ; dlrm's rules accept only the MLPerf counts (3 bottom, 5 top).
+        """
+        names = list(mlperf_layer_names(self.benchmark) if tensor_names is None else tensor_names)
+        bad = [n for n in names if not _LAYER_PATTERN[self.benchmark].fullmatch(n)]
         if bad:
-            raise ValueError(f"{bad} are not MLPerf {self.benchmark} layers {list(layers)}")
+            raise ValueError(f"{bad} are not {self.benchmark} layer names (e.g. "
+                             f"{list(mlperf_layer_names(self.benchmark))})")
         for name in names:
             self._emit(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
 
@@ -347,6 +365,37 @@ def benchmark_for_arch(arch: str) -> str:
         raise ValueError(f"model.arch {arch!r} has no MLPerf benchmark; "
                          f"known: {sorted(_BENCHMARK_OF_ARCH)}")
     return _BENCHMARK_OF_ARCH[arch]
+
+
+def open_mlperf_logger(cfg: Config, rank: int) -> MLPerfLogger:
+    """The trainer's logger: `<run dir>/mlperf.log` on rank 0 when `mlperf.enabled`."""
+    path = Path(cfg.run.output_dir) / cfg.run.name / "mlperf.log" if cfg.mlperf.enabled else None
+    return build_mlperf_logger(benchmark_for_arch(cfg.model.arch), path, rank)
+
+
+def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,
+                  num_eval_samples: int) -> None:
+    """Submission facts, hyperparameters, layers and dataset sizes, from the config.
+
+    Values are logged as configured, not as MLPerf wants them: the checker is
+    what says whether e.g. a dlrm_dcnv2 run used plain Adagrad.
+    """
+    m, o = cfg.mlperf, cfg.optim
+    logger.submission_info(m.org, m.division, m.platform, m.status)
+    common = dict(global_batch_size=cfg.run.global_batch_size, learning_rate=o.lr,
+                  warmup_steps=o.warmup_steps, decay_start_step=o.decay_start_step,
+                  decay_steps=o.decay_steps, seed=cfg.run.seed)
+    if logger.benchmark == DLRM:
+        hp = dlrm_v1_hyperparameters(**common)
+    else:
+        # torch's and fbgemm's Adagrad both start their accumulators at 0.
+        hp = dcnv2_hyperparameters(**common, epsilon=o.adagrad_eps, initial_accumulator_value=0.0)
+    logger.hyperparameters({**hp, C.OPT_NAME: o.name})
+    logger.weights_initialization(mlperf_layer_names(
+        logger.benchmark, len(cfg.model.bottom_mlp), len(cfg.model.top_mlp),
+        cfg.model.dcn_num_layers))
+    logger.train_samples(num_train_samples)
+    logger.eval_samples(num_eval_samples)
 
 
 def _check_benchmark(benchmark: str) -> str:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.metrics.mlperf_logger import (
-    MLPERF_LAYERS,
     MLPerfLogger,
     NullMLPerfLogger,
     build_mlperf_logger,
     dcnv2_hyperparameters,
     dlrm_v1_hyperparameters,
+    mlperf_layer_names,
 )
 from tests.metrics.simulated_run import SimulatedRun
 
@@ -60,10 +60,19 @@ def test_dcnv2_counts_epochs_from_zero_without_blocks(tmp_path):
 def test_every_mlperf_layer_and_required_key_is_logged_once(tmp_path, benchmark):
     events = _events(SimulatedRun(benchmark).write(tmp_path / "l.log"))
     tensors = [e["metadata"]["tensor"] for e in _by_key(events, "weights_initialization")]
-    assert tensors == list(MLPERF_LAYERS[benchmark])
+    assert tensors == list(mlperf_layer_names(benchmark))
     for key in ("global_batch_size", "gradient_accumulation_steps", "opt_base_learning_rate",
                 "train_samples", "eval_samples", "submission_division", "init_stop", "run_start"):
         assert len(_by_key(events, key)) == 1, key
+
+
+def test_layer_names_follow_the_model_and_match_the_dlrm_rule_at_mlperf_size():
+    assert mlperf_layer_names("dlrm") == (
+        "embeddings", "bottom_mlp_dense1", "bottom_mlp_dense2", "bottom_mlp_dense3",
+        "top_mlp_dense1", "top_mlp_dense2", "top_mlp_dense3", "top_mlp_dense4", "top_mlp_dense5")
+    assert mlperf_layer_names("dlrm_dcnv2", 2, 3, 1) == (
+        "embeddings", "bottom_mlp_dense1", "bottom_mlp_dense2",
+        "top_mlp_dense1", "top_mlp_dense2", "top_mlp_dense3", "dcn_cross_layer1")
 
 
 def test_log_lines_name_the_callers_file(tmp_path):
