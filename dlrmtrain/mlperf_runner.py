@@ -149,8 +149,11 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
             shutil.copyfile(log, result)
             check = check_log(result, plan.ruleset, plan.rules)
             checks[codec].append(check)
-            minutes = f"{run_time_minutes(result, plan.ruleset):.3f} min" if check.passed else "-"
-            tqdm.write(f"[{codec}] {check.summary()}  time to train {minutes}")
+            took = "-"
+            if check.passed:  # a failed log may lack run_stop
+                minutes = run_time_minutes(result, plan.ruleset)
+                took = f"{minutes:.3f} min ({minutes * 60:.1f} s)"
+            tqdm.write(f"[{codec}] {check.summary()}; time to train {took}")
             bar.update(1)
     bar.close()
     outcomes = []

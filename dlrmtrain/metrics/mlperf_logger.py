@@ -75,6 +75,8 @@ from mlperf_logging.mllog import mllog
 if TYPE_CHECKING:
     from dlrmtrain.config.schema import Config
 
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
 DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant for it)
 DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0+
 BENCHMARKS = (DLRM, DLRM_DCNV2)
@@ -184,7 +186,8 @@ class MLPerfLogger:
         self._submission_logged = False
         self._once: dict[str, Any] = {}
         self._py_logger, self._handler = self._open(self.log_path)
-        self._mllog = mllog.MLLogger(logger=self._py_logger)
+        # root_dir: log "file" as a path relative to the repository, not absolute.
+        self._mllog = mllog.MLLogger(logger=self._py_logger, root_dir=str(_REPO_ROOT))
 
     # -- submission and hyperparameters -------------------------------------------------
 

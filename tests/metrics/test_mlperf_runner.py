@@ -1,0 +1,58 @@
+"""The MLPerf runner: real torchrun launches into the results layout, checked and scored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrmtrain.config.loader import dump_config
+from dlrmtrain.metrics.compliance import ComplianceResult
+from dlrmtrain.metrics.scoring import RunTime, olympic_score
+from dlrmtrain.mlperf_runner import CodecOutcome, main, speedup
+from tests.common import tiny_config
+from tests.metrics.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
+
+
+def test_runner_writes_checks_and_scores_seeded_runs(tmp_path):
+    config = tmp_path / "tiny_mlperf.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN,
+                            "model.arch=dlrm_dcnv2", "optim.lr=0.1"), config)
+    out = tmp_path / "submission"
+
+    code = main(["--config", str(config), "--out", str(out), "--codecs", "none", "--runs", "2",
+                 "--timeout-min", "4"])
+
+    summary = json.loads((out / "summary.json").read_text())
+    system = "cpu2_gloo_codec-none"
+    assert (out / "systems" / f"{system}.json").is_file()
+    results = sorted((out / "results" / system / "dlrm_dcnv2").glob("result_*.txt"))
+    assert [r.name for r in results] == ["result_0.txt", "result_1.txt"]
+    assert summary["unofficial"] and summary["benchmark"] == "dlrm_dcnv2"
+    assert Path(summary["rules"]).parent == out / "rules" / "training_6.0.0"
+
+    # Each run's checker verdict agrees with what the trainer itself saw (seeds 0 and 1).
+    none = summary["codecs"]["none"]
+    for index, failed in enumerate(none["failed_rules"]):
+        run_dir = out / "runs" / system / f"run{index}_seed{index}"
+        reached = json.loads((run_dir / "summary.json").read_text())["reached_target"]
+        assert (failed == []) is reached, (index, failed)
+        assert failed in ([], ["eval_accuracy"])
+    # The score is the olympic mean of the logged times.
+    runs = [RunTime(f"r{i}", m) for i, m in enumerate(none["run_minutes"])]
+    assert none["score_minutes"] == olympic_score("dlrm_dcnv2", runs).minutes
+    assert code == (0 if none["score_minutes"] is not None else 1)
+
+
+def _outcome(codec: str, *minutes: float | None) -> CodecOutcome:
+    runs = [RunTime(f"result_{i}.txt", m) for i, m in enumerate(minutes)]
+    return CodecOutcome(codec, olympic_score("dlrm", runs), tuple[ComplianceResult, ...]())
+
+
+def test_ratio_is_first_codec_score_over_second():
+    none = _outcome("none", 10.0, 12.0, 11.0, 13.0, 14.0)    # score 12
+    dedup = _outcome("dedup", 7.0, 8.0, 9.0, 10.0, 6.0)      # score 8
+    assert speedup([none, dedup]) == pytest.approx(1.5)
+    failed = _outcome("dedup", 7.0, None, None, 10.0, 6.0)   # two non-converged: no score
+    assert speedup([none, failed]) is None
