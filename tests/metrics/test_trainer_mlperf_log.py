@@ -47,13 +47,14 @@ def test_two_rank_run_log_passes_derived_rules_and_fails_official_only_on_target
     assert max(aucs) < 0.8025        # …and not the official one
     run_dir = Path(tmp_path) / benchmark
     log = run_dir / "mlperf.log"
-    assert log.is_file()
-    assert not list(run_dir.glob("mlperf*.log*"))[1:], "only rank 0 writes"
+    # Both ranks share the run directory: one writer means one run_start line.
+    assert sum('"key": "run_start"' in line for line in log.read_text().splitlines()) == 1
 
     size = EVAL_SAMPLES if benchmark == "dlrm_dcnv2" else None
     rules = write_derived_rules(DerivedRulesSpec(benchmark, ruleset, TARGET, size), tmp_path)
     derived, official = check_log(log, ruleset, rules), check_log(log, ruleset)
 
     assert derived.passed, derived.failures
+    assert not derived.warnings
     expected = {"eval_accuracy", "eval_samples"} if benchmark == "dlrm_dcnv2" else {"eval_accuracy"}
     assert official.failed_keys == expected, official.failures
