@@ -23,9 +23,10 @@ OFFICIAL_TARGET = {"dlrm": "0.8025", "dlrm_dcnv2": "0.80275"}
 OFFICIAL_EVAL_SAMPLES = {"dlrm_dcnv2": "89137319"}
 RULESETS = {"dlrm": ("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0"), "dlrm_dcnv2": ("6.0.0",)}
 
-# configs/mini_mlperf.yaml: target AUC and eval split size (rows of the real sample).
-MINI_TARGET_AUC = 0.75
-MINI_EVAL_SAMPLES = 9285
+# configs/mini_mlperf.yaml: target AUC and eval split size (the last 20% of the
+# 49,285-row real sample); the dcnv2 file is for the same data run as dlrm_dcnv2.
+MINI_TARGET_AUC = 0.70
+MINI_EVAL_SAMPLES = 9857
 
 
 @dataclass(frozen=True)
