@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dlrmtrain.metrics.compliance import DEFAULT_RULESET, ComplianceResult, check_log
-from dlrmtrain.metrics.mlperf_logger import benchmark_for_arch
+from dlrmtrain.metrics.mlperf_benchmarks import benchmark_for_arch
 from dlrmtrain.metrics.rules import OFFICIAL_EVAL_SAMPLES, DerivedRulesSpec
 from dlrmtrain.metrics.rules.derive import write_derived_rules
 from dlrmtrain.metrics.scoring import BenchmarkScore, RunTime, olympic_score, required_runs, \

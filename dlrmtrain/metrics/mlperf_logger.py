@@ -41,7 +41,8 @@ benchmark's ``epoch_num`` convention:
   eval after fraction f of the first epoch has ``epoch_num f`` (RCP ≈ 0.7).
   Only ``epoch_start/stop`` are logged, as the reference does.
 
-Keys each ruleset requires (checked by `hyperparameters`):
+Keys each ruleset requires (checked by `hyperparameters`; the facts live in
+mlperf_benchmarks.py):
 
 - ``dlrm``: global_batch_size, gradient_accumulation_steps,
   opt_base_learning_rate, opt_learning_rate_warmup_steps,
@@ -63,7 +64,6 @@ rank 0's clock marks the moment every rank got there (the reference does).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -72,106 +72,27 @@ from typing import TYPE_CHECKING, Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog import mllog
 
+from dlrmtrain.metrics.mlperf_benchmarks import (
+    DIVISIONS,
+    DLRM,
+    EPOCH_BASE,
+    LAYER_PATTERN,
+    OPTIONAL_HYPERPARAMETERS,
+    REQUIRED_HYPERPARAMETERS,
+    RUN_STATUSES,
+    SUBMISSION_STATUSES,
+    benchmark_for_arch,
+    check_benchmark,
+    check_choice,
+    dcnv2_hyperparameters,
+    dlrm_v1_hyperparameters,
+    mlperf_layer_names,
+)
+
 if TYPE_CHECKING:
     from dlrmtrain.config.schema import Config
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-
-DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant for it)
-DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0+
-BENCHMARKS = (DLRM, DLRM_DCNV2)
-# model.arch in the run config → MLPerf benchmark name.
-_BENCHMARK_OF_ARCH = {"dlrm_v1": DLRM, "dlrm_dcnv2": DLRM_DCNV2}
-
-
-
-def mlperf_layer_names(benchmark: str, bottom_layers: int = 3, top_layers: int = 5,
-                       cross_layers: int = 3) -> tuple[str, ...]:
-    """The weights_initialization tensor names of a model with these layer counts.
-
-    With MLPerf's counts (bottom 3, top 5, DCNv2 cross 3) this is exactly the list
-    the dlrm END rule wants (closed_dlrm.yaml, 1.0.0+); DCNv2's rules name none,
-    so its cross layers follow the same pattern.
-    """
-    names = ["embeddings", *(f"bottom_mlp_dense{i}" for i in range(1, bottom_layers + 1)),
-             *(f"top_mlp_dense{i}" for i in range(1, top_layers + 1))]
-    if _check_benchmark(benchmark) == DLRM_DCNV2:
-        names += [f"dcn_cross_layer{i}" for i in range(1, cross_layers + 1)]
-    return tuple(names)
-
-
-_LAYER_PATTERN = {DLRM: re.compile(r"embeddings|(bottom|top)_mlp_dense[1-9]\d*"),
-                  DLRM_DCNV2: re.compile(r"embeddings|(bottom|top)_mlp_dense[1-9]\d*"
-                                         r"|dcn_cross_layer[1-9]\d*")}
-
-REQUIRED_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    DLRM: (
-        C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.OPT_BASE_LR,
-        C.OPT_LR_WARMUP_STEPS, "lr_decay_start_steps", "sgd_opt_base_learning_rate",
-        "sgd_opt_learning_rate_decay_steps", "sgd_opt_learning_rate_decay_poly_power",
-    ),
-    DLRM_DCNV2: (
-        C.GLOBAL_BATCH_SIZE, C.GRADIENT_ACCUMULATION_STEPS, C.OPT_NAME, C.OPT_BASE_LR,
-        C.OPT_ADAGRAD_LR_DECAY, C.OPT_WEIGHT_DECAY, C.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE,
-        C.OPT_ADAGRAD_EPSILON, C.OPT_LR_WARMUP_STEPS, C.OPT_LR_DECAY_START_STEP,
-        C.OPT_LR_DECAY_STEPS,
-    ),
-}
-# Extra keys worth logging (the checker ignores keys it has no rule for).
-OPTIONAL_HYPERPARAMETERS = (C.SEED, C.OPT_NAME)
-
-# epoch_num of "no training yet": DLRM v1 counts epochs from 1, DCNv2 from 0.
-_EPOCH_BASE = {DLRM: 1, DLRM_DCNV2: 0}
-
-DIVISIONS = ("closed", "open")
-SUBMISSION_STATUSES = ("cloud", "onprem", "preview", "research")
-RUN_STATUSES = (C.SUCCESS, C.ABORTED)
-
-
-def dlrm_v1_hyperparameters(*, global_batch_size: int, learning_rate: float,
-                            warmup_steps: int, decay_start_step: int, decay_steps: int,
-                            gradient_accumulation_steps: int = 1,
-                            seed: int | None = None) -> dict[str, Any]:
-    """The ``dlrm`` ruleset's hyperparameter keys for SGD with warmup + poly-2 decay."""
-    hp: dict[str, Any] = {
-        C.GLOBAL_BATCH_SIZE: global_batch_size,
-        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
-        C.OPT_NAME: C.SGD,
-        C.OPT_BASE_LR: learning_rate,
-        C.OPT_LR_WARMUP_STEPS: warmup_steps,
-        # The v1 rules use the keys of the official hyperparameter table, not mllog's.
-        "lr_decay_start_steps": decay_start_step,
-        "sgd_opt_base_learning_rate": learning_rate,
-        "sgd_opt_learning_rate_decay_steps": decay_steps,
-        "sgd_opt_learning_rate_decay_poly_power": 2,
-    }
-    if seed is not None:
-        hp[C.SEED] = seed
-    return hp
-
-
-def dcnv2_hyperparameters(*, global_batch_size: int, learning_rate: float,
-                          epsilon: float = 1e-8, initial_accumulator_value: float = 0.0,
-                          warmup_steps: int = 0, decay_start_step: int = 0,
-                          decay_steps: int = 0, gradient_accumulation_steps: int = 1,
-                          seed: int | None = None) -> dict[str, Any]:
-    """The ``dlrm_dcnv2`` ruleset's hyperparameter keys for plain Adagrad."""
-    hp: dict[str, Any] = {
-        C.GLOBAL_BATCH_SIZE: global_batch_size,
-        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
-        C.OPT_NAME: C.ADAGRAD,
-        C.OPT_BASE_LR: learning_rate,
-        C.OPT_ADAGRAD_LR_DECAY: 0.0,
-        C.OPT_WEIGHT_DECAY: 0.0,
-        C.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE: initial_accumulator_value,
-        C.OPT_ADAGRAD_EPSILON: epsilon,
-        C.OPT_LR_WARMUP_STEPS: warmup_steps,
-        C.OPT_LR_DECAY_START_STEP: decay_start_step,
-        C.OPT_LR_DECAY_STEPS: decay_steps,
-    }
-    if seed is not None:
-        hp[C.SEED] = seed
-    return hp
 
 
 class MLPerfLogger:
@@ -180,7 +101,7 @@ class MLPerfLogger:
     def __init__(self, benchmark: str, log_path: Path | str,
                  clock: Callable[[], float] | None = None) -> None:
         """`clock` returns milliseconds since the epoch (default: wall clock)."""
-        self.benchmark = _check_benchmark(benchmark)
+        self.benchmark = check_benchmark(benchmark)
         self.log_path = Path(log_path)
         self._clock = clock or (lambda: time.time() * 1e3)
         self._submission_logged = False
@@ -195,8 +116,8 @@ class MLPerfLogger:
         """submission_{benchmark,org,division,platform,status}; log before init_stop()."""
         if not org or not platform:
             raise ValueError(f"submission org and platform must be non-empty, got {org!r}, {platform!r}")
-        _check_choice("submission division", division, DIVISIONS)
-        _check_choice("submission status", status, SUBMISSION_STATUSES)
+        check_choice("submission division", division, DIVISIONS)
+        check_choice("submission status", status, SUBMISSION_STATUSES)
         self._emit(C.SUBMISSION_BENCHMARK, self.benchmark)
         self._emit(C.SUBMISSION_ORG, org)
         self._emit(C.SUBMISSION_DIVISION, division)
@@ -225,7 +146,7 @@ class MLPerfLogger:
         differ; dlrm's rules accept only the MLPerf counts (3 bottom, 5 top).
         """
         names = list(mlperf_layer_names(self.benchmark) if tensor_names is None else tensor_names)
-        bad = [n for n in names if not _LAYER_PATTERN[self.benchmark].fullmatch(n)]
+        bad = [n for n in names if not LAYER_PATTERN[self.benchmark].fullmatch(n)]
         if bad:
             raise ValueError(f"{bad} are not {self.benchmark} layer names (e.g. "
                              f"{list(mlperf_layer_names(self.benchmark))})")
@@ -259,7 +180,7 @@ class MLPerfLogger:
         self._emit(C.RUN_START, kind="start")
 
     def run_stop(self, status: str, epochs_done: float) -> None:
-        _check_choice("run status", status, RUN_STATUSES)
+        check_choice("run status", status, RUN_STATUSES)
         self._emit(C.RUN_STOP, kind="end", metadata={
             C.STATUS: status, C.EPOCH_NUM: self.epoch_num(epochs_done)})
 
@@ -292,7 +213,7 @@ class MLPerfLogger:
         """The benchmark's epoch_num for `epochs_done` epochs of training (0-based)."""
         if epochs_done < 0:
             raise ValueError(f"epochs_done must be >= 0, got {epochs_done}")
-        num = _EPOCH_BASE[self.benchmark] + epochs_done
+        num = EPOCH_BASE[self.benchmark] + epochs_done
         return int(num) if float(num).is_integer() else round(float(num), 6)
 
     def close(self) -> None:
@@ -343,7 +264,7 @@ class NullMLPerfLogger(MLPerfLogger):
     """The stand-in for ranks that do not log: same checks, no output."""
 
     def __init__(self, benchmark: str) -> None:
-        self.benchmark = _check_benchmark(benchmark)
+        self.benchmark = check_benchmark(benchmark)
         self.log_path = None  # type: ignore[assignment]
         self._submission_logged = False
         self._once = {}
@@ -360,14 +281,6 @@ def build_mlperf_logger(benchmark: str, log_path: Path | str | None, rank: int,
     if rank == 0 and log_path is not None:
         return MLPerfLogger(benchmark, log_path, clock=clock)
     return NullMLPerfLogger(benchmark)
-
-
-def benchmark_for_arch(arch: str) -> str:
-    """The MLPerf benchmark a model architecture (config `model.arch`) is scored under."""
-    if arch not in _BENCHMARK_OF_ARCH:
-        raise ValueError(f"model.arch {arch!r} has no MLPerf benchmark; "
-                         f"known: {sorted(_BENCHMARK_OF_ARCH)}")
-    return _BENCHMARK_OF_ARCH[arch]
 
 
 def open_mlperf_logger(cfg: Config, rank: int) -> MLPerfLogger:
@@ -399,16 +312,6 @@ def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,
         cfg.model.dcn_num_layers))
     logger.train_samples(num_train_samples)
     logger.eval_samples(num_eval_samples)
-
-
-def _check_benchmark(benchmark: str) -> str:
-    _check_choice("MLPerf benchmark", benchmark, BENCHMARKS)
-    return benchmark
-
-
-def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
 
 
 def _positive_int(what: str, n: int) -> int:

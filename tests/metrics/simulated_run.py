@@ -10,12 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlrmtrain.metrics.mlperf_logger import (
-    DLRM,
-    build_mlperf_logger,
-    dcnv2_hyperparameters,
-    dlrm_v1_hyperparameters,
-)
+from dlrmtrain.metrics.mlperf_benchmarks import DLRM, dcnv2_hyperparameters, dlrm_v1_hyperparameters
+from dlrmtrain.metrics.mlperf_logger import build_mlperf_logger
 
 EVAL_SAMPLES = 1024
 TRAIN_SAMPLES = 8192

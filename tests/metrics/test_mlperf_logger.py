@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from dlrmtrain.metrics.mlperf_logger import (
-    MLPerfLogger,
-    NullMLPerfLogger,
-    build_mlperf_logger,
+from dlrmtrain.metrics.mlperf_benchmarks import (
     dcnv2_hyperparameters,
     dlrm_v1_hyperparameters,
     mlperf_layer_names,
 )
+from dlrmtrain.metrics.mlperf_logger import MLPerfLogger, NullMLPerfLogger, build_mlperf_logger
 from tests.metrics.simulated_run import SimulatedRun
 
 
