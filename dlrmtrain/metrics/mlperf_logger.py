@@ -25,7 +25,7 @@ Timeline the trainer follows (every call is required unless marked optional)::
         logger.epoch_start(epoch)
         ... at each evaluation, with e = epochs trained so far (float) ...
         logger.eval_start(e); logger.eval_accuracy(auc, e); logger.eval_stop(e)
-        logger.epoch_stop(epoch)           # optional on early stop
+        logger.epoch_stop(epoch)           # run_stop closes an epoch left open
     logger.run_stop("success" | "aborted", e)
     logger.close()
 
@@ -104,8 +104,7 @@ class MLPerfLogger:
         self.benchmark = check_benchmark(benchmark)
         self.log_path = Path(log_path)
         self._clock = clock or (lambda: time.time() * 1e3)
-        self._submission_logged = False
-        self._once: dict[str, Any] = {}
+        self._init_state()
         self._py_logger, self._handler = self._open(self.log_path)
         # root_dir: log "file" as a path relative to the repository, not absolute.
         self._mllog = mllog.MLLogger(logger=self._py_logger, root_dir=str(_REPO_ROOT))
@@ -180,12 +179,18 @@ class MLPerfLogger:
         self._emit(C.RUN_START, kind="start")
 
     def run_stop(self, status: str, epochs_done: float) -> None:
+        """End of the timed run; closes an epoch left open by an early stop."""
         check_choice("run status", status, RUN_STATUSES)
+        if self._open_epoch is not None:
+            self._stop_epoch(self._open_epoch)
         self._emit(C.RUN_STOP, kind="end", metadata={
             C.STATUS: status, C.EPOCH_NUM: self.epoch_num(epochs_done)})
 
     def epoch_start(self, epoch: int) -> None:
         """Start of 0-based training epoch `epoch` (and, for dlrm, its block)."""
+        if self._open_epoch is not None:
+            raise RuntimeError(f"epoch_start({epoch}) while epoch {self._open_epoch} is open")
+        self._open_epoch = epoch
         num = self.epoch_num(epoch)
         if self.benchmark == DLRM:
             self._emit(C.BLOCK_START, kind="start",
@@ -193,10 +198,9 @@ class MLPerfLogger:
         self._emit(C.EPOCH_START, kind="start", metadata={C.EPOCH_NUM: num})
 
     def epoch_stop(self, epoch: int) -> None:
-        num = self.epoch_num(epoch)
-        self._emit(C.EPOCH_STOP, kind="end", metadata={C.EPOCH_NUM: num})
-        if self.benchmark == DLRM:
-            self._emit(C.BLOCK_STOP, kind="end", metadata={C.FIRST_EPOCH_NUM: num})
+        if self._open_epoch != epoch:
+            raise RuntimeError(f"epoch_stop({epoch}) but the open epoch is {self._open_epoch}")
+        self._stop_epoch(epoch)
 
     def eval_start(self, epochs_done: float) -> None:
         self._emit(C.EVAL_START, kind="start", metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
@@ -229,6 +233,20 @@ class MLPerfLogger:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _init_state(self) -> None:
+        self._submission_logged = False
+        self._once: dict[str, Any] = {}
+        self._open_epoch: int | None = None
+
+    def _stop_epoch(self, epoch: int) -> None:
+        # The rules want at least one epoch_stop (or block_stop): a run that reaches
+        # its target inside the first epoch still needs one, hence run_stop's call.
+        num = self.epoch_num(epoch)
+        self._emit(C.EPOCH_STOP, kind="end", metadata={C.EPOCH_NUM: num}, _depth=1)
+        if self.benchmark == DLRM:
+            self._emit(C.BLOCK_STOP, kind="end", metadata={C.FIRST_EPOCH_NUM: num}, _depth=1)
+        self._open_epoch = None
 
     @staticmethod
     def _open(path: Path) -> tuple[logging.Logger, logging.Handler | None]:
@@ -266,8 +284,7 @@ class NullMLPerfLogger(MLPerfLogger):
     def __init__(self, benchmark: str) -> None:
         self.benchmark = check_benchmark(benchmark)
         self.log_path = None  # type: ignore[assignment]
-        self._submission_logged = False
-        self._once = {}
+        self._init_state()
         self._handler = None
 
     def _emit(self, key: str, value: Any = None, *, kind: str = "event",

@@ -37,6 +37,8 @@ class SimulatedRun:
     eval_samples: int = EVAL_SAMPLES
     hyperparameter_overrides: dict = field(default_factory=dict)
     skip_weights: bool = False
+    stop_inside_epoch: bool = False
+    """Reach run_stop without epoch_stop, as a run that hits its target mid-epoch does."""
 
     def write(self, log_path: Path, rank: int = 0) -> Path:
         clock = ManualClock()
@@ -61,7 +63,8 @@ class SimulatedRun:
                 logger.eval_start(epochs_done)
                 logger.eval_accuracy(auc, epochs_done)
                 logger.eval_stop(epochs_done)
-            logger.epoch_stop(0)
+            if not self.stop_inside_epoch:
+                logger.epoch_stop(0)
             logger.run_stop(self.status, 1.0)
         return log_path
 

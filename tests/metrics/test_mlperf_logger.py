@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from dlrmtrain.metrics.compliance import check_log
 from dlrmtrain.metrics.mlperf_benchmarks import (
     dcnv2_hyperparameters,
     dlrm_v1_hyperparameters,
     mlperf_layer_names,
 )
 from dlrmtrain.metrics.mlperf_logger import MLPerfLogger, NullMLPerfLogger, build_mlperf_logger
-from tests.metrics.simulated_run import SimulatedRun
+from dlrmtrain.metrics.rules import DerivedRulesSpec
+from dlrmtrain.metrics.rules.derive import write_derived_rules
+from tests.metrics.simulated_run import EVAL_SAMPLES, SimulatedRun
 
 
 def _events(log: Path) -> list[dict]:
@@ -105,6 +108,28 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, factory):
         logger.eval_samples(101)
     with pytest.raises(ValueError, match="positive integer"):
         logger.train_samples(0)
+    logger.close()
+
+
+@pytest.mark.parametrize("benchmark,ruleset", [("dlrm", "2.1.0"), ("dlrm_dcnv2", "6.0.0")])
+def test_run_stop_closes_an_epoch_left_open(tmp_path, benchmark, ruleset):
+    # The rules want an epoch_stop (or block_stop); an early stop must still log one.
+    run = SimulatedRun(benchmark, stop_inside_epoch=True, eval_samples=EVAL_SAMPLES)
+    events = _events(run.write(tmp_path / "l.log"))
+    keys = [e["key"] for e in events]
+    assert keys.index("epoch_stop") < keys.index("run_stop")
+    rules = write_derived_rules(DerivedRulesSpec(
+        benchmark, ruleset, 0.75, EVAL_SAMPLES if benchmark == "dlrm_dcnv2" else None), tmp_path)
+    assert check_log(tmp_path / "l.log", ruleset, rules).passed
+
+
+def test_epochs_must_nest(tmp_path):
+    logger = build_mlperf_logger("dlrm", tmp_path / "l.log", 0)
+    logger.epoch_start(0)
+    with pytest.raises(RuntimeError, match="epoch 0 is open"):
+        logger.epoch_start(1)
+    with pytest.raises(RuntimeError, match="open epoch is 0"):
+        logger.epoch_stop(1)
     logger.close()
 
 
