@@ -75,8 +75,12 @@ class CodecOutcome:
 
 def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     from dlrmtrain.config import load_config  # config errors surface before any launch
+    from dlrmtrain.config.validate import validate_config
 
     cfg = load_config(args.config, list(args.overrides))
+    for codec in args.codecs.split(","):
+        validate_config(load_config(args.config, [*args.overrides, f"comm.codec={codec}"]),
+                        world_size=args.nproc)
     benchmark = benchmark_for_arch(cfg.model.arch)
     ruleset = args.ruleset or DEFAULT_RULESET[benchmark]
     out = args.out.resolve()
@@ -227,7 +231,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    plan = plan_from_args(parse_args(argv))
+    from dlrmtrain.config import ConfigError
+
+    try:
+        plan = plan_from_args(parse_args(argv))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     outcomes = execute(plan)
     print(render_summary(plan, outcomes))

@@ -45,6 +45,15 @@ def test_runner_writes_checks_and_scores_seeded_runs(tmp_path):
     assert code == (0 if none["score_minutes"] is not None else 1)
 
 
+def test_unknown_codec_is_refused_before_any_launch(tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    code = main(["--config", str(config), "--out", str(tmp_path / "out"), "--codecs", "none,zip9"])
+    assert code == 2
+    assert "comm.codec" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "results").exists()
+
+
 def _outcome(codec: str, *minutes: float | None) -> CodecOutcome:
     runs = [RunTime(f"result_{i}.txt", m) for i, m in enumerate(minutes)]
     return CodecOutcome(codec, olympic_score("dlrm", runs), tuple[ComplianceResult, ...]())
