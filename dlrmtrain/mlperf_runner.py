@@ -104,6 +104,11 @@ def expected_eval_samples(cfg) -> int:
     """The eval-set size the config asks for (checked by dlrm_dcnv2's rules)."""
     if cfg.data.source == "synthetic":
         return cfg.data.synthetic.num_eval_samples
+    if cfg.data.source == "criteo":
+        from dlrmtrain.data.criteo_source import split_parts
+        from dlrmtrain.data.splits import total_rows
+
+        return total_rows(split_parts(cfg.data)[1])
     raise SystemExit(f"cannot tell the eval size of data.source={cfg.data.source!r} from the "
                      "config: pass --eval-samples")
 
