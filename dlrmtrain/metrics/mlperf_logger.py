@@ -9,7 +9,10 @@ events and never writes ``if rank == 0``:
 
 Rank 0 with a path gets an `MLPerfLogger` writing to that file; other ranks,
 or a ``None`` path (MLPerf logging off), get a `NullMLPerfLogger`, which runs
-the same argument checks and writes nothing.
+the same argument checks and writes nothing. The trainer uses the config-level
+pair: ``open_mlperf_logger(cfg, rank)`` (``<run dir>/mlperf.log`` when
+``mlperf.enabled``; benchmark from ``model.arch``) and ``log_run_setup(...)``
+(submission facts, hyperparameters, layers, dataset sizes).
 
 Timeline the trainer follows (every call is required unless marked optional)::
 
@@ -17,7 +20,7 @@ Timeline the trainer follows (every call is required unless marked optional)::
     logger.init_start()
     logger.submission_info(org, division, platform, status)  # before init_stop
     logger.hyperparameters(dlrm_v1_hyperparameters(...))     # or dcnv2_...
-    logger.weights_initialization()        # every MLPerf layer of the model
+    logger.weights_initialization(names)   # every layer: mlperf_layer_names(...)
     logger.train_samples(n); logger.eval_samples(n)          # once each
     logger.init_stop()
     logger.run_start()
