@@ -15,34 +15,48 @@ from tests.common import tiny_config
 from tests.metrics.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 
 
-def test_runner_writes_checks_and_scores_seeded_runs(tmp_path):
+def _eval_aucs(result_file: Path) -> list[float]:
+    return [json.loads(line.split(" ", 1)[1])["value"] for line in result_file.read_text().splitlines()
+            if '"key": "eval_accuracy"' in line]
+
+
+def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
     config = tmp_path / "tiny_mlperf.yaml"
     dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN,
                             "model.arch=dlrm_dcnv2", "optim.lr=0.1"), config)
     out = tmp_path / "submission"
 
-    code = main(["--config", str(config), "--out", str(out), "--codecs", "none", "--runs", "2",
-                 "--timeout-min", "4"])
+    code = main(["--config", str(config), "--out", str(out), "--codecs", "none,dedup",
+                 "--runs", "2", "--timeout-min", "4"])
 
     summary = json.loads((out / "summary.json").read_text())
-    system = "cpu2_gloo_codec-none"
-    assert (out / "systems" / f"{system}.json").is_file()
-    results = sorted((out / "results" / system / "dlrm_dcnv2").glob("result_*.txt"))
-    assert [r.name for r in results] == ["result_0.txt", "result_1.txt"]
     assert summary["unofficial"] and summary["benchmark"] == "dlrm_dcnv2"
     assert Path(summary["rules"]).parent == out / "rules" / "training_6.0.0"
-
-    # Each run's checker verdict agrees with what the trainer itself saw (seeds 0 and 1).
-    none = summary["codecs"]["none"]
-    for index, failed in enumerate(none["failed_rules"]):
-        run_dir = out / "runs" / system / f"run{index}_seed{index}"
-        reached = json.loads((run_dir / "summary.json").read_text())["reached_target"]
-        assert (failed == []) is reached, (index, failed)
-        assert failed in ([], ["eval_accuracy"])
-    # The score is the olympic mean of the logged times.
-    runs = [RunTime(f"r{i}", m) for i, m in enumerate(none["run_minutes"])]
-    assert none["score_minutes"] == olympic_score("dlrm_dcnv2", runs).minutes
-    assert code == (0 if none["score_minutes"] is not None else 1)
+    for codec in ("none", "dedup"):
+        system = f"cpu2_gloo_codec-{codec}"
+        assert (out / "systems" / f"{system}.json").is_file()
+        results = sorted((out / "results" / system / "dlrm_dcnv2").glob("result_*.txt"))
+        assert [r.name for r in results] == ["result_0.txt", "result_1.txt"]
+        # Each run's checker verdict agrees with what the trainer itself saw (seeds 0 and 1).
+        scored = summary["codecs"][codec]
+        for index, failed in enumerate(scored["failed_rules"]):
+            run_dir = out / "runs" / system / f"run{index}_seed{index}"
+            reached = json.loads((run_dir / "summary.json").read_text())["reached_target"]
+            assert (failed == []) is reached, (codec, index, failed)
+            assert failed in ([], ["eval_accuracy"])
+        # The score is the olympic mean of the logged times.
+        runs = [RunTime(f"r{i}", m) for i, m in enumerate(scored["run_minutes"])]
+        assert scored["score_minutes"] == olympic_score("dlrm_dcnv2", runs).minutes
+    # dedup is lossless: the same seed evaluates to the same AUCs (up to float summation order).
+    for index in range(2):
+        none, dedup = (_eval_aucs(out / "results" / f"cpu2_gloo_codec-{c}" / "dlrm_dcnv2" /
+                                  f"result_{index}.txt") for c in ("none", "dedup"))
+        assert dedup == pytest.approx(none, abs=1e-4)
+    both_scored = all(summary["codecs"][c]["score_minutes"] is not None for c in ("none", "dedup"))
+    assert code == (0 if both_scored else 1)
+    if both_scored:
+        assert summary["ratio_first_over_second"] == pytest.approx(
+            summary["codecs"]["none"]["score_minutes"] / summary["codecs"]["dedup"]["score_minutes"])
 
 
 def test_unknown_codec_is_refused_before_any_launch(tmp_path, capsys):
