@@ -24,6 +24,7 @@ from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.distributed.env import DistEnv
 from dlrmtrain.distributed.sharding import shard_model
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
+from dlrmtrain.metrics.mlperf_logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.metrics.run_records import open_run_records
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
 from dlrmtrain.models import build_model
@@ -100,6 +101,9 @@ class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         self.cfg = cfg
         self.env = env
+        self.mlperf = open_mlperf_logger(cfg, env.rank)  # a no-op unless rank 0 and enabled
+        self.mlperf.cache_clear()
+        self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank)
         self.data = build_datasets(cfg, env.rank, env.world_size)
         self.model, self.plan_text = self._build_sharded_model()
@@ -121,6 +125,8 @@ class Trainer:
         self._print(self.plan_text)
         self.records.write_text("plan.txt", self.plan_text + "\n")
         self._maybe_resume()
+        log_run_setup(self.mlperf, cfg, self.data.num_train_samples, self.data.num_eval_samples)
+        self.mlperf.init_stop()
 
     # ---- building ---------------------------------------------------------
     def _build_sharded_model(self) -> tuple[torch.nn.Module, str]:
@@ -190,12 +196,14 @@ class Trainer:
     def _steps(self) -> Iterator[torch.Tensor]:
         """Run steps across epochs, forever; yields each step's local loss."""
         while True:
+            self.mlperf.epoch_start(self.epoch)
             batches = self._batches(self.epoch, skip=self.step_in_epoch)
             steps = (self._pipelined_steps(batches) if self.pipeline is not None
                      else (self.train_step(b) for b in batches))
             for loss in steps:
                 self.step_in_epoch += 1
                 yield loss
+            self.mlperf.epoch_stop(self.epoch)
             self.epoch += 1
             self.step_in_epoch = 0
 
@@ -269,6 +277,9 @@ class Trainer:
         summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc)
         bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
                    dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
+        if env.world_size > 1:
+            dist.barrier()  # the MLPerf clock starts when every rank is ready
+        self.mlperf.run_start()
         run_start = time.perf_counter()
         paused = 0.0  # eval and checkpoint time, not training
         window_loss = torch.zeros((), device=env.device)
@@ -299,6 +310,8 @@ class Trainer:
                 window_start = time.perf_counter()
             if last or summary.time_to_target_s is not None:
                 break
+        self.mlperf.run_stop("success" if summary.time_to_target_s is not None else "aborted",
+                             self.step / self.data.steps_per_epoch)
         bar.close()
         self.timer.close()
         comm_stats = collect_comm_stats(self.model, all_ranks=True)  # collective
@@ -317,8 +330,12 @@ class Trainer:
         return summary
 
     def _run_eval(self, summary: Summary, run_start: float) -> None:
+        epochs_done = self.step / self.data.steps_per_epoch
+        self.mlperf.eval_start(epochs_done)
         t0 = time.perf_counter()
         auc, n = self.evaluate()
+        self.mlperf.eval_accuracy(auc, epochs_done)
+        self.mlperf.eval_stop(epochs_done)
         result = EvalResult(step=self.step, epoch=self.step / self.data.steps_per_epoch,
                             auc=auc, num_samples=n, seconds=time.perf_counter() - t0)
         summary.evals.append(result)
@@ -331,3 +348,4 @@ class Trainer:
 
     def close(self) -> None:
         self.records.close()
+        self.mlperf.close()

@@ -12,6 +12,9 @@ their ratio (goal: dlrmtrain / plain ≤ 1.02).
     python scripts/bench_train.py [--world-size 2] [--steps 30] [--rounds 3] [overrides...]
 
 Overrides are dlrmtrain config overrides on top of configs/quickstart.yaml.
+With `--vs "KEY=VALUE ..."` the second contender is dlrmtrain again with those
+extra overrides instead of plain TorchRec, e.g. `--vs precision.mode=bf16`
+for the bf16 / fp32 step-time ratio or `--vs comm.codec=dedup`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=3, help="alternating blocks per contender")
     p.add_argument("--config", default=str(REPO / "configs/quickstart.yaml"))
+    p.add_argument("--vs", default=None, metavar="OVERRIDES",
+                   help="compare against dlrmtrain with these extra overrides (space-separated)")
     p.add_argument("overrides", nargs="*")
     return p.parse_args(argv)
 
@@ -96,12 +101,20 @@ def main() -> None:
 
     torch.set_num_threads(1)
     env = init_distributed("cpu")
-    cfg = load_config(args.config, ["logging.progress_bar=false", "eval.enabled=false",
-                                    "run.output_dir=/tmp/dlrmtrain-bench", *args.overrides])
+    common = ["logging.progress_bar=false", "eval.enabled=false",
+              "run.output_dir=/tmp/dlrmtrain-bench", *args.overrides]
+    cfg = load_config(args.config, common)
     validate_config(cfg, env.world_size)
     trainer = Trainer(cfg, env)
-    plain_model, plain_opt = build_plain_torchrec(cfg, table_rows(cfg), env.device,
-                                                   trainer.model.plan)
+    if args.vs:
+        other_cfg = load_config(args.config, common + args.vs.split())
+        validate_config(other_cfg, env.world_size)
+        other = Trainer(other_cfg, env)
+        names = ("dlrmtrain", f"dlrmtrain {args.vs}")
+    else:
+        plain_model, plain_opt = build_plain_torchrec(cfg, table_rows(cfg), env.device,
+                                                       trainer.model.plan)
+        names = ("dlrmtrain", "plain TorchRec DMP")
 
     needed = args.steps * args.rounds + args.steps  # + one warm-up block each
     batches = []
@@ -115,6 +128,10 @@ def main() -> None:
             trainer.train_step(b)
 
     def plain_block(block):
+        if args.vs:  # the other dlrmtrain variant
+            for b in block:
+                other.train_step(b)
+            return
         for b in block:
             plain_opt.zero_grad()
             loss, _ = plain_model(b)
@@ -145,14 +162,23 @@ def main() -> None:
               f"{args.rounds} alternating blocks of {args.steps} steps")
         print(f"  model {cfg.model.arch}, emb dim {cfg.model.embedding_dim}, "
               f"{len(cfg.data.table_sizes)} tables, optimizer {cfg.optim.name}")
-        print(f"  {'':24}{'ms/step':>10}{'samples/s':>14}   blocks (ms/step)")
-        for name, t, runs in (("dlrmtrain", t_ours, ours), ("plain TorchRec DMP", t_plain, plain)):
-            print(f"  {name:<24}{1000 * t:10.2f}{gbs / t:14,.0f}   "
+        width = max(24, *(len(n) + 2 for n in names))
+        print(f"  {'':{width}}{'ms/step':>10}{'samples/s':>14}   blocks (ms/step)")
+        for name, t, runs in ((names[0], t_ours, ours), (names[1], t_plain, plain)):
+            print(f"  {name:<{width}}{1000 * t:10.2f}{gbs / t:14,.0f}   "
                   + " ".join(f"{1000 * x:.1f}" for x in runs))
-        print(f"  ratio dlrmtrain / plain step time: {t_ours / t_plain:.3f}  (goal ≤ 1.02)")
+        if args.vs:
+            print(f"  ratio ({names[1]}) / ({names[0]}) step time: {t_plain / t_ours:.3f}")
+        else:
+            print(f"  ratio dlrmtrain / plain step time: {t_ours / t_plain:.3f}  (goal ≤ 1.02)")
         print("=" * 64)
     trainer.close()
-    del trainer, plain_model, plain_opt
+    del trainer
+    if args.vs:
+        other.close()
+        del other
+    else:
+        del plain_model, plain_opt
     shutdown_distributed()
 
 

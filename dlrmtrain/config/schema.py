@@ -194,6 +194,20 @@ class LoggingConfig:
 
 
 @dataclass
+class MLPerfConfig:
+    enabled: bool = False
+    """Write MLPerf `:::MLLOG` events to `<run dir>/mlperf.log` (rank 0; benchmark from model.arch)."""
+    org: str = "dlrmtrain"
+    """submission_org."""
+    division: str = "closed"
+    """submission_division: `closed` or `open`."""
+    platform: str = "cpu"
+    """submission_platform: the system, in words."""
+    status: str = "research"
+    """submission_status: `cloud`, `onprem`, `preview` or `research`."""
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     """Run identity, seed, device, batch size and length."""
@@ -215,3 +229,5 @@ class Config:
     """Saving and resuming training state."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Console and run-directory output."""
+    mlperf: MLPerfConfig = field(default_factory=MLPerfConfig)
+    """MLPerf compliance logging."""

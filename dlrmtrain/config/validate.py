@@ -154,5 +154,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
         raise ConfigError("checkpoint.keep: keep at least one checkpoint")
     if cfg.eval.evals_per_epoch < 0:
         raise ConfigError("eval.evals_per_epoch: must not be negative")
+    _one_of("mlperf.division", cfg.mlperf.division, ("closed", "open"))
+    _one_of("mlperf.status", cfg.mlperf.status, ("cloud", "onprem", "preview", "research"))
     if cfg.eval.target_auc is not None and not 0.5 <= cfg.eval.target_auc <= 1.0:
         raise ConfigError(f"eval.target_auc: {cfg.eval.target_auc} is outside [0.5, 1]")
