@@ -52,6 +52,7 @@ class DistCommStats:
     table_codecs: dict[str, str] = field(default_factory=dict)
     """codec per table of this all-to-all (a per-table `none` travels uncompressed)"""
     steps: int = 0
+    """forward passes through this dist: training steps and evaluation batches alike"""
     codec_seconds: float = 0.0
     """unique + expand + segment-sum + index building, forward and backward"""
     transfer_seconds: float = 0.0
@@ -149,7 +150,8 @@ def format_comm_summary(stats: dict) -> str:
     if not stats["tables"]:
         return "comm: no codec dists (codec none everywhere: TorchRec's stock all-to-all)"
     steps = max(stats["steps"], 1)
-    lines = [f"embedding all-to-all over {stats['steps']} steps ({stats['scope']}; MiB per step)",
+    lines = [f"embedding all-to-all over {stats['steps']} forward passes (training steps and "
+             f"eval batches; {stats['scope']}; MiB per pass)",
              f"{'table':<12} {'codec':<10} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
     for name, t in stats["tables"].items():
         frac = f"{t['distinct_fraction']:.3f}" if t["distinct_fraction"] is not None else "-"
