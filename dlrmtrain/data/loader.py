@@ -212,21 +212,26 @@ def _prefetched(make, items: list, depth: int) -> Iterator:
     results: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def put(out) -> bool:
+        """Hand `out` over unless the consumer has stopped; every put must watch
+        `stop`, or a full queue with no reader blocks the thread (and the
+        consumer's join) forever."""
+        while not stop.is_set():
+            try:
+                results.put(out, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                out = make(item)
-                while not stop.is_set():
-                    try:
-                        results.put(out, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(make(item)):
                     return
-            results.put(_DONE)
+            put(_DONE)
         except BaseException as exc:  # forwarded to the consumer
-            results.put(exc)
+            put(exc)
 
     thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
     thread.start()

@@ -137,6 +137,23 @@ def test_prefetch_forwards_errors_and_stops_early(tmp_path):
         list(CriteoBatchLoader([Broken()], 4, prefetch=2))
 
 
+def test_abandoning_prefetch_after_the_producer_finished_does_not_hang():
+    """The producer has made every item and waits to hand over the end marker into a
+    full queue; closing the consumer must still stop it (this hung at process exit)."""
+    import threading
+    import time
+
+    from dlrmtrain.data.loader import _prefetched
+
+    gen = _prefetched(lambda x: x, [0, 1], depth=1)
+    assert next(gen) == 0
+    time.sleep(0.5)  # let the producer queue item 1 and block on the end marker
+    closer = threading.Thread(target=gen.close, daemon=True)
+    closer.start()
+    closer.join(timeout=30)  # a hang detector, not a timing check
+    assert not closer.is_alive(), "closing the prefetching generator hung"
+
+
 def test_invalid_arguments(tmp_path):
     make_indexed_dataset(tmp_path)
     with pytest.raises(ValueError, match="not divisible by world size 3"):
