@@ -49,3 +49,5 @@ def test_mlperf_config_trains_scaled_down(tmp_path, name, dense_params):
     assert summary["steps"] == 3
     assert summary["final_auc"] is not None
     assert n_params == dense_params
+    log = (tmp_path / name / "mlperf.log").read_text()  # the configs log MLPerf events
+    assert log.count('"key": "run_start"') == 1 and '"key": "eval_accuracy"' in log
