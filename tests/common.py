@@ -16,5 +16,25 @@ TINY = [
 ]
 
 
+def tiny_overrides(tmp_dir: str, *overrides: str) -> list[str]:
+    return TINY + [f"run.output_dir={tmp_dir}", *overrides]
+
+
 def tiny_config(tmp_dir: str, *overrides: str) -> Config:
-    return load_config(None, TINY + [f"run.output_dir={tmp_dir}", *overrides])
+    return load_config(None, tiny_overrides(tmp_dir, *overrides))
+
+
+def train_on_rank(rank: int, world_size: int, config: str | None, overrides: list[str]) -> dict:
+    """Validate `config` + overrides, train on this rank, return the summary as a dict.
+    Module level, so `run_ranks` can spawn it."""
+    from dlrmtrain.config.validate import validate_config
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.trainer import Trainer
+
+    cfg = load_config(config, overrides)
+    validate_config(cfg, world_size)
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    summary = trainer.train().as_dict()
+    trainer.close()
+    del trainer  # drop the sharded model before the process group goes away
+    return summary

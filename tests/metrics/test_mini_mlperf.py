@@ -19,6 +19,7 @@ from dlrmtrain.metrics.rules import (
 )
 from dlrmtrain.mlperf_runner import expected_eval_samples
 from tests.data.raw_rows import REPO_ROOT, shared_data_dir
+from tests.common import train_on_rank
 from tests.multiproc import run_ranks
 
 CONFIG = REPO_ROOT / "configs" / "mini_mlperf.yaml"
@@ -47,17 +48,7 @@ def test_committed_rules_match_the_config_and_its_eval_split(sample_dataset):
 
 
 def _train(rank: int, world_size: int, config: str, overrides: list[str]) -> list[float]:
-    from dlrmtrain.config.validate import validate_config
-    from dlrmtrain.distributed.env import init_distributed
-    from dlrmtrain.trainer import Trainer
-
-    cfg = load_config(config, overrides)
-    validate_config(cfg, world_size)
-    trainer = Trainer(cfg, init_distributed("cpu"))
-    aucs = [e.auc for e in trainer.train().evals]
-    trainer.close()
-    del trainer
-    return aucs
+    return [e["auc"] for e in train_on_rank(rank, world_size, config, overrides)["evals"]]
 
 
 @needs_sample

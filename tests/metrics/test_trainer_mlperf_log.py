@@ -10,7 +10,7 @@ import pytest
 from dlrmtrain.metrics.compliance import check_log
 from dlrmtrain.metrics.rules import DerivedRulesSpec
 from dlrmtrain.metrics.rules.derive import write_derived_rules
-from tests.common import tiny_config
+from tests.common import tiny_overrides, train_on_rank
 from tests.multiproc import run_ranks
 
 TARGET = 0.53  # tiny synthetic task: both archs pass it by step 8–16 (seeded, deterministic)
@@ -25,17 +25,8 @@ ARCH = {"dlrm": ["model.arch=dlrm_v1", "optim.name=adagrad", "optim.lr=0.1"],
 
 
 def _train(rank: int, world_size: int, out_dir: str, overrides: list[str]) -> list[float]:
-    from dlrmtrain.config.validate import validate_config
-    from dlrmtrain.distributed.env import init_distributed
-    from dlrmtrain.trainer import Trainer
-
-    cfg = tiny_config(out_dir, *overrides)
-    validate_config(cfg, world_size)
-    trainer = Trainer(cfg, init_distributed("cpu"))
-    aucs = [e.auc for e in trainer.train().evals]
-    trainer.close()
-    del trainer
-    return aucs
+    summary = train_on_rank(rank, world_size, None, tiny_overrides(out_dir, *overrides))
+    return [e["auc"] for e in summary["evals"]]
 
 
 @pytest.mark.parametrize("benchmark,ruleset", [("dlrm", "2.1.0"), ("dlrm_dcnv2", "6.0.0")])

@@ -7,22 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.common import tiny_config
+from tests.common import tiny_overrides, train_on_rank
 from tests.multiproc import run_ranks
 
 
 def _train(rank: int, world_size: int, out_dir: str, overrides: list[str]) -> dict:
-    from dlrmtrain.config.validate import validate_config
-    from dlrmtrain.distributed.env import init_distributed
-    from dlrmtrain.trainer import Trainer
-
-    cfg = tiny_config(out_dir, *overrides)
-    validate_config(cfg, world_size)
-    trainer = Trainer(cfg, init_distributed("cpu"))
-    summary = trainer.train().as_dict()
-    trainer.close()
-    del trainer
-    return summary
+    return train_on_rank(rank, world_size, None, tiny_overrides(out_dir, *overrides))
 
 
 def test_two_ranks_agree_and_write_the_run_directory(tmp_path):
