@@ -16,11 +16,9 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-
-def feature_names(num_tables: int) -> list[str]:
-    return [f"cat_{i}" for i in range(num_tables)]
+from dlrmtrain.data.loader import block_to_batch, fold_ids
+from dlrmtrain.data.parts import RowBlock
 
 
 @dataclass
@@ -43,23 +41,14 @@ def make_batch(dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray,
 
     multi_hot_offsets[t] (shape [k_t]) turns one-hot id x into the fixed-size bag
     (x + offsets) mod rows: a fixed function of x, as in the MLPerf DCNv2 data.
+    The KJT itself is built exactly as the file loader builds it.
     """
-    batch_size, num_tables = sparse.shape
-    rows = np.asarray(num_embeddings, dtype=np.int64)
-    ids = sparse % rows  # [B, T]
-    if multi_hot_offsets is None:
-        values = torch.from_numpy(np.ascontiguousarray(ids.T).reshape(-1))
-        lengths = torch.ones(batch_size * num_tables, dtype=torch.int32)
-    else:
-        per_table = [((ids[:, t:t + 1] + multi_hot_offsets[t][None, :]) % rows[t]).reshape(-1)
-                     for t in range(num_tables)]
-        values = torch.from_numpy(np.concatenate(per_table))
-        lengths = torch.from_numpy(np.repeat(
-            np.asarray([len(o) for o in multi_hot_offsets], dtype=np.int32), batch_size))
-    kjt = KeyedJaggedTensor(keys=feature_names(num_tables), values=values, lengths=lengths)
-    return Batch(dense_features=torch.from_numpy(np.ascontiguousarray(dense)),
-                 sparse_features=kjt,
-                 labels=torch.from_numpy(np.ascontiguousarray(labels)))
+    block = fold_ids(RowBlock(dense, sparse, labels), num_embeddings)
+    if multi_hot_offsets is not None:
+        bags = [(block.sparse[:, t:t + 1] + offsets[None, :]) % rows
+                for t, (offsets, rows) in enumerate(zip(multi_hot_offsets, num_embeddings))]
+        block = RowBlock(block.dense, bags, block.labels)
+    return block_to_batch(block)
 
 
 def num_train_steps(num_samples: int, global_batch_size: int) -> int:
