@@ -24,7 +24,6 @@ Two parts, printed side by side per codec:
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import socket
 import sys
@@ -36,7 +35,11 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-NUM_DENSE, NUM_CAT = 13, 26
+from dlrmtrain.data.criteo_text import iter_parsed
+from dlrmtrain.data.synthetic import power_law_ids
+from dlrmtrain.data.synthetic_profiles import kaggle_profile
+
+NUM_CAT = 26
 LINK_GBPS = (25, 100, 400)
 
 
@@ -44,33 +47,27 @@ LINK_GBPS = (25, 100, 400)
 def read_criteo_tsv(path: Path, max_rows: int | None) -> np.ndarray:
     """Categorical columns of a raw Criteo day file as contiguous per-column ids [N, 26].
 
-    Each column's values (8 hex digits; empty = missing, its own value) are
-    numbered in order of first appearance, like the MLPerf two-pass remap.
+    Parsed by the project's own vectorised parser (bad lines stop with file:line);
+    each column's values are then numbered 0..n-1 (distinct counts per batch, all
+    the byte figures depend on, do not depend on the numbering).
     """
-    opener = gzip.open if path.suffix == ".gz" else open
-    vocab: list[dict[str, int]] = [{} for _ in range(NUM_CAT)]
-    rows: list[list[int]] = []
-    with opener(path, "rt") as f:
-        for line_no, line in enumerate(tqdm(f, desc=f"reading {path.name}", unit=" rows", leave=False), 1):
-            fields = line.rstrip("\n").split("\t")
-            if len(fields) != 1 + NUM_DENSE + NUM_CAT:
-                raise ValueError(f"{path}:{line_no}: expected {1 + NUM_DENSE + NUM_CAT} tab-separated "
-                                 f"fields, found {len(fields)}")
-            cats = fields[1 + NUM_DENSE:]
-            rows.append([v.setdefault(c, len(v)) for v, c in zip(vocab, cats)])
-            if max_rows and len(rows) >= max_rows:
-                break
-    return np.asarray(rows, dtype=np.int64)
+    chunks, rows = [], 0
+    for parsed in tqdm(iter_parsed(path), desc=f"reading {path.name}", unit=" chunks", leave=False):
+        chunks.append(parsed.cats)
+        rows += len(parsed)
+        if max_rows and rows >= max_rows:
+            break
+    cats = np.concatenate(chunks)[:max_rows]
+    return np.stack([np.unique(col, return_inverse=True)[1] for col in cats.T],
+                    axis=1).astype(np.int64)
 
 
 def synthetic_ids(num_rows: int, seed: int = 0) -> np.ndarray:
-    """Power-law ids per column (Kaggle-like spread of distinct fractions)."""
+    """Ids of the calibrated synthetic `kaggle` profile (each column's distinct
+    fraction at batch 4096 matches the real Kaggle sample)."""
     rng = np.random.default_rng(seed)
-    cols = []
-    for c in range(NUM_CAT):
-        vocab = int(10 ** rng.uniform(1, 5))
-        cols.append(np.minimum(rng.zipf(1.05 + 0.5 * rng.random(), num_rows) - 1, vocab - 1))
-    return np.stack(cols, axis=1).astype(np.int64)
+    sizes, exponents = kaggle_profile()
+    return np.stack([power_law_ids(rng, n, s, num_rows) for n, s in zip(sizes, exponents)], axis=1)
 
 
 def global_batches(ids: np.ndarray, world_size: int, batch_size: int) -> list[np.ndarray]:
