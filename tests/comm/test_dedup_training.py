@@ -2,7 +2,8 @@
 
 Tolerances (DESIGN.md §4): the forward and the dense gradients of step 1 must
 be bitwise equal; the embedding gradients differ only in float summation
-order (rtol 1e-6); weights after step 1 within 4 ulp (of max(|w|, 0.01)); losses over 10 steps
+order (rtol 1e-6); weights after step 1 within 4 ulp (of max(|w|, 0.01)), plus for Adagrad what
+that gradient difference can move a weight (see `weight_tolerance`); losses over 10 steps
 within rtol 1e-5 (ulp drift compounds, it does not grow systematically).
 """
 
@@ -29,6 +30,17 @@ def ulp_distance(a: np.ndarray, b: np.ndarray, floor: float = 0.01) -> float:
         return 0.0
     scale = np.maximum(np.maximum(np.abs(a), np.abs(b)), floor).astype(np.float32)
     return float((np.abs(a.astype(np.float64) - b) / np.spacing(scale)).max())
+
+
+def weight_tolerance(sc: Scenario) -> float:
+    """Absolute weight difference after step 1 that a gradient difference of GRAD_RTOL allows.
+
+    SGD moves a weight by lr·g, so rtol 1e-6 on g stays far below 4 ulp. Adagrad's first
+    step moves it by lr·g/(|g|+eps): a relative change δ of g changes that by
+    δ·|g|·eps/(|g|+eps)² ≤ δ/4 (largest at |g| = eps), i.e. up to lr·δ/4 — about 13 ulp
+    of 0.01 at lr 0.05, whichever summation order the machine's kernels take.
+    """
+    return sc.lr * GRAD_RTOL / 4 if sc.optimizer == "adagrad" else 0.0
 
 
 def expected_bytes(sc: Scenario, world_size: int, elem: int = 4) -> dict[int, dict[str, dict[str, int]]]:
@@ -95,8 +107,12 @@ def check(sc: Scenario, world_size: int, results: list[dict]) -> None:
         # weights after the first fused optimizer step
         assert none["weights_after_1"].keys() == dedup["weights_after_1"].keys()
         for key, w in none["weights_after_1"].items():
-            ulps = ulp_distance(w, dedup["weights_after_1"][key])
-            assert ulps <= MAX_ULPS, f"rank {rank}: {key} differs by {ulps} ulp after step 1"
+            wd = dedup["weights_after_1"][key]
+            ulps = ulp_distance(w, wd)
+            beyond_ulps = np.abs(w.astype(np.float64) - wd) - MAX_ULPS * np.spacing(
+                np.maximum(np.maximum(np.abs(w), np.abs(wd)), np.float32(0.01)))
+            assert ulps <= MAX_ULPS or beyond_ulps.max() <= weight_tolerance(sc), (
+                f"rank {rank}: {key} differs by {ulps} ulp after step 1")
         # short training: losses track none
         np.testing.assert_allclose(dedup["losses"], none["losses"], rtol=LOSS_RTOL)
         # bytes on the wire = sum of U·D·4, counted independently
