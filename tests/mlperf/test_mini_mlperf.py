@@ -32,7 +32,7 @@ needs_sample = pytest.mark.skipif(not SAMPLE.is_file(),
 
 @pytest.fixture(scope="module")
 def sample_dataset(tmp_path_factory) -> Path:
-    from dlrmtrain.data.preprocess import preprocess
+    from dlrmtrain.data.preprocess.pipeline import preprocess
 
     out = tmp_path_factory.mktemp("mini") / "criteo_kaggle_sample"
     preprocess([SAMPLE], out, "mlperf_vocab", progress=False)

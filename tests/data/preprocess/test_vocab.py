@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.data.vocab import DistinctCounter, MlperfVocabulary, PlainHash
+from dlrmtrain.data.preprocess.vocab import DistinctCounter, MlperfVocabulary, PlainHash
 
 
 @pytest.mark.parametrize("hash_range", [1003, 40_000_000])

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from dlrmtrain.data import binary_format as bf
-from dlrmtrain.data.criteo_text import BadLineError
+from dlrmtrain.data.formats import binary as bf
+from dlrmtrain.data.formats.criteo_text import BadLineError
 from dlrmtrain.data.loader import CriteoBatchLoader
-from dlrmtrain.data.preprocess import preprocess
+from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.data.sources import open_parts
 from tests.data.raw_rows import (
     expected_dense, expected_vocab_ids, independent_parse, random_raw_lines, shared_data_dir, write_lines,

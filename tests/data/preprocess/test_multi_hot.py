@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dlrmtrain.data.foreign_formats import TorchRecDayPart, TorchRecMultiHotPart
+from dlrmtrain.data.formats.foreign import TorchRecDayPart, TorchRecMultiHotPart
 from dlrmtrain.data.loader import CriteoBatchLoader
-from dlrmtrain.data.multi_hot import MultiHotLookup, MultiHotPart, materialize_day
+from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart, materialize_day
 
 SIZES = [50 + 7 * t for t in range(26)]
 BAGS = [1 + (t * 5) % 7 for t in range(26)]

@@ -12,8 +12,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dlrmtrain.config.schema import DataConfig
-from dlrmtrain.data import binary_format as bf
-from dlrmtrain.data.synthetic import generate, tables_and_exponents
+from dlrmtrain.data.formats import binary as bf
+from dlrmtrain.data.synthetic.generator import generate, tables_and_exponents
 
 
 def write_synthetic_dataset(

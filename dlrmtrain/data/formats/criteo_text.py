@@ -19,7 +19,7 @@ from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
-from dlrmtrain.data.ascii_fields import (
+from dlrmtrain.data.formats.ascii_fields import (
     DEC_LUT, HEX_LUT, MAX_HEX_DIGITS, decode_decimal8, decode_fixed_width, decode_hex8,
 )
 from dlrmtrain.data.features import NUM_DENSE, NUM_TEXT_FIELDS, TEXT_FIELD_NAMES

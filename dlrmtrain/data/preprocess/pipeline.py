@@ -6,7 +6,7 @@ but parses the text only once: pass 1 parses, stages each file's rows with hashe
 categoricals and records its distinct values; pass 2 remaps the staged ids (a
 memory-bound array pass) once the vocabulary over all files is known. Staging
 needs disk space equal to the output. Every step is resumable: finished per-file
-results are skipped, unfinished ones redone (see binary_format).
+results are skipped, unfinished ones redone (see formats/binary.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dlrmtrain.data import binary_format as bf
-from dlrmtrain.data.criteo_text import BadLineStats, iter_parsed
+from dlrmtrain.data.formats import binary as bf
+from dlrmtrain.data.formats.criteo_text import BadLineStats, iter_parsed
 from dlrmtrain.data.features import log_transform_dense
-from dlrmtrain.data.vocab import (
+from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
 

@@ -9,7 +9,7 @@ seeds, so any world size sees the same global batches.
 
 Profiles (`data.synthetic.profile`): `custom` uses data.table_sizes and one
 zipf_exponent; `kaggle` and `terabyte` replace both with calibrated sizes and
-per-table exponents (synthetic_profiles.py). To write the data to disk in the
+per-table exponents (profiles.py). To write the data to disk in the
 project's layout instead, see data_prep/make_synthetic.py.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from dlrmtrain.config.schema import DataConfig
 from dlrmtrain.data.batching import SampleArrays
-from dlrmtrain.data.synthetic_profiles import profile_tables
+from dlrmtrain.data.synthetic.profiles import profile_tables
 
 # Teacher lookup tables are capped so huge vocabularies cost no memory; ids
 # beyond the cap share teacher weights by `id mod cap`.

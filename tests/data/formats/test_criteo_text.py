@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.data.criteo_text import BadLineError, BadLineStats, iter_parsed
+from dlrmtrain.data.formats.criteo_text import BadLineError, BadLineStats, iter_parsed
 from tests.data.raw_rows import independent_parse, random_raw_lines, write_lines
 
 
