@@ -47,11 +47,14 @@ def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
         # The score is the olympic mean of the logged times.
         runs = [RunTime(f"r{i}", m) for i, m in enumerate(scored["run_minutes"])]
         assert scored["score_minutes"] == olympic_score("dlrm_dcnv2", runs).minutes
-    # dedup is lossless: the same seed evaluates to the same AUCs (up to float summation order).
+    # dedup is lossless: the same seed evaluates to the same AUCs up to float summation order.
+    # That order can swap a pair of near-tied predictions after some steps, and on this small
+    # eval set one swapped (positive, negative) pair moves the AUC by ~5e-4 (1 / (P·N)):
+    # allow a few such swaps, far below what a real difference in training shows.
     for index in range(2):
         none, dedup = (_eval_aucs(out / "results" / f"cpu2_gloo_codec-{c}" / "dlrm_dcnv2" /
                                   f"result_{index}.txt") for c in ("none", "dedup"))
-        assert dedup == pytest.approx(none, abs=1e-4)
+        assert dedup == pytest.approx(none, abs=2e-3)
     both_scored = all(summary["codecs"][c]["score_minutes"] is not None for c in ("none", "dedup"))
     assert code == (0 if both_scored else 1)
     if both_scored:
