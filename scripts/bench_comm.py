@@ -1,6 +1,6 @@
 """Embedding all-to-all bytes and time per codec, on real Criteo rows or synthetic ids.
 
-    PYTHONPATH=. python scripts/bench_comm.py --data ../shared/data/criteo_kaggle_sample.tsv.gz \
+    PYTHONPATH=. python scripts/bench_comm.py --data criteo_kaggle_sample.tsv.gz \
         --world-size 8 --batch-size 4096 --codec none dedup fp16 bf16 int8 dedup+fp16 dedup+bf16
 
 LOSSY codecs (TorchRec qcomms fp16/bf16/int8, stacked dedup+fp16/bf16) are
@@ -18,7 +18,7 @@ Two parts, printed side by side per codec:
   run: whole step, all-to-all transfer, and codec work (unique, expand,
   segment-sum) separately; then the all-to-all phase projected for 25/100/400
   Gb/s links from the bytes. On CPU loopback the "network" is a memcpy, so
-  measured transfer understates what a real link saves (DESIGN.md §6).
+  measured transfer understates what a real link saves.
 """
 
 from __future__ import annotations
