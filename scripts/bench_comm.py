@@ -1,6 +1,6 @@
 """Embedding all-to-all bytes and time per codec, on real Criteo rows or synthetic ids.
 
-    PYTHONPATH=. python scripts/bench_comm.py --data $DLRMTRAIN_SHARED_DATA/criteo_kaggle_sample.tsv.gz \
+    PYTHONPATH=. python scripts/bench_comm.py --data criteo_kaggle_sample.tsv.gz \
         --world-size 8 --batch-size 4096 --codec none dedup fp16 bf16 int8 dedup+fp16 dedup+bf16
 
 LOSSY codecs (TorchRec qcomms fp16/bf16/int8, stacked dedup+fp16/bf16) are
