@@ -1,7 +1,10 @@
 """Data: sources of samples and their per-rank batches.
 
-`build_datasets` is the one entry the trainer uses; each data source plugs in
-here.
+`build_datasets` is the one entry the trainer uses. Every source is a list of
+Parts (parts.py) read by one loader (loader.py): `criteo` files in any layout
+(formats/, opened by sources.py, split by splits.py) or `synthetic` rows generated
+in memory (synthetic/). preprocess/ is the offline step (data_prep/); checks.py
+holds the data section's config rules.
 """
 
 from __future__ import annotations
