@@ -34,6 +34,12 @@ class RunConfig:
     pipeline: bool = False
     """Overlap the next batch's sparse input all-to-all with this batch's compute
     (TorchRec TrainPipelineSparseDist); same numbers as the plain loop."""
+    overwrite: bool = False
+    """A new run refuses a run directory (or checkpoint dir) that holds another run;
+    true: delete that run's records and checkpoints first."""
+    collective_timeout_s: float = 300.0
+    """A collective that does not complete within this many seconds (e.g. a frozen
+    rank) fails the job instead of waiting; keep it above the longest eval/checkpoint."""
 
 
 @dataclass
