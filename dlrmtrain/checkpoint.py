@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from dlrmtrain.errors import SetupError
+from dlrmtrain.leftovers import process_alive
 from dlrmtrain.run_identity import differing_keys, fingerprint
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -108,16 +109,6 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
 def remove_dead_partials(root: Path, log: Callable[[str], None] = print) -> list[Path]:
     """Delete `step_<N>.partial/` folders whose writer is no longer alive on this host
     (or that name no writer). A partial written from another host is left alone."""
@@ -134,7 +125,7 @@ def remove_dead_partials(root: Path, log: Callable[[str], None] = print) -> list
         if owner is not None and owner.get("host") != socket.gethostname():
             log(f"leaving {path}: written from host {owner.get('host')}, cannot tell if alive")
             continue
-        if owner is not None and _process_alive(int(owner.get("pid", -1))):
+        if owner is not None and process_alive(int(owner.get("pid", -1))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         log(f"removed {path}: an interrupted save (its writer is gone)")

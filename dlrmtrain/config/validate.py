@@ -73,6 +73,8 @@ def validate_config(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"run.epochs: must be positive, got {run.epochs}")
     if run.max_steps is not None and run.max_steps <= 0:
         raise ConfigError(f"run.max_steps: must be positive or null, got {run.max_steps}")
+    if run.collective_timeout_s <= 0:
+        raise ConfigError(f"run.collective_timeout_s: must be positive, got {run.collective_timeout_s}")
 
     if len(data.table_sizes) != NUM_CATEGORICAL:
         raise ConfigError(f"data.table_sizes: {len(data.table_sizes)} tables given, but Criteo "

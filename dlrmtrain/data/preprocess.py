@@ -28,6 +28,7 @@ from dlrmtrain.data.features import log_transform_dense
 from dlrmtrain.data.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
+from dlrmtrain.leftovers import remove_dead_tmp_dirs
 
 VOCAB_FILE = "vocabulary.npz"
 PASS1_DIR = "pass1"
@@ -215,18 +216,39 @@ def _check_unique_names(inputs: Sequence[str]) -> None:
         raise ValueError(f"input files map to the same part name(s) {duplicates}: rename them")
 
 
+def _same_source(recorded: dict[str, Any], path: str) -> bool:
+    now = bf.source_fingerprint(path)
+    return recorded["bytes"] == now["bytes"] and recorded["mtime_ns"] == now["mtime_ns"]
+
+
 def _skip_result(out_dir: Path, path: str) -> FileResult | None:
     """A FileResult for an input whose part is already finished from the same source."""
     meta = bf.finished_part_meta(out_dir, part_name(path))
     if meta is None:
         return None
     now = bf.source_fingerprint(path)
-    if meta["source"]["bytes"] != now["bytes"] or meta["source"]["mtime_ns"] != now["mtime_ns"]:
+    if not _same_source(meta["source"], path):
         raise ValueError(f"{out_dir}/parts/{meta['name']} was made from a different {path} "
                          "(size or mtime changed): delete the part to redo it")
     stats = BadLineStats()
     stats.count = meta.get("bad_lines_skipped", 0)
     return FileResult(meta["name"], meta["rows"], now["bytes"], True, stats)
+
+
+def _forget_stale_stage(out_dir: Path, path: str) -> None:
+    """`path` changed after pass 1 staged it: drop its stage, its distinct values and the
+    vocabulary built from them, so pass 1 redoes it. Refused once pass 2 has written a
+    part with that vocabulary (the other parts would have to be redone too)."""
+    name = part_name(path)
+    written = sorted(p.name for p in (out_dir / "parts").glob("*")
+                     if bf.finished_part_meta(out_dir, p.name) is not None)
+    if written:
+        raise ValueError(f"{path} changed after pass 1 staged it, and pass 2 has already "
+                         f"written {written} with the vocabulary of its old content: "
+                         f"delete {out_dir} and rerun")
+    shutil.rmtree(out_dir / STAGING_DIR / "parts" / name)
+    (out_dir / PASS1_DIR / f"{name}.npz").unlink(missing_ok=True)
+    (out_dir / VOCAB_FILE).unlink(missing_ok=True)
 
 
 def _build_vocabulary(
@@ -242,7 +264,11 @@ def _build_vocabulary(
         if not (out_dir / PASS1_DIR / f"{name}.npz").exists():
             return True
         final_done = bf.finished_part_meta(out_dir, name) is not None
-        return not final_done and bf.finished_part_meta(out_dir / STAGING_DIR, name) is None
+        staged = bf.finished_part_meta(out_dir / STAGING_DIR, name)
+        if staged is not None and not _same_source(staged["source"], p):
+            _forget_stale_stage(out_dir, p)
+            return True
+        return not final_done and staged is None
 
     todo = [p for p in inputs if needs_stage(p)]
     _run_pool(
@@ -283,6 +309,8 @@ def preprocess(
     _check_unique_names(inputs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for parts in (out / "parts", out / STAGING_DIR / "parts"):  # left by killed workers
+        remove_dead_tmp_dirs(parts)
     existing = out / bf.MANIFEST_NAME
     if existing.exists():
         old = bf.read_manifest(out)

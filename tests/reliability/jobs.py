@@ -1,7 +1,7 @@
 """Start `torchrun -m dlrmtrain.train` as a real job and inject faults into it.
 
-Every job runs in its own session, so a test can always end it (and whatever
-it left behind) by process group; every wait is bounded.
+A test can always end a job and every process it started (`kill_job`); every
+wait is bounded.
 """
 
 from __future__ import annotations
@@ -45,29 +45,47 @@ def finish(job: subprocess.Popen, timeout: float) -> tuple[int, float]:
     return rc, time.monotonic() - start
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (torchrun starts its workers in their own sessions,
+    so a process group does not reach them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def kill_job(job: subprocess.Popen) -> None:
     """End the job and every process it started (even stopped ones)."""
-    try:
-        os.killpg(job.pid, signal.SIGCONT)
-        os.killpg(job.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    if job.poll() is not None:  # ended: its pid may already belong to another process
+        return
+    for pid in [job.pid, *_descendants(job.pid)]:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     job.wait(timeout=30)
 
 
 def worker_pid(job: subprocess.Popen, rank: int) -> int:
-    """The pid of the job's worker with RANK=`rank` (a child of torchrun's agent)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    """The pid of the job's worker with RANK=`rank`."""
+    for pid in _descendants(job.pid):
         try:
-            if os.getpgid(int(entry.name)) != job.pid or int(entry.name) == job.pid:
-                continue
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, ProcessLookupError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
             continue
-        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK=" + str(rank).encode() in environ:
-            return int(entry.name)
+        if f"RANK={rank}".encode() in environ and f"LOCAL_RANK={rank}".encode() in environ:
+            return pid
     raise AssertionError(f"no worker with rank {rank} in job {job.pid}")
 
 
