@@ -22,7 +22,7 @@ _NOT_MATH = {
     "run.name", "run.output_dir", "run.device", "run.epochs", "run.max_steps", "run.pipeline",
     "run.overwrite", "run.collective_timeout_s",
     "data.path", "data.prefetch_batches", "data.multi_hot_cache_dir", "data.verify",
-    "data.verify_max_bytes",
+    "data.verify_max_gb",
 }
 _NOT_MATH_SECTIONS = {"eval", "checkpoint", "logging", "mlperf"}
 

@@ -82,6 +82,8 @@ class PreprocessSummary:
             f"  table sizes: {self.table_sizes}",
         ]
         bad = self.bad_lines
+        if bad.crlf_lines:
+            lines.append(f"  CR LF line endings: {bad.crlf_lines:,} lines (accepted, CR stripped)")
         lines.append(f"  bad lines skipped: {bad.count}")
         lines += [f"    e.g. {example}" for example in bad.examples]
         return "\n".join(lines)
@@ -120,7 +122,7 @@ def _stage_file(path: str, out_dir: str, hash_range: int, bad_lines: str) -> Fil
             hashed = (chunk.cats % np.uint32(hash_range)).astype(np.int32)
             counter.add(hashed)
             writer.append(log_transform_dense(chunk.dense), hashed, chunk.labels)
-        writer.commit({"source": bf.source_fingerprint(path), "bad_lines_skipped": stats.count})
+        writer.commit({"source": bf.source_fingerprint(path), **_stats_meta(stats)})
     except BaseException:
         writer.abort()
         raise
@@ -149,15 +151,27 @@ def _remap_staged_part(path: str, out_dir: str, bad_lines: str) -> FileResult:
             _report_bytes(int(meta["source"]["bytes"] * (hi - lo) / meta["rows"]))
         for fname in ("dense.f32", "labels.u8"):
             writer.adopt(fname, staging_root / "parts" / name / fname, meta["sha256"][fname])
-        writer.commit({"source": meta["source"], "bad_lines_skipped": meta["bad_lines_skipped"]}, rows=meta["rows"])
+        stats = _stats_from_meta(meta)  # pass 1 saw the lines; its examples are kept
+        writer.commit({"source": meta["source"], **_stats_meta(stats)}, rows=meta["rows"])
     except BaseException:
         writer.abort()
         raise
     del staged
     shutil.rmtree(staging_root / "parts" / name)
-    stats = BadLineStats()
-    stats.count = meta["bad_lines_skipped"]
     return FileResult(name, meta["rows"], meta["source"]["bytes"], False, stats)
+
+
+def _stats_meta(stats: BadLineStats) -> dict[str, Any]:
+    """What a part's part.json keeps of its input's line statistics."""
+    return {"bad_lines_skipped": stats.count, "bad_line_examples": [str(b) for b in stats.examples],
+            "crlf_lines": stats.crlf_lines}
+
+
+def _stats_from_meta(meta: dict[str, Any]) -> BadLineStats:
+    stats = BadLineStats(count=meta.get("bad_lines_skipped", 0),
+                         crlf_lines=meta.get("crlf_lines", 0))
+    stats.examples = list(meta.get("bad_line_examples", []))  # as text: enough to show them
+    return stats
 
 
 def _convert_text_file(path: str, out_dir: str, bad_lines: str) -> FileResult:
@@ -169,7 +183,7 @@ def _convert_text_file(path: str, out_dir: str, bad_lines: str) -> FileResult:
     try:
         for chunk in iter_parsed(path, bad_lines, stats, on_bytes=_report_bytes):
             writer.append(log_transform_dense(chunk.dense), mapper.map(chunk.cats), chunk.labels)
-        writer.commit({"source": bf.source_fingerprint(path), "bad_lines_skipped": stats.count})
+        writer.commit({"source": bf.source_fingerprint(path), **_stats_meta(stats)})
     except BaseException:
         writer.abort()
         raise
@@ -230,9 +244,7 @@ def _skip_result(out_dir: Path, path: str) -> FileResult | None:
     if not _same_source(meta["source"], path):
         raise ValueError(f"{out_dir}/parts/{meta['name']} was made from a different {path} "
                          "(size or mtime changed): delete the part to redo it")
-    stats = BadLineStats()
-    stats.count = meta.get("bad_lines_skipped", 0)
-    return FileResult(meta["name"], meta["rows"], now["bytes"], True, stats)
+    return FileResult(meta["name"], meta["rows"], now["bytes"], True, _stats_from_meta(meta))
 
 
 def _forget_stale_stage(out_dir: Path, path: str) -> None:
@@ -342,6 +354,8 @@ def preprocess(
         shutil.rmtree(out / STAGING_DIR)  # every staged part has been remapped
     by_name = {r.name: r for r in converted}
     results = [skipped[p] or by_name[part_name(p)] for p in inputs]
+    if not sum(r.rows for r in results):
+        raise ValueError(f"no rows in {', '.join(inputs)}: every line was skipped as bad")
     parts_meta = [bf.finished_part_meta(out, r.name) for r in results]
     bf.write_manifest(out, {
         "categorical_mode": mode,
