@@ -24,11 +24,11 @@ from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.sharding import shard_model
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
-from dlrmtrain.metrics.mlperf_logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.errors import SetupError
 from dlrmtrain.metrics.run_records import (RunClaim, checkpoint_dir_of, claim_run_dir,
                                            open_run_records)
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
+from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.models import build_model
 from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.data.preprocess import preprocess
+from dlrmtrain.data.preprocess.pipeline import preprocess
 from tests.common import tiny_overrides
 from tests.data.raw_rows import random_raw_lines, write_lines
-from tests.data.test_preprocess import HASH_RANGE, load_everything
+from tests.data.preprocess.test_pipeline import HASH_RANGE, load_everything
 
 
 def test_truncated_gz_is_an_error_naming_the_file(tmp_path):
@@ -71,7 +71,7 @@ def test_truncated_npy_is_an_error_naming_the_file(tmp_path):
 
 def _dataset_and_config(tmp_path, *overrides):
     from dlrmtrain.config import load_config
-    from dlrmtrain.data.synthetic_files import write_synthetic_dataset
+    from dlrmtrain.data.synthetic.files import write_synthetic_dataset
 
     base = tiny_overrides(str(tmp_path))
     write_synthetic_dataset(load_config(None, base).data, tmp_path / "ds", rows_per_part=512,

@@ -141,7 +141,7 @@ def test_preprocessing_killed_in_each_pass_then_rerun(tmp_path, kill_when):
     import numpy as np
 
     from tests.data.raw_rows import random_raw_lines, write_lines
-    from tests.data.test_preprocess import load_everything
+    from tests.data.preprocess.test_pipeline import load_everything
     from tests.reliability.jobs import REPO
 
     lines = random_raw_lines(24000, seed=3)  # 3 files of ~2 MB: passes take long enough to hit
@@ -166,7 +166,7 @@ def test_preprocessing_killed_in_each_pass_then_rerun(tmp_path, kill_when):
             job.kill()
             job.wait(timeout=30)
     # The rerun (in this process: the same code the command runs), then an uninterrupted run.
-    from dlrmtrain.data.preprocess import preprocess
+    from dlrmtrain.data.preprocess.pipeline import preprocess
 
     for target in (out, tmp_path / "fresh"):
         preprocess(paths, target, "mlperf_vocab", hash_range=1000, progress=False)

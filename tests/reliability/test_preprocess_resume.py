@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from dlrmtrain.data.preprocess import _build_vocabulary, preprocess
+from dlrmtrain.data.preprocess.pipeline import _build_vocabulary, preprocess
 from tests.data.raw_rows import random_raw_lines, write_lines
-from tests.data.test_preprocess import HASH_RANGE, load_everything, write_days
+from tests.data.preprocess.test_pipeline import HASH_RANGE, load_everything, write_days
 
 
 def test_source_replaced_after_pass_1_is_staged_again(tmp_path):
@@ -32,7 +32,7 @@ def test_source_replaced_after_pass_1_is_staged_again(tmp_path):
 def test_source_replaced_after_pass_2_began_is_refused(tmp_path):
     """Once a part is written with the old vocabulary, restaging one file would leave
     the parts inconsistent: refused, naming what to do."""
-    from dlrmtrain.data import preprocess as pp
+    from dlrmtrain.data.preprocess import pipeline as pp
 
     paths, _ = write_days(tmp_path)
     out = tmp_path / "out"

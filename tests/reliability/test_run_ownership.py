@@ -38,7 +38,7 @@ def _runs(out_dir, runs):
     """Train once per override list, in order (a tuple (function, *args) is called in
     between); each result is the summary or the SetupError's message."""
     from dlrmtrain.config import load_config
-    from dlrmtrain.config.validate import validate_config
+    from dlrmtrain.validation import validate_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.errors import SetupError
     from dlrmtrain.trainer import Trainer
@@ -174,7 +174,7 @@ def test_data_without_one_full_batch_stops_at_once(tmp_path):
     """Bug 1: 200 file rows under a global batch of 256 looped over empty epochs forever
     (writing epoch events to mlperf.log); it must stop at once, saying why."""
     from dlrmtrain.config import load_config
-    from dlrmtrain.data.synthetic_files import write_synthetic_dataset
+    from dlrmtrain.data.synthetic.files import write_synthetic_dataset
 
     data = load_config(None, tiny_overrides(str(tmp_path))).data
     write_synthetic_dataset(data, tmp_path / "ds", rows_per_part=200, num_parts=2, progress=False)
