@@ -86,7 +86,7 @@ def shutdown_distributed(*objects_to_release: object) -> None:
     """Tear down in the order that avoids exit-time aborts.
 
     A DMP process that only calls destroy_process_group() can die with
-    "terminate called without an active exception" (DESIGN.md §6): wait for
+    "terminate called without an active exception" (seen with TorchRec on Gloo): wait for
     every rank, drop the sharded model, collect garbage, then destroy.
     Callers pass nothing and `del` their own references first; the argument
     only documents intent at the call site.
