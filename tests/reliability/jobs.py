@@ -96,7 +96,8 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, job: subprocess.Popen) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float, job: subprocess.Popen,
+               poll_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if job.poll() is not None:
@@ -104,4 +105,4 @@ def wait_until(condition: Callable[[], bool], timeout: float, job: subprocess.Po
         if time.monotonic() > deadline:
             kill_job(job)
             raise AssertionError(f"condition not met within {timeout:.0f}s")
-        time.sleep(0.05)
+        time.sleep(poll_s)

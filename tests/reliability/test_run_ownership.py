@@ -185,3 +185,26 @@ def test_data_without_one_full_batch_stops_at_once(tmp_path):
     assert result.startswith("SetupError")
     assert "200 training rows" in result and "global batch of 256" in result
     assert "world size 1" in result
+
+
+def test_partial_checkpoints_of_dead_writers_are_removed(tmp_path):
+    import os
+    import socket
+
+    from dlrmtrain.checkpoint import OWNER, remove_dead_partials
+
+    def partial(step, owner):
+        path = tmp_path / f"step_{step}.partial"
+        path.mkdir()
+        if owner is not None:
+            (path / OWNER).write_text(json.dumps(owner))
+        return path
+
+    host = socket.gethostname()
+    dead = partial(3, {"host": host, "pid": 999_999_999})
+    nameless = partial(4, None)  # killed before it named its writer
+    live = partial(5, {"host": host, "pid": os.getpid()})
+    elsewhere = partial(6, {"host": host + "-other", "pid": 1})
+    removed = remove_dead_partials(tmp_path, log=lambda _: None)
+    assert sorted(removed) == [dead, nameless]
+    assert live.exists() and elsewhere.exists()
