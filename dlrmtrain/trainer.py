@@ -105,15 +105,22 @@ class Trainer:
         self.cfg = cfg
         self.env = env
         self.math = math_config(cfg, env.world_size)
-        # Whose run directory this is, decided before anything is written to it.
+        # Everything that can refuse the run comes before anything is written: whose run
+        # directory this is, which checkpoint to resume, whether the data fills a step.
         claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.math), env.rank)
+        self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
+                                         env.rank, claim.run_id, self.math, log=self._print)
+        if env.is_main:
+            remove_dead_partials(self.checkpointer.root, log=self._print)
+        resume_from = (self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
+                       if cfg.checkpoint.resume else None)
+        self.data = build_datasets(cfg, env.rank, env.world_size)
+        self._check_data_fills_a_step()
         self.mlperf = open_mlperf_logger(cfg, env.rank,  # a no-op unless rank 0 and enabled
                                          append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank, claim)
-        self.data = build_datasets(cfg, env.rank, env.world_size)
-        self._check_data_fills_a_step()
         self.model, self.plan_text = self._build_sharded_model()
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
@@ -127,13 +134,9 @@ class Trainer:
                          if cfg.run.pipeline else None)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
-        self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
-                                         env.rank, claim.run_id, self.math, log=self._print)
-        if env.is_main:
-            remove_dead_partials(self.checkpointer.root, log=self._print)
         self._print(self.plan_text)
         self.records.write_text("plan.txt", self.plan_text + "\n")
-        self._maybe_resume(claim)
+        self._resume(resume_from, claim)
         log_run_setup(self.mlperf, cfg, self.data.num_train_samples, self.data.num_eval_samples)
         self.mlperf.init_stop()
 
@@ -261,22 +264,20 @@ class Trainer:
         path = self.checkpointer.save(self.model, self.optimizer, position)
         self.records.log("checkpoint", step=self.step, path=str(path))
 
-    def _maybe_resume(self, claim: RunClaim) -> None:
-        path = None
-        if self.cfg.checkpoint.resume:
-            path = self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
-            if path is None:
-                self._print(f"resume: no complete checkpoint of this run in "
-                            f"{self.checkpointer.root}; starting from step 0")
-            else:
-                if claim.adopt_run_id:  # no run.json (e.g. records lost): the checkpoint's run
-                    self.checkpointer.run_id = self.checkpointer.run_id_of(path)
-                pos = self.checkpointer.load(path, self.model, self.optimizer)
-                self.step, self.epoch, self.step_in_epoch = (pos.step, pos.epoch,
-                                                             pos.step_in_epoch)
-                self.schedule.load_state_dict(pos.schedule)
-                self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
-                            f"batch {self.step_in_epoch})")
+    def _resume(self, path: Optional[Path], claim: RunClaim) -> None:
+        """Load the chosen checkpoint (if any); record the run's identity, and where a
+        resumed run restarted."""
+        if self.cfg.checkpoint.resume and path is None:
+            self._print(f"resume: no complete checkpoint of this run in "
+                        f"{self.checkpointer.root}; starting from step 0")
+        if path is not None:
+            if claim.adopt_run_id:  # no run.json (e.g. records lost): the checkpoint's run
+                self.checkpointer.run_id = self.checkpointer.run_id_of(path)
+            pos = self.checkpointer.load(path, self.model, self.optimizer)
+            self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
+            self.schedule.load_state_dict(pos.schedule)
+            self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
+                        f"batch {self.step_in_epoch})")
         if not claim.resuming or claim.adopt_run_id:
             self.records.set_identity(self.checkpointer.run_id, self.math)
         if claim.resuming:
