@@ -78,7 +78,11 @@ def decide_on_rank0(decide: Callable[[], Any], rank: int) -> Any:
         dist.broadcast_object_list(outcome, src=0)
     if outcome[1] is not None:
         error_type, message = outcome[1]
-        raise error_type(message)
+        try:
+            error = error_type(message)
+        except TypeError:  # a type that needs more than a message
+            error = RuntimeError(f"{error_type.__name__} on rank 0: {message}")
+        raise error
     return outcome[0]
 
 
