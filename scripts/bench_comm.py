@@ -35,9 +35,9 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from dlrmtrain.data.criteo_text import iter_parsed
-from dlrmtrain.data.synthetic import power_law_ids
-from dlrmtrain.data.synthetic_profiles import kaggle_profile
+from dlrmtrain.data.formats.criteo_text import iter_parsed
+from dlrmtrain.data.synthetic.generator import power_law_ids
+from dlrmtrain.data.synthetic.profiles import kaggle_profile
 
 NUM_CAT = 26
 LINK_GBPS = (25, 100, 400)

@@ -6,7 +6,7 @@ from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
 from dlrmtrain.data.sources import DATA_FORMATS
 from dlrmtrain.data.splits import SPLIT_KINDS
-from dlrmtrain.data.synthetic_profiles import PROFILES, TERABYTE_TABLES
+from dlrmtrain.data.synthetic.profiles import PROFILES, TERABYTE_TABLES
 from dlrmtrain.precision import PRECISIONS
 
 MODEL_ARCHS = ("dlrm_v1", "dlrm_dcnv2")

@@ -9,7 +9,7 @@ import torch
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.validate import validate_config
 from dlrmtrain.data import build_datasets, table_rows
-from dlrmtrain.data.preprocess import preprocess
+from dlrmtrain.data.preprocess.pipeline import preprocess
 from tests.common import tiny_config
 from tests.data.raw_rows import random_raw_lines, write_lines
 from tests.multiproc import run_ranks
