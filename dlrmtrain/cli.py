@@ -79,13 +79,13 @@ def train(argv: list[str]) -> int:
 
 
 def preprocess(argv: list[str]) -> int:
-    from dlrmtrain.data.preprocess_cli import main
+    from dlrmtrain.data.preprocess.cli import main
 
     return main(argv, prog="dlrmtrain preprocess")
 
 
 def mlperf(argv: list[str]) -> int:
-    from dlrmtrain.mlperf_runner import main
+    from dlrmtrain.mlperf.runner import main
 
     return main(argv)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
+from dlrmtrain.data.metadata import apply_dataset_metadata
 from dlrmtrain.data.sources import DATA_FORMATS
 from dlrmtrain.data.splits import SPLIT_KINDS
 from dlrmtrain.data.synthetic.profiles import PROFILES, TERABYTE_TABLES
@@ -74,6 +75,8 @@ def validate_config(cfg: Config, world_size: int) -> None:
     if run.max_steps is not None and run.max_steps <= 0:
         raise ConfigError(f"run.max_steps: must be positive or null, got {run.max_steps}")
 
+    _one_of("data.synthetic.profile", data.synthetic.profile, PROFILES)
+    apply_dataset_metadata(cfg)  # null sizes come from the data itself (data/metadata.py)
     if len(data.table_sizes) != NUM_CATEGORICAL:
         raise ConfigError(f"data.table_sizes: {len(data.table_sizes)} tables given, but Criteo "
                           f"data has {NUM_CATEGORICAL} categorical features")
