@@ -64,5 +64,5 @@ def test_a_damaged_metrics_line_is_named(two_runs, tmp_path):
     lines = len((run / "metrics.jsonl").read_text().splitlines())
     with pytest.raises(ReportError, match=rf"metrics.jsonl:{lines}: not valid JSON"):
         load_run(run)
-    with pytest.raises(ReportError, match="no summary.json"):
+    with pytest.raises(ReportError, match=r"no config.yaml \(not a finished dlrmtrain run"):
         load_run(tmp_path)
