@@ -64,7 +64,7 @@ def train(argv: list[str]) -> int:
         spec.check()
         cfg = load_config(args.config, args.overrides)
         print(describe_run(cfg, spec.world_size, spec.nnodes), flush=True)
-        from dlrmtrain.config.validate import validate_config  # imports torch: seconds
+        from dlrmtrain.validation import validate_config  # imports torch: seconds
 
         validate_config(cfg, world_size=spec.world_size)
     except ConfigError as e:

@@ -1,6 +1,6 @@
 """Embedding all-to-all bytes and time per codec, on real Criteo rows or synthetic ids.
 
-    PYTHONPATH=. python scripts/bench_comm.py --data ../shared/data/criteo_kaggle_sample.tsv.gz \
+    PYTHONPATH=. python scripts/bench_comm.py --data criteo_kaggle_sample.tsv.gz \
         --world-size 8 --batch-size 4096 --codec none dedup fp16 bf16 int8 dedup+fp16 dedup+bf16
 
 LOSSY codecs (TorchRec qcomms fp16/bf16/int8, stacked dedup+fp16/bf16) are
@@ -18,7 +18,7 @@ Two parts, printed side by side per codec:
   run: whole step, all-to-all transfer, and codec work (unique, expand,
   segment-sum) separately; then the all-to-all phase projected for 25/100/400
   Gb/s links from the bytes. On CPU loopback the "network" is a memcpy, so
-  measured transfer understates what a real link saves (DESIGN.md §6).
+  measured transfer understates what a real link saves.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from tqdm import tqdm
 from dlrmtrain.data.formats.criteo_text import iter_parsed
 from dlrmtrain.data.synthetic.generator import power_law_ids
 from dlrmtrain.data.synthetic.profiles import kaggle_profile
+from dlrmtrain.features import CAT_KEYS, NUM_SPARSE, TABLE_NAMES
 
-NUM_CAT = 26
+NUM_CAT = NUM_SPARSE
 LINK_GBPS = (25, 100, 400)
 
 
@@ -126,7 +127,7 @@ def _kjt(block: np.ndarray):
     from torchrec import KeyedJaggedTensor
     values = torch.from_numpy(np.ascontiguousarray(block.T).reshape(-1))
     lengths = torch.ones(values.numel(), dtype=torch.int32)
-    return KeyedJaggedTensor(keys=[f"cat_{t}" for t in range(NUM_CAT)], values=values, lengths=lengths)
+    return KeyedJaggedTensor(keys=CAT_KEYS, values=values, lengths=lengths)
 
 
 def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], vocab: list[int],
@@ -153,10 +154,10 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
         sharder = make_ebc_sharder(codec, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
         torch.manual_seed(1234)  # TorchRec's table init draws from it: equal weights for every codec
         ebc = EmbeddingBagCollection(tables=[
-            EmbeddingBagConfig(name=f"t_cat_{t}", embedding_dim=dim, num_embeddings=vocab[t],
-                               feature_names=[f"cat_{t}"]) for t in range(NUM_CAT)], device=torch.device("meta"))
+            EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],
+                               feature_names=[CAT_KEYS[t]]) for t in range(NUM_CAT)], device=torch.device("meta"))
         plan = construct_module_sharding_plan(
-            ebc, {f"t_cat_{t}": table_wise(rank=t % world, compute_kernel="fused") for t in range(NUM_CAT)},
+            ebc, {TABLE_NAMES[t]: table_wise(rank=t % world, compute_kernel="fused") for t in range(NUM_CAT)},
             sharder=sharder, local_size=world, world_size=world, device_type="cpu")
         model = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[sharder],
                                          device=torch.device("cpu"), init_data_parallel=False)

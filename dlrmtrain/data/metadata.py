@@ -4,7 +4,7 @@ A dataset written by preprocessing (`dlrmtrain preprocess`) records its table
 sizes (and, where present, multi-hot bag sizes) in `dataset.json`. A config
 that leaves `data.table_sizes` (or `data.multi_hot_sizes`) null takes them from
 there; one that gives sizes must give the dataset's, else the error names both.
-Called by validate_config, so it runs before any process starts and again in
+Called by validate_config (dlrmtrain/validation.py), so it runs before any process starts and again in
 every rank (each rank reads the same small file).
 """
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlrmtrain.config.loader import ConfigError
-from dlrmtrain.config.schema import NUM_CATEGORICAL, Config
+from dlrmtrain.config.schema import Config
 from dlrmtrain.data.formats.binary import MANIFEST_NAME, read_manifest
 from dlrmtrain.data.sources import detect_format
+from dlrmtrain.features import NUM_SPARSE
 
 SYNTHETIC_DEFAULT_ROWS = 1000
 """Rows per table of synthetic data (profile custom) when data.table_sizes is null."""
@@ -57,7 +58,7 @@ def apply_dataset_metadata(cfg: Config) -> None:
 
             data.table_sizes = (generator.tables_and_exponents(data)[0]
                                 if data.synthetic.profile != "custom"
-                                else [SYNTHETIC_DEFAULT_ROWS] * NUM_CATEGORICAL)
+                                else [SYNTHETIC_DEFAULT_ROWS] * NUM_SPARSE)
         return
     found = dataset_manifest(cfg)
     if found is None:
@@ -66,7 +67,7 @@ def apply_dataset_metadata(cfg: Config) -> None:
                      else f"data.path {data.path!r} has no {MANIFEST_NAME}")
             raise ConfigError(f"data.table_sizes: null takes the sizes from the dataset's "
                               f"{MANIFEST_NAME} (written by `dlrmtrain preprocess`), but {where}; "
-                              f"prepare it first or give the {NUM_CATEGORICAL} sizes")
+                              f"prepare it first or give the {NUM_SPARSE} sizes")
         return
     manifest, content = found
     recorded = [int(n) for n in content["table_sizes"]]

@@ -13,6 +13,8 @@ from typing import Any
 
 from mlperf_logging.mllog import constants as C
 
+from dlrmtrain.config.schema import Division, SubmissionStatus, choices
+
 DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant for it)
 DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0+
 BENCHMARKS = (DLRM, DLRM_DCNV2)
@@ -58,8 +60,8 @@ OPTIONAL_HYPERPARAMETERS = (C.SEED, C.OPT_NAME)
 # epoch_num of "no training yet": DLRM v1 counts epochs from 1, DCNv2 from 0.
 EPOCH_BASE = {DLRM: 1, DLRM_DCNV2: 0}
 
-DIVISIONS = ("closed", "open")
-SUBMISSION_STATUSES = ("cloud", "onprem", "preview", "research")
+DIVISIONS = choices(Division)
+SUBMISSION_STATUSES = choices(SubmissionStatus)
 RUN_STATUSES = (C.SUCCESS, C.ABORTED)
 
 

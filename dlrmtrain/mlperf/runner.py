@@ -79,7 +79,7 @@ class CodecOutcome:
 
 def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     from dlrmtrain.config import load_config  # config errors surface before any launch
-    from dlrmtrain.config.validate import validate_config
+    from dlrmtrain.validation import validate_config
 
     cfg = load_config(args.config, list(args.overrides))
     for codec in args.codecs.split(","):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dlrmtrain.config import ConfigError, load_config
-from dlrmtrain.config.validate import validate_config
+from dlrmtrain.validation import validate_config
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from tests.data.raw_rows import REPO_ROOT, random_raw_lines, write_lines
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dlrmtrain.data.features import NUM_DENSE, NUM_SPARSE
+from dlrmtrain.features import NUM_DENSE, NUM_SPARSE
 from dlrmtrain.data.parts import RowBlock
 
 FORMAT_NAME = "dlrmtrain-criteo"

@@ -22,7 +22,7 @@ import numpy as np
 from dlrmtrain.data.formats.ascii_fields import (
     DEC_LUT, HEX_LUT, MAX_HEX_DIGITS, decode_decimal8, decode_fixed_width, decode_hex8,
 )
-from dlrmtrain.data.features import NUM_DENSE, NUM_TEXT_FIELDS, TEXT_FIELD_NAMES
+from dlrmtrain.features import NUM_DENSE, NUM_TEXT_FIELDS, TEXT_FIELD_NAMES
 
 BAD_LINE_POLICIES = ("error", "skip")
 MAX_DENSE_CHARS = 18  # sign + 17 digits still fits int64

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrmtrain.data.features import NUM_DENSE, NUM_SPARSE, log_transform_dense
+from dlrmtrain.features import NUM_DENSE, NUM_SPARSE, log_transform_dense
 from dlrmtrain.data.parts import RowBlock
 
 FACEBOOK_ROW_INTS = 1 + NUM_DENSE + NUM_SPARSE

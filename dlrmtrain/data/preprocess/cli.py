@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 
-from dlrmtrain.data.features import NUM_SPARSE
 from dlrmtrain.data.formats.criteo_text import BAD_LINE_POLICIES
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.data.preprocess.vocab import CATEGORICAL_MODES, MLPERF_HASH_RANGE
+from dlrmtrain.features import NUM_SPARSE
 
 
 def parse_table_sizes(text: str) -> list[int]:

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dlrmtrain.data.features import NUM_SPARSE
+from dlrmtrain.features import NUM_SPARSE
 from dlrmtrain.data.parts import Part, RowBlock
 
 REFERENCE_SEED = 0

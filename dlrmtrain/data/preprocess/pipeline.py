@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from dlrmtrain.data.formats import binary as bf
 from dlrmtrain.data.formats.criteo_text import BadLineStats, iter_parsed
-from dlrmtrain.data.features import log_transform_dense
+from dlrmtrain.features import log_transform_dense
 from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )

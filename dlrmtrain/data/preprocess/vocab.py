@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrmtrain.data.features import NUM_SPARSE
+from dlrmtrain.features import NUM_SPARSE
 
 MLPERF_HASH_RANGE = 40_000_000
 CATEGORICAL_MODES = ("mlperf_vocab", "hash")

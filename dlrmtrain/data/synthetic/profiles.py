@@ -22,10 +22,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from dlrmtrain.data.features import MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
+from dlrmtrain.config.schema import SyntheticProfile, TerabyteTables, choices
+from dlrmtrain.features import MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
 
-PROFILES = ("custom", "kaggle", "terabyte")
-TERABYTE_TABLES = ("v1", "dcnv2")
+PROFILES = choices(SyntheticProfile)
+TERABYTE_TABLES = choices(TerabyteTables)
 CALIBRATION_BATCH = 4096
 TERABYTE_DISTINCT_FRACTION = 0.16
 _KEEP_WHOLE_BELOW = 100

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dlrmtrain.data import table_rows
-from dlrmtrain.data.features import MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
+from dlrmtrain.features import MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
 from dlrmtrain.data.synthetic.generator import generate, power_law_ids
 from dlrmtrain.data.synthetic.profiles import KAGGLE_SAMPLE_COLUMNS, expected_distinct_fraction, terabyte_sizes
 from tests.common import tiny_config

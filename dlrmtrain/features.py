@@ -1,4 +1,9 @@
-"""Criteo feature layout shared by every data module: column counts, names, dense transform."""
+"""The Criteo feature layout every layer shares: column counts, feature and table names,
+the dense transform, the MLPerf table sizes.
+
+A leaf module (numpy only), so the config schema, the data modules, the model and the
+scripts all read this one definition without importing each other.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ NUM_SPARSE = 26
 NUM_TEXT_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 # Same as torchrec.datasets.criteo.DEFAULT_CAT_NAMES (spelled out so data prep needs no torch).
 CAT_KEYS: list[str] = [f"cat_{i}" for i in range(NUM_SPARSE)]
+# Embedding table of each categorical feature (the names configs use: sharding.tables, ...).
+TABLE_NAMES: list[str] = [f"t_{key}" for key in CAT_KEYS]
 TEXT_FIELD_NAMES: list[str] = (
     ["label"] + [f"I{i}" for i in range(1, NUM_DENSE + 1)] + [f"C{i}" for i in range(1, NUM_SPARSE + 1)]
 )
