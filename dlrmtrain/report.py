@@ -116,6 +116,17 @@ def _line_alpha(runs: list[RunData]) -> float:
     return 0.9 if len(runs) <= 6 else 0.5
 
 
+def _line_style(runs: list[RunData], index: int) -> str:
+    """Few runs: solid, dashed, dotted... so identical curves (lossless codecs) stay visible."""
+    return ("-", "--", ":", "-.")[index % 4] if len(runs) <= 6 else "-"
+
+
+def _thousands(ax) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+
+
 def plot_auc(runs: list[RunData], out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
@@ -123,10 +134,10 @@ def plot_auc(runs: list[RunData], out: Path) -> Path | None:
     if not runs:
         return None
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for r in runs:
+    for i, r in enumerate(runs):
         t0 = r.start_time
         style = dict(color=_colour(r.codec), marker="o", markersize=3, label=r.label,
-                     alpha=_line_alpha(runs))
+                     alpha=_line_alpha(runs), linestyle=_line_style(runs, i))
         by_time.plot([e["time"] - t0 for e in r.evals], [e["auc"] for e in r.evals], **style)
         by_step.plot([e["step"] for e in r.evals], [e["auc"] for e in r.evals], **style)
     targets = {r.target_auc for r in runs if r.target_auc is not None}
@@ -135,8 +146,9 @@ def plot_auc(runs: list[RunData], out: Path) -> Path | None:
             ax.axhline(t, color="black", linestyle="--", linewidth=0.8)
         ax.grid(alpha=0.3)
     if targets:
-        by_step.annotate(f"target {max(targets)}", xy=(1, max(targets)), xycoords=("axes fraction", "data"),
-                         xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=8)
+        by_time.annotate(f"target AUC {max(targets)}", xy=(0, max(targets)),
+                         xycoords=("axes fraction", "data"), xytext=(4, 3),
+                         textcoords="offset points", ha="left", fontsize=8)
     by_time.set(xlabel="time since run start (s, evaluations included)", ylabel="eval AUC",
                 title="eval AUC against time")
     by_step.set(xlabel="training step", title="eval AUC against steps")
@@ -148,9 +160,10 @@ def plot_loss(runs: list[RunData], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in runs:
+    for i, r in enumerate(runs):
         ax.plot([x["step"] for x in r.train], [x["loss"] for x in r.train], color=_colour(r.codec),
-                label=r.label, alpha=_line_alpha(runs), linewidth=1.2)
+                label=r.label, alpha=_line_alpha(runs), linewidth=1.2,
+                linestyle=_line_style(runs, i))
     ax.set(xlabel="training step", ylabel="train loss (mean over the logging window)",
            title="training loss")
     ax.grid(alpha=0.3)
@@ -162,11 +175,13 @@ def plot_throughput(runs: list[RunData], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in runs:
+    for i, r in enumerate(runs):
         ax.plot([x["step"] for x in r.train], [x["samples_per_s"] for x in r.train],
-                color=_colour(r.codec), label=r.label, alpha=_line_alpha(runs), linewidth=1.2)
+                color=_colour(r.codec), label=r.label, alpha=_line_alpha(runs), linewidth=1.2,
+                linestyle=_line_style(runs, i))
     ax.set(xlabel="training step", ylabel="samples/s (over the logging window)",
            title="training throughput", ylim=(0, None))
+    _thousands(ax)
     ax.grid(alpha=0.3)
     _legend(ax, runs)
     return _save(fig, out / "throughput.png")
@@ -182,30 +197,55 @@ def plot_comm_bytes(runs: list[RunData], out: Path) -> Path | None:
     if not runs:
         return None
     tables = list(runs[0].comm["tables"])
-    series = []  # (label, colour, MiB per table)
     mib = 2.0 ** 20
 
     def per_pass(r: RunData, key: str) -> list[float]:
         steps = max(r.comm["steps"], 1)
         return [r.comm["tables"].get(t, {}).get(key, 0) / steps / mib for t in tables]
 
-    series.append(("stock all-to-all (codec none)", _colour("none"),
-                   per_pass(runs[0], "uncompressed_fwd_recv_bytes")))
+    def totals(r: RunData, stock: bool) -> list[float]:
+        """MiB per pass: forward payload, backward payload, ids (the ids cross under every codec)."""
+        t, steps = r.comm["total"], max(r.comm["steps"], 1) * mib
+        fwd = t["uncompressed_fwd_recv_bytes"] if stock else t["payload_fwd_recv_bytes"]
+        bwd = t["uncompressed_fwd_recv_bytes"] if stock else t["payload_bwd_recv_bytes"]
+        return [fwd / steps, bwd / steps, t["id_recv_bytes"] / steps]
+
+    # (label, colour, MiB per table, [fwd, bwd, ids] per pass)
+    series = [("stock all-to-all (codec none)", _colour("none"),
+               per_pass(runs[0], "uncompressed_fwd_recv_bytes"), totals(runs[0], stock=True))]
     shown = runs if len(runs) <= 4 else list({r.codec: r for r in runs}.values())
     for r in shown:
         series.append((r.label if len(runs) <= 4 else f"codec {r.codec}", _colour(r.codec),
-                       per_pass(r, "payload_fwd_recv_bytes")))
+                       per_pass(r, "payload_fwd_recv_bytes"), totals(r, stock=False)))
     y = np.arange(len(tables))
     height = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(8, max(4.0, 0.28 * len(tables) + 1.5)))
-    for i, (label, colour, values) in enumerate(series):
+    fig, (ax, tot) = plt.subplots(1, 2, figsize=(11, max(4.0, 0.28 * len(tables) + 1.5)),
+                                  gridspec_kw=dict(width_ratios=[3, 1.4]))
+    for i, (label, colour, values, _) in enumerate(series):
         ax.barh(y + (i - (len(series) - 1) / 2) * height, values, height, label=label, color=colour)
     ax.set_yticks(y, tables, fontsize=7)
     ax.invert_yaxis()
-    ax.set(xlabel="MiB received per forward pass (all ranks)",
+    ax.set(xlabel="MiB received per forward pass, forward payload (all ranks)",
            title="embedding all-to-all bytes per table")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+    # Totals per pass, stacked: forward payload, backward payload, ids.
+    x = np.arange(len(series))
+    bottom = np.zeros(len(series))
+    for part, (name, alpha) in enumerate((("forward", 1.0), ("backward", 0.55), ("ids", 0.25))):
+        values = np.array([s[3][part] for s in series])
+        tot.bar(x, values, 0.6, bottom=bottom, color=[s[1] for s in series], alpha=alpha,
+                edgecolor="black", linewidth=0.4, label=name)
+        bottom += values
+    stock_total = bottom[0]
+    for i, total in enumerate(bottom):
+        tot.annotate(f"{total:.2f}" + ("" if i == 0 else f"\n{stock_total / total:.2f}x less"),
+                     (i, total), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
+    tot.set_xticks(x, ["none" if i == 0 else s[0].split("(")[-1].rstrip(")") if len(runs) <= 4
+                       else s[0].replace("codec ", "") for i, s in enumerate(series)], fontsize=8)
+    tot.set(ylabel="MiB per forward pass", title="all tables, per pass", ylim=(0, stock_total * 1.25))
+    tot.legend(fontsize=7, loc="upper right")
+    tot.grid(axis="y", alpha=0.3)
     return _save(fig, out / "comm_bytes.png")
 
 
@@ -216,18 +256,22 @@ def plot_step_time(runs: list[RunData], out: Path) -> Path | None:
     if not runs:
         return None
     phases = list(dict.fromkeys(p for r in runs for p in r.breakdown["phase_ms_per_step"]))
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.5 * len(runs)))
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 1.0 * len(runs)))
     left = [0.0] * len(runs)
     colours = plt.get_cmap("tab10")
     for i, phase in enumerate(phases):
         widths = [r.breakdown["phase_ms_per_step"].get(phase, 0.0) for r in runs]
         ax.barh(range(len(runs)), widths, left=left, label=phase, color=colours(i))
         left = [a + b for a, b in zip(left, widths)]
+    for i, r in enumerate(runs):  # the collectives inside forward/backward, as measured
+        inside = "".join(f"\n  {k}: {ms:.1f} ms"
+                         for k, ms in r.breakdown["collective_ms_per_step"].items())
+        ax.annotate(f"{left[i]:.1f} ms per step" + (f", of which{inside}" if inside else ""),
+                    (left[i], i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_yticks(range(len(runs)), [r.label for r in runs], fontsize=8)
     ax.invert_yaxis()
-    ax.set(xlabel="ms per step (rank 0)", title="step-time breakdown")
-    ax.legend(fontsize=7, ncol=min(4, len(phases)), loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 - 0.1 / len(runs)))
+    ax.set(xlabel="ms per step (rank 0)", title="step-time breakdown", xlim=(0, max(left) * 1.9))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, out / "step_time.png")
 
 
