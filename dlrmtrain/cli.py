@@ -45,8 +45,12 @@ def describe_run(cfg, world_size: int, nnodes: int) -> str:
     where = f"{world_size} rank{'s' if world_size > 1 else ''}"
     if nnodes > 1:
         where += f" on {nnodes} nodes"
-    tables = "tables from the dataset" if cfg.data.table_sizes is None \
-        else f"{len(cfg.data.table_sizes)} tables"
+    if cfg.data.table_sizes is not None:
+        tables = f"{len(cfg.data.table_sizes)} tables"
+    elif cfg.data.source == "synthetic":
+        tables = f"tables of the synthetic {cfg.data.synthetic.profile} profile"
+    else:
+        tables = "table sizes from the dataset"
     return (f"dlrmtrain: building {cfg.run.name}: {cfg.model.arch}, {tables}, "
             f"{cfg.data.source} data, codec {cfg.comm.codec}, {where}; "
             f"run directory {Path(cfg.run.output_dir) / cfg.run.name}")

@@ -35,10 +35,14 @@ mlperf_run: no Criteo data given (--data FILE or $DLRMTRAIN_SHARED_DATA).
   Challenge, research use; Criteo 1TB Click Logs, CC BY-NC-SA 4.0). Any Criteo text file
   works with --data (mini_mlperf.yaml was tuned on a 49,285-row sample of the Kaggle data).
   Running the same flow on the calibrated synthetic `kaggle` profile instead
-  (same table sizes and id skew as that sample; labels from a hidden teacher).
+  (same table sizes and id skew as that sample; labels from a hidden teacher),
+  with its own target AUC 0.635: this task's ceiling is lower than the real one.
 MSG
+    # The sample's split sizes (39,424 train / 9,856 eval). Target: seed 0 reached 0.639 after
+    # 1.6 epochs and levels off at 0.649 (measured, codec none), as the real sample reaches 0.70.
     set -- --config configs/mini_mlperf.yaml --out runs/mlperf_mini_synthetic data=synthetic \
-      data.synthetic.num_train_samples=39424 data.synthetic.num_eval_samples=9856
+      data.synthetic.num_train_samples=39424 data.synthetic.num_eval_samples=9856 \
+      eval.target_auc=0.635
   fi
 fi
 exec "${DLRMTRAIN[@]}" mlperf "$@"
