@@ -48,6 +48,8 @@ class Summary:
     """What a run did; printed at the end and written to summary.json."""
 
     world_size: int
+    codec: str = "none"
+    """comm.codec, with per-table overrides: `dedup (t_cat_3: none)`"""
     steps: int = 0
     samples: int = 0
     train_seconds: float = 0.0
@@ -67,7 +69,8 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "world_size": self.world_size, "steps": self.steps, "samples": self.samples,
+            "world_size": self.world_size, "codec": self.codec, "steps": self.steps,
+            "samples": self.samples,
             "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds,
             "samples_per_second": self.samples_per_second, "final_auc": self.final_auc,
             "target_auc": self.target_auc, "reached_target": self.time_to_target_s is not None,
@@ -88,6 +91,7 @@ class Summary:
             "=" * 60,
             "dlrmtrain run summary",
             f"  ranks            {self.world_size}",
+            f"  codec            {self.codec}",
             f"  steps            {self.steps}  ({self.samples:,} samples)",
             f"  throughput       {self.samples_per_second:,.0f} samples/s "
             f"(training time {self.train_seconds:.1f} s, wall {self.wall_seconds:.1f} s)",
@@ -274,7 +278,9 @@ class Trainer:
         interval = self.eval_interval()
         ckpt_every = cfg.checkpoint.every_steps
         log_every = max(1, cfg.logging.metrics_every_steps)
-        summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc)
+        overrides = ", ".join(f"{t}: {c}" for t, c in sorted(cfg.comm.table_codecs.items()))
+        summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
+                          codec=cfg.comm.codec + (f" ({overrides})" if overrides else ""))
         bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
                    dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
         if env.world_size > 1:

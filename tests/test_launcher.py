@@ -77,13 +77,16 @@ def test_torchrun_arguments_single_and_multi_node():
 def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
                      *tiny_overrides(str(tmp_path), "run.max_steps=3", "eval.enabled=false",
-                                     "run.name=launched"))
+                                     "run.name=launched", "comm.codec=dedup",
+                                     "comm.table_codecs={t_cat_3: none}"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("dlrmtrain: building launched: dlrm_v1, 26 tables")
+    assert "  codec            dedup (t_cat_3: none)\n" in proc.stdout   # the summary names it
     assert "OMP_NUM_THREADS" not in proc.stderr          # torchrun's banner
     assert "Warning" not in proc.stdout + proc.stderr     # TorchRec's deprecation warnings
     summary = json.loads((tmp_path / "launched" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3
+    assert summary["codec"] == "dedup (t_cat_3: none)"
 
 
 def test_a_failing_rank_gives_its_exit_code_and_one_line(tmp_path):
