@@ -26,3 +26,9 @@ KNOWN_WARNINGS = (
 def filter_known_warnings() -> None:
     for category, message, module in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+def pytest_filter_lines() -> list[str]:
+    """The same filters in pytest's `filterwarnings` form (pytest resets the filters per test)."""
+    return [f"ignore:{message}:{category.__name__}:{module}"
+            for category, message, module in KNOWN_WARNINGS]
