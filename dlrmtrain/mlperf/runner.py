@@ -232,7 +232,7 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dlrmtrain mlperf", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, required=True, help="run config (YAML)")
     p.add_argument("--out", type=Path, required=True, help="submission tree to write")
     p.add_argument("--codecs", default="none,dedup", help="comma-separated (default: none,dedup)")
