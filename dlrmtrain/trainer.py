@@ -51,6 +51,8 @@ class Summary:
     """What a run did; printed at the end and written to summary.json."""
 
     world_size: int
+    codec: str = "none"
+    """comm.codec, with per-table overrides: `dedup (t_cat_3: none)`"""
     steps: int = 0
     samples: int = 0
     train_seconds: float = 0.0
@@ -70,7 +72,8 @@ class Summary:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "world_size": self.world_size, "steps": self.steps, "samples": self.samples,
+            "world_size": self.world_size, "codec": self.codec, "steps": self.steps,
+            "samples": self.samples,
             "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds,
             "samples_per_second": self.samples_per_second, "final_auc": self.final_auc,
             "target_auc": self.target_auc, "reached_target": self.time_to_target_s is not None,
@@ -91,6 +94,7 @@ class Summary:
             "=" * 60,
             "dlrmtrain run summary",
             f"  ranks            {self.world_size}",
+            f"  codec            {self.codec}",
             f"  steps            {self.steps}  ({self.samples:,} samples)",
             f"  throughput       {self.samples_per_second:,.0f} samples/s "
             f"(training time {self.train_seconds:.1f} s, wall {self.wall_seconds:.1f} s)",
@@ -322,8 +326,14 @@ class Trainer:
         self.mlperf.run_start()
         return _RunProgress(
             total=total, first_step=self.step, bar=bar,
-            summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc),
+            summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
+                            codec=self._codec_label()),
             window_loss=torch.zeros((), device=env.device))
+
+    def _codec_label(self) -> str:
+        """The run's codec and its per-table overrides, e.g. `dedup (t_cat_3: none)`."""
+        overrides = ", ".join(f"{t}: {c}" for t, c in sorted(self.cfg.comm.table_codecs.items()))
+        return self.cfg.comm.codec + (f" ({overrides})" if overrides else "")
 
     def _steps_until(self, total: int) -> Iterator[torch.Tensor]:
         return self._steps() if self.step < total else iter(())

@@ -13,6 +13,7 @@ from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import checks as data_checks
+from dlrmtrain.data.metadata import apply_dataset_metadata
 from dlrmtrain.distributed.planner import check_sharding_config
 
 
@@ -41,6 +42,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     """Raise ConfigError naming the key for any impossible combination."""
     device_type = resolved_device_type(cfg)
     checks.check_run(cfg, world_size)
+    apply_dataset_metadata(cfg)  # null table sizes come from the data itself
     data_checks.check_config(cfg)
     checks.check_model(cfg)
     checks.check_table_keys(cfg)

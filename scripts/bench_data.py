@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_data.py [--text-mb 200] [--rows 4000000]
 
-Preprocessing input is the real Kaggle sample (from $DLRMTRAIN_SHARED_DATA, default
-the shared folder beside the checkout) repeated to --text-mb of text, or synthetic rows when the sample is
+Preprocessing input is the real Kaggle sample (criteo_kaggle_sample.tsv.gz in the folder
+$DLRMTRAIN_SHARED_DATA) repeated to --text-mb of text, or synthetic rows when the sample is
 absent. MB are of uncompressed text; every figure is one process (workers=1).
 The loader reads a preprocessed file of --rows rows (default ~630 MB, far more than
 the few warm-up batches) at global batch 32768: one full pass with the page cache
@@ -39,9 +39,9 @@ BATCH = 32768
 
 
 def make_text(tmp: Path, megabytes: float) -> tuple[Path, str]:
-    shared = Path(os.environ.get("DLRMTRAIN_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    sample = shared / "criteo_kaggle_sample.tsv.gz"
-    if sample.exists():
+    folder = os.environ.get("DLRMTRAIN_SHARED_DATA")
+    sample = Path(folder) / "criteo_kaggle_sample.tsv.gz" if folder else None
+    if sample is not None and sample.exists():
         block, origin = gzip.open(sample).read(), f"real Kaggle sample ({sample}) repeated"
     else:
         from tests.data.raw_rows import random_raw_lines

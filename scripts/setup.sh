@@ -11,13 +11,14 @@ FLAVOR=cpu
 [[ "${1:-}" == "--gpu" ]] && FLAVOR=gpu
 
 # Exact pins. torchrec goes in with --no-deps: its metadata asks for the CUDA
-# fbgemm-gpu, which would clash with fbgemm-gpu-cpu; its real needs follow.
+# fbgemm-gpu, which would clash with fbgemm-gpu-cpu; its real needs go in first.
 TORCH=torch==2.13.0
 FBGEMM_CPU=fbgemm-gpu-cpu==1.8.0
 FBGEMM_GPU=fbgemm-gpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_DEPS=(tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions==0.0.32 iopath==0.1.10)
-OTHERS=(mlperf-logging==4.1.68 numpy==2.4.6 pyyaml==6.0.4 tqdm==4.70.1 pytest==9.2.0 pytest-timeout==2.4.0)
+OTHERS=(mlperf-logging==4.1.68 numpy==2.4.6 pyyaml==6.0.4 tqdm==4.70.1 matplotlib==3.11.2
+        pytest==9.2.0 pytest-timeout==2.4.0)
 
 STAMP="$VENV/.dlrmtrain-setup-$FLAVOR"
 PINS="$TORCH $FBGEMM_CPU $FBGEMM_GPU $TORCHREC ${TORCHREC_DEPS[*]} ${OTHERS[*]} $(sha1sum pyproject.toml | cut -c1-12)"
@@ -40,8 +41,11 @@ if [[ "$FLAVOR" == gpu ]]; then
 else
   pip_install "$TORCH" "$FBGEMM_CPU"
 fi
-pip_install --no-deps "$TORCHREC"
 pip_install "${TORCHREC_DEPS[@]}" "${OTHERS[@]}"
+# torchrec last: an install with dependencies after it would re-check torchrec's
+# metadata (it depends on tensordict & co.) and print pip's resolver ERROR about
+# the CUDA fbgemm-gpu; --no-deps installs skip that check.
+pip_install --no-deps "$TORCHREC"
 pip_install --no-deps -e .
 echo "$PINS" > "$STAMP"
 echo "setup: $VENV ready ($FLAVOR)"

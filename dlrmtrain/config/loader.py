@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -21,6 +22,21 @@ from dlrmtrain.config.schema import Config, Refused
 
 class ConfigError(ValueError):
     """A configuration problem, with the dotted key that caused it."""
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-3` and `5E+4` as numbers: YAML 1.1 (PyYAML)
+    wants a dot in a float, so `optim.lr=1e-3` would otherwise be a string."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)
 
 
 def _is_optional(tp: Any) -> tuple[bool, Any]:
@@ -141,10 +157,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r}: expected section.key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
-    if not key or "." not in key:
-        raise ConfigError(f"override {text!r}: the key must be section.key")
+    if not key:
+        raise ConfigError(f"override {text!r}: the key must be section.key (or section=PRESET)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {key}: cannot parse value {raw!r}: {e}") from None
     return key, value
@@ -168,7 +184,7 @@ def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in chain:
         raise ConfigError(f"{path}: `base` chain loops back to itself")
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = _load_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if loaded is None:
@@ -178,9 +194,27 @@ def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     base = loaded.pop("base", None)
     if base is None:
         return loaded
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: base: expected a file name, got {base!r}")
-    return _deep_merge(_read_yaml_tree(path.parent / base, chain + (path.resolve(),)), loaded)
+    bases = [base] if isinstance(base, str) else base
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: base: expected a file name or a list of them, got {base!r}")
+    tree: dict[str, Any] = {}
+    for name in bases:  # later bases override earlier ones, the file overrides them all
+        tree = _deep_merge(tree, _read_yaml_tree(path.parent / name, chain + (path.resolve(),)))
+    return _deep_merge(tree, loaded)
+
+
+def preset_path(config_path: str | Path | None, section: str, name: str) -> Path:
+    """`section=NAME` → `<config's folder>/<section>/NAME.yaml` (e.g. configs/data/NAME.yaml);
+    a NAME ending in .yaml is a path of its own."""
+    if name.endswith((".yaml", ".yml")):
+        return Path(name)
+    folder = Path(config_path).parent if config_path is not None else Path("configs")
+    path = folder / section / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (folder / section).glob("*.yaml"))
+        raise ConfigError(f"override {section}={name}: no preset {path}"
+                          + (f" (known: {', '.join(known)})" if known else ""))
+    return path
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
@@ -190,9 +224,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     if path is not None:
         source = str(path)
         tree = _read_yaml_tree(Path(path))
+    section_names = {f.name for f in dataclasses.fields(Config)}
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(tree, key, value)
+        if "." in key:
+            _set_dotted(tree, key, value)
+        elif key in section_names and isinstance(value, str):
+            # `data=criteo_terabyte`: merge a preset file over the config, in override order
+            tree = _deep_merge(tree, _read_yaml_tree(preset_path(path, key, value)))
+        else:
+            raise ConfigError(f"override {text!r}: the key must be section.key (or SECTION=PRESET "
+                              f"with SECTION one of {', '.join(sorted(section_names))})")
     try:
         return _build(Config, tree, "")
     except ConfigError as e:

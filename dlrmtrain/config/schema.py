@@ -102,12 +102,16 @@ class SyntheticDataConfig:
 class DataConfig:
     source: DataSource = "synthetic"
     """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path)."""
-    table_sizes: list[int] = field(default_factory=lambda: [1000] * NUM_SPARSE)
-    """Cardinality of each categorical column (ids are in [0, size)); one entry per table."""
+    table_sizes: Optional[list[int]] = None
+    """Cardinality of each categorical column (ids are in [0, size)); one entry per table.
+    null: a preprocessed dataset's own sizes (its dataset.json); synthetic data: the profile's,
+    or 1000 rows per table for profile `custom`. Sizes given for a preprocessed dataset must
+    equal the ones it records."""
     num_dense_features: int = NUM_DENSE
     """Dense (integer count) features per sample."""
     multi_hot_sizes: Optional[list[int]] = None
-    """Fixed bag size per table for DCNv2 multi-hot data (null: one-hot)."""
+    """Fixed bag size per table for DCNv2 multi-hot data (null: one-hot, or the sizes the
+    dataset's dataset.json records)."""
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     """Settings of the synthetic generator (used when source is `synthetic`)."""
     path: Optional[str] = None

@@ -5,12 +5,13 @@
 
 For each run index i (seed = run.seed + i) and each codec, in interleaved
 order so that drifts in machine load hit both codecs alike, it launches
-``torchrun --standalone --nproc_per_node P -m dlrmtrain.train`` with the MLPerf
+``dlrmtrain train --nproc P`` (torchrun's launcher, standalone) with the MLPerf
 log switched on, copies the log into the MLPerf results layout
 (``results/<system>/<benchmark>/result_i.txt`` + ``systems/<system>.json``,
 one system per codec), runs the compliance checker on it, and finally scores
 each codec as the result summarizer does (olympic mean, one non-converged run
-allowed) and prints both scores and their ratio.
+allowed) and prints both scores and their ratio. Last, ``dlrmtrain report`` draws
+every run (AUC against time, loss, throughput, bytes) into ``<out>/report/``.
 
 Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2) unless ``--runs`` says
 otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
@@ -54,13 +55,16 @@ class RunnerPlan:
     runs: int
     base_seed: int
     nproc: int
+    backend: str
+    """`gloo` (CPU) or `nccl` (GPU), from the config's run.device."""
     ruleset: str
     rules: Path | None
     """Derived rules file; None means the official rules."""
     timeout_s: float
 
     def system(self, codec: str) -> str:
-        return f"cpu{self.nproc}_gloo_codec-{codec}"
+        kind = "gpu" if self.backend == "nccl" else "cpu"
+        return f"{kind}{self.nproc}_{self.backend}_codec-{codec}"
 
     def layout(self, codec: str) -> SubmissionLayout:
         return SubmissionLayout(self.out, self.system(codec), self.benchmark)
@@ -97,7 +101,16 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
         config=args.config.resolve(), out=out, overrides=tuple(args.overrides),
         benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
         runs=args.runs or required_runs(benchmark), base_seed=cfg.run.seed, nproc=args.nproc,
+        backend="nccl" if _uses_gpu(cfg.run.device) else "gloo",
         ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60)
+
+
+def _uses_gpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device == "cuda"
 
 
 def expected_eval_samples(cfg) -> int:
@@ -114,15 +127,14 @@ def expected_eval_samples(cfg) -> int:
 
 
 def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
-    """Train once on `plan.nproc` Gloo ranks; return the run's MLPerf log."""
+    """Train once on `plan.nproc` ranks; return the run's MLPerf log."""
     seed = plan.base_seed + index
     run_root = plan.out / "runs" / plan.system(codec)
     name = f"run{index}_seed{seed}"
     overrides = [*plan.overrides, f"run.seed={seed}", f"comm.codec={codec}",
                  f"run.output_dir={run_root}", f"run.name={name}", "mlperf.enabled=true",
                  "logging.progress_bar=false"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={plan.nproc}", "-m", "dlrmtrain.train",
+    cmd = [sys.executable, "-m", "dlrmtrain", "train", f"--nproc={plan.nproc}",
            "--config", str(plan.config), *overrides]
     run_root.mkdir(parents=True, exist_ok=True)
     console = run_root / f"{name}.out"
@@ -145,7 +157,7 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
         layout = plan.layout(codec)
         layout.result_dir.mkdir(parents=True, exist_ok=True)
         description = describe_system(layout.system, submitter="dlrmtrain", division="closed",
-                                      nodes=1, processes_per_node=plan.nproc, backend="gloo",
+                                      nodes=1, processes_per_node=plan.nproc, backend=plan.backend,
                                       codec=codec, notes=notes)
         write_system_description(layout, description, plan.ruleset)
     checks: dict[str, list[ComplianceResult]] = {c: [] for c in plan.codecs}
@@ -177,7 +189,7 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
 def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
     rules = f"UNOFFICIAL derived rules {plan.rules}" if plan.rules else "official rules"
     lines = ["=" * 72, f"MLPerf time to train: {plan.benchmark}, ruleset {plan.ruleset}, {rules}",
-             f"  {plan.runs} seeded runs per codec on {plan.nproc} Gloo ranks; results in "
+             f"  {plan.runs} seeded runs per codec on {plan.nproc} {plan.backend} ranks; results in "
              f"{plan.out / 'results'}"]
     for o in outcomes:
         times = ", ".join("not converged" if r.minutes is None else f"{r.minutes:.3f}"
@@ -220,7 +232,7 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dlrmtrain mlperf", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, required=True, help="run config (YAML)")
     p.add_argument("--out", type=Path, required=True, help="submission tree to write")
     p.add_argument("--codecs", default="none,dedup", help="comma-separated (default: none,dedup)")
@@ -235,6 +247,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def report_runs(plan: RunnerPlan) -> None:
+    """Plots of every run into <out>/report (a failure here loses no result)."""
+    from dlrmtrain.report import ReportError, write_report
+
+    run_dirs = sorted(d for codec in plan.codecs
+                      for d in (plan.out / "runs" / plan.system(codec)).iterdir() if d.is_dir())
+    try:
+        written = write_report(run_dirs, plan.out / "report")
+    except (ReportError, OSError) as e:
+        print(f"report: not written ({e}); the results above are complete", file=sys.stderr)
+        return
+    print(f"report: {written[-1]} ({len(written) - 1} plots)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from dlrmtrain.config import ConfigError
 
@@ -246,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     outcomes = execute(plan)
     print(render_summary(plan, outcomes))
+    report_runs(plan)
     print(f"summary: {write_summary(plan, outcomes)}  "
           f"(wall {(time.perf_counter() - started) / 60:.1f} min)")
     return 0 if all(o.score.minutes is not None for o in outcomes) else 1

@@ -55,6 +55,10 @@ def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
         none, dedup = (_eval_aucs(out / "results" / f"cpu2_gloo_codec-{c}" / "dlrm_dcnv2" /
                                   f"result_{index}.txt") for c in ("none", "dedup"))
         assert dedup == pytest.approx(none, abs=2e-3)
+    # The runner draws every run: one report row per (codec, seed), and the AUC plot.
+    report = (out / "report" / "report.md").read_text()
+    assert sum(line.startswith(("| run0_", "| run1_")) for line in report.splitlines()) == 4
+    assert (out / "report" / "auc.png").stat().st_size > 0
     both_scored = all(summary["codecs"][c]["score_minutes"] is not None for c in ("none", "dedup"))
     assert code == (0 if both_scored else 1)
     if both_scored:

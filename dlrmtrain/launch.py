@@ -1,0 +1,102 @@
+"""Start training processes with torchrun's own launcher, in this process.
+
+`torchrun_argv(spec)` builds the argument list torchrun would get on its
+command line (one place to add an option: a new `LaunchSpec` field and one
+line here); `launch(spec)` hands it to `torch.distributed.run` and turns a
+failed rank into its exit code and one line, instead of torchrun's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+# Hosts that mean "this machine": a rendezvous there needs no real network.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class LaunchSpec:
+    """One torchrun agent: how many ranks here, and how to meet the other nodes."""
+
+    nproc: int = 1
+    """Ranks (processes) on this node."""
+    nnodes: int = 1
+    """Nodes (machines, or agents) in the job; 1 uses a standalone rendezvous."""
+    node_rank: int = 0
+    """This node's index in [0, nnodes)."""
+    rdzv: str | None = None
+    """HOST:PORT of the c10d rendezvous (multi-node only; every node gives the same)."""
+    rdzv_id: str | None = None
+    """Job id shared by all nodes (default: $SLURM_JOB_ID, else "dlrmtrain")."""
+    local_addr: str | None = None
+    """Address this node advertises to the others (default: 127.0.0.1 when the
+    rendezvous is on this machine, else the host name torchrun picks)."""
+    module: str = "dlrmtrain.train"
+    """The Python module each rank runs (`python -m MODULE ARGS`)."""
+    args: list[str] = field(default_factory=list)
+    """Arguments of that module (e.g. --config C key=value ...)."""
+    omp_threads: int | None = None
+    """OMP_NUM_THREADS per rank (default: CPU cores / ranks here, at least 1)."""
+
+    def check(self) -> None:
+        """Raise ValueError naming the option for an impossible combination."""
+        if self.nproc < 1:
+            raise ValueError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank} is outside [0, {self.nnodes})")
+        if self.nnodes > 1:
+            if not self.rdzv:
+                raise ValueError("--nnodes > 1 needs --rdzv HOST:PORT (the same on every node)")
+            host, sep, port = self.rdzv.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"--rdzv {self.rdzv!r}: expected HOST:PORT")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+
+def default_omp_threads(nproc: int) -> int:
+    """Share this machine's cores among its ranks (torchrun's own default is 1, with a banner)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // nproc)
+
+
+def torchrun_argv(spec: LaunchSpec) -> list[str]:
+    """The torchrun command line for `spec` (without the leading `torchrun`)."""
+    argv = [f"--nproc-per-node={spec.nproc}", "--max-restarts=0"]
+    if spec.nnodes == 1 and not spec.rdzv:
+        argv.append("--standalone")  # c10d store on a free local port
+    else:
+        host = spec.rdzv.rpartition(":")[0]
+        local_addr = spec.local_addr or ("127.0.0.1" if host in LOOPBACK_HOSTS else None)
+        rdzv_id = spec.rdzv_id or os.environ.get("SLURM_JOB_ID", "dlrmtrain")
+        argv += [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank}",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv}", f"--rdzv-id={rdzv_id}"]
+        if local_addr:
+            argv.append(f"--local-addr={local_addr}")
+    return [*argv, "-m", spec.module, *spec.args]
+
+
+def launch(spec: LaunchSpec) -> int:
+    """Run `spec` to completion; 0 on success, else the first failed rank's exit code."""
+    spec.check()
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.omp_threads or default_omp_threads(spec.nproc)))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(torchrun_argv(spec))
+    try:
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        how = f"exit code {failure.exitcode}" if failure.exitcode >= 0 else \
+            f"signal {-failure.exitcode}"
+        print(f"dlrmtrain: rank {rank} failed ({how}); its output is above", file=sys.stderr)
+        return code
+    return 0

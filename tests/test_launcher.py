@@ -1,0 +1,137 @@
+"""The `dlrmtrain` launcher as a user runs it: real processes, real torchrun, real Gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrmtrain.launch import LaunchSpec, torchrun_argv
+from tests.common import tiny_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dlrmtrain(*args: str, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m dlrmtrain ARGS` from the repository root, under a timeout."""
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "OMP_NUM_THREADS"}
+    return subprocess.run([sys.executable, "-m", "dlrmtrain", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_config_error_is_one_line_and_exit_2_before_any_rank_starts(tmp_path):
+    started = time.perf_counter()
+    proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
+                     f"run.output_dir={tmp_path}", "optim.lr=fast")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "config error: configs/quickstart.yaml: optim.lr: expected a number, got 'fast'"]
+    assert not any(tmp_path.iterdir())        # no rank ran, nothing was written
+    assert time.perf_counter() - started < 60  # no rendezvous was waited for
+
+
+def test_cross_check_uses_the_launch_world_size(tmp_path):
+    # 2050 divides by 2 ranks on one node but not by 4 ranks on 2 nodes.
+    ok = ["--config", "configs/quickstart.yaml", f"run.output_dir={tmp_path}",
+          "run.global_batch_size=2050"]
+    proc = dlrmtrain("train", *ok, "--nproc", "2", "--nnodes", "2", "--rdzv", "127.0.0.1:1")
+    assert proc.returncode == 2
+    assert "run.global_batch_size" in proc.stderr and "4" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nnodes", "2"], "--rdzv HOST:PORT"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv", "127.0.0.1:1"], "--node-rank 2"),
+    (["--nproc", "0"], "--nproc"),
+])
+def test_impossible_launch_options_exit_2(args, message):
+    proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", *args)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_unknown_subcommand_exits_2():
+    proc = dlrmtrain("fly")
+    assert proc.returncode == 2 and "train, preprocess, mlperf, report" in proc.stderr
+
+
+def test_torchrun_arguments_single_and_multi_node():
+    one = torchrun_argv(LaunchSpec(nproc=2, args=["--config", "c.yaml"]))
+    assert "--standalone" in one and one[-4:] == ["-m", "dlrmtrain.train", "--config", "c.yaml"]
+    many = torchrun_argv(LaunchSpec(nproc=4, nnodes=2, node_rank=1, rdzv="10.0.0.5:29400",
+                                    rdzv_id="job7"))
+    assert "--standalone" not in many
+    assert {"--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d",
+            "--rdzv-endpoint=10.0.0.5:29400", "--rdzv-id=job7"} <= set(many)
+    assert not any(a.startswith("--local-addr") for a in many)  # a real network: torchrun picks
+    local = torchrun_argv(LaunchSpec(nproc=1, nnodes=2, rdzv="127.0.0.1:29400"))
+    assert "--local-addr=127.0.0.1" in local
+
+
+def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
+    proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
+                     *tiny_overrides(str(tmp_path), "run.max_steps=3", "eval.enabled=false",
+                                     "run.name=launched", "comm.codec=dedup",
+                                     "comm.table_codecs={t_cat_3: none}"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("dlrmtrain: building launched: dlrm_v1, 26 tables")
+    assert "  codec            dedup (t_cat_3: none)\n" in proc.stdout   # the summary names it
+    assert "OMP_NUM_THREADS" not in proc.stderr          # torchrun's banner
+    assert "Warning" not in proc.stdout + proc.stderr     # TorchRec's deprecation warnings
+    summary = json.loads((tmp_path / "launched" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 3
+    assert summary["codec"] == "dedup (t_cat_3: none)"
+
+
+def test_a_failing_rank_gives_its_exit_code_and_one_line(tmp_path):
+    # Passes the launcher's checks, fails inside the ranks: the data directory is empty.
+    (tmp_path / "empty").mkdir()
+    proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
+                     *tiny_overrides(str(tmp_path), "data.source=criteo",
+                                     f"data.path={tmp_path / 'empty'}", "data.split=fraction"))
+    assert proc.returncode != 0
+    assert "dlrmtrain: rank" in proc.stderr and "failed" in proc.stderr
+    assert "ChildFailedError" not in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_train_as_one_node_of_the_same_world_size(tmp_path):
+    """Two torchrun agents on this machine as two nodes (c10d rendezvous on 127.0.0.1),
+    one rank each, codec dedup: the same losses as one node with two ranks."""
+    common = ["--config", "configs/quickstart.yaml",
+              *tiny_overrides(str(tmp_path), "run.max_steps=4", "eval.enabled=false",
+                              "comm.codec=dedup")]
+    one = dlrmtrain("train", "--nproc", "2", *common, "run.name=one_node", timeout=120)
+    assert one.returncode == 0, one.stderr
+    rdzv = f"127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "dlrmtrain", "train", "--nproc", "1", "--nnodes", "2",
+         "--node-rank", str(r), "--rdzv", rdzv, "--rdzv-id", f"test{rdzv}", *common,
+         "run.name=two_nodes"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outputs = [n.communicate(timeout=120)[0] for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(outputs)
+
+    def losses(name: str) -> list[float]:
+        return [loss for _, loss in
+                json.loads((tmp_path / name / "summary.json").read_text())["losses"]]
+
+    assert json.loads((tmp_path / "two_nodes" / "comm_stats.json").read_text())["tables"]
+    assert losses("two_nodes") == pytest.approx(losses("one_node"), rel=1e-6)
+    assert len(losses("two_nodes")) == 4
