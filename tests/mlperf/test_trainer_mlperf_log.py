@@ -13,7 +13,8 @@ from dlrmtrain.mlperf.rules.derive import write_derived_rules
 from tests.common import tiny_overrides, train_on_rank
 from tests.multiproc import run_ranks
 
-TARGET = 0.53  # tiny synthetic task: both archs pass it by step 8–16 (seeded, deterministic)
+TARGET = 0.52  # tiny synthetic task: both archs pass it by step 8–16 (seeded, deterministic;
+#               0.53 until synthetic batches followed the loader's shuffle rule: v1 then reached 0.524)
 EVAL_SAMPLES = 1024  # tests.common.TINY's synthetic eval set
 # MLPerf's layer counts (3 bottom, 5 top, 3 cross) at tiny widths: dlrm's rules name every layer.
 MLPERF_SHAPE = ["model.bottom_mlp=[16,16,8]", "model.top_mlp=[16,16,8,8,1]",

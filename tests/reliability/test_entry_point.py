@@ -4,6 +4,7 @@ printed once with exit 2 from every rank, no fixed port for a world of one."""
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import subprocess
 import sys
@@ -37,7 +38,13 @@ def test_config_error_under_torchrun_is_printed_once_and_every_rank_exits_2(tmp_
     out = output_of(tmp_path)
     assert rc != 0
     assert out.count("config error: run.global_batch_size") == 1, out
-    assert out.count("exitcode  : 2") == 2 and "exitcode  : 1" not in out, out
+    # The root cause is rank 0's exit 2. Every rank exits 2 by itself, but torchrun sends
+    # SIGTERM to ranks still running once one has failed: under load the other rank can be
+    # stopped that way before it reaches its own exit (-15). No rank dies of a traceback (1).
+    root = out.split("Root Cause", 1)[-1]
+    assert "exitcode  : 2" in root, out
+    codes = re.findall(r"exitcode  : (-?\d+)", out)
+    assert len(codes) == 2 and set(codes) <= {"2", "-15"}, out
 
 
 def test_a_world_of_one_needs_no_fixed_port(tmp_path):
