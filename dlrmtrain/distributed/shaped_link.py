@@ -2,6 +2,7 @@
 in a private network namespace whose loopback is shaped with `tc`.
 
     python -m dlrmtrain.distributed.shaped_link --gbit 1 -- torchrun --standalone ...
+    python -m dlrmtrain.distributed.shaped_link --gbit 1 --probe-mb 125   # check the rate
 
 `unshare --net` gives the command a network namespace of its own with only a
 loopback device; it is brought up and a token-bucket filter (tbf) is put on it,
@@ -32,8 +33,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 
 MAX_LOOPBACK_PACKET = 65536
@@ -132,14 +136,50 @@ def run_inside(link: LinkSpec, cmd: list[str]) -> int:
     return 1  # not reached
 
 
+def tcp_transfer(nbytes: int) -> tuple[int, float]:
+    """Send `nbytes` over one TCP connection on 127.0.0.1; (bytes received, seconds
+    from the first byte sent to the last received)."""
+    received = [0]
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+
+        def receive() -> None:
+            conn, _ = server.accept()
+            with conn:
+                while chunk := conn.recv(1 << 20):
+                    received[0] += len(chunk)
+
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        with socket.create_connection(server.getsockname()) as client:
+            chunk = b"x" * (1 << 20)
+            t0 = time.perf_counter()
+            for start in range(0, nbytes, len(chunk)):
+                client.sendall(chunk[:min(len(chunk), nbytes - start)])
+        receiver.join()
+        return received[0], time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gbit", type=float, required=True, help="link rate, Gbit/s")
     p.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay (netem)")
+    p.add_argument("--probe-mb", type=float, default=None,
+                   help="instead of a command: time a TCP transfer of this many MB through the link")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tcp-transfer", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run behind the link")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.tcp_transfer is not None:  # the probe itself, already behind the link
+        moved, seconds = tcp_transfer(args.tcp_transfer)
+        print(f"{moved} bytes in {seconds:.3f} s = {moved * 8 / seconds / 1e9:.3f} Gbit/s "
+              f"through a {args.gbit:g} Gbit/s link")
+        return 0
+    if args.probe_mb is not None:
+        cmd = [sys.executable, "-m", "dlrmtrain.distributed.shaped_link", "--gbit", repr(args.gbit),
+               "--tcp-transfer", str(int(args.probe_mb * 1e6))]
     try:
         link = LinkSpec(args.gbit, args.latency_ms)
         if args.inside:

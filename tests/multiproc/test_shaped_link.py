@@ -14,24 +14,6 @@ from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason, wrap
 REASON = unavailable_reason()
 needs_link = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
-# A TCP socket pair on 127.0.0.1: the receiver counts bytes, the sender times
-# from the first byte to the receiver's last.
-TCP_PROBE = textwrap.dedent("""
-    import socket, sys, threading, time
-    n = int(sys.argv[1])
-    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
-    got = [0]
-    def receive():
-        conn, _ = srv.accept()
-        while (chunk := conn.recv(1 << 20)):
-            got[0] += len(chunk)
-    t = threading.Thread(target=receive); t.start()
-    client = socket.create_connection(srv.getsockname())
-    t0 = time.perf_counter()
-    client.sendall(b"x" * n); client.close(); t.join()
-    print(got[0], time.perf_counter() - t0)
-""")
-
 # Two Gloo ranks exchange `n` bytes each way with one all_to_all_single.
 GLOO_PROBE = textwrap.dedent("""
     import os, sys, time
@@ -66,12 +48,17 @@ def run_behind(link: LinkSpec | None, script: str, *args: str, tmp_path) -> tupl
 
 
 @needs_link
-def test_tcp_transfer_takes_at_least_bytes_over_rate(tmp_path):
+def test_tcp_probe_takes_at_least_bytes_over_rate():
+    """The launcher's own probe: one TCP connection on 127.0.0.1 behind the link."""
     link = LinkSpec(gbit=0.2)
     n = 10_000_000  # 0.4 s at 0.2 Gbit/s
-    moved, seconds = run_behind(link, TCP_PROBE, str(n), tmp_path=tmp_path)
-    assert moved == n
-    assert seconds >= (n - link.burst_bytes()) / link.bytes_per_s
+    done = subprocess.run([sys.executable, "-m", "dlrmtrain.distributed.shaped_link",
+                           "--gbit", "0.2", "--probe-mb", "10"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    moved, _, _, seconds = done.stdout.split()[:4]
+    assert int(moved) == n
+    assert float(seconds) >= (n - link.burst_bytes()) / link.bytes_per_s
 
 
 @needs_link
