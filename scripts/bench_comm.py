@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--measure-ranks", type=int, default=2, help="Gloo ranks for the timing (0: skip)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--max-table-rows", type=int, default=None,
+                    help="timing only: tables capped at this many rows (ids folded mod cap); "
+                         "needed for MLPerf table sizes, which do not fit in memory here")
     ap.add_argument("--json", default=None, help="write the byte figures (per table too) here")
     args = ap.parse_args(argv)
 
@@ -349,6 +352,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.measure_ranks:
         world = args.measure_ranks
+        if args.max_table_rows:
+            ids = ids % args.max_table_rows
+            vocab = [min(v, args.max_table_rows) for v in vocab]
+        elif sum(vocab) * args.dim * 4 > 8e9:
+            raise SystemExit(f"--measure-ranks: the tables take {sum(vocab) * args.dim * 4 / 1e9:.0f} GB; "
+                             "cap them with --max-table-rows (e.g. 20000) or pass --measure-ranks 0")
         batches = global_batches(ids, world, args.batch_size)
         print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
               f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
