@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlrmtrain.config.schema import DataConfig, SyntheticDataConfig  # noqa: E402
-from dlrmtrain.data.synthetic_files import write_synthetic_dataset  # noqa: E402
-from dlrmtrain.data.synthetic_profiles import PROFILES, TERABYTE_TABLES  # noqa: E402
+from dlrmtrain.data.synthetic.files import write_synthetic_dataset  # noqa: E402
+from dlrmtrain.data.synthetic.profiles import PROFILES, TERABYTE_TABLES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlrmtrain.data.features import MLPERF_DCNV2_MULTI_HOT_SIZES, MLPERF_DCNV2_TABLE_SIZES  # noqa: E402
-from dlrmtrain.data.multi_hot import MultiHotLookup, materialize_day  # noqa: E402
+from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, MLPERF_DCNV2_TABLE_SIZES  # noqa: E402
+from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, materialize_day  # noqa: E402
 from dlrmtrain.data.sources import DATA_FORMATS, open_parts  # noqa: E402
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlrmtrain.data.criteo_text import BAD_LINE_POLICIES  # noqa: E402
-from dlrmtrain.data.features import NUM_SPARSE  # noqa: E402
-from dlrmtrain.data.preprocess import preprocess  # noqa: E402
-from dlrmtrain.data.vocab import CATEGORICAL_MODES, MLPERF_HASH_RANGE  # noqa: E402
+from dlrmtrain.data.formats.criteo_text import BAD_LINE_POLICIES  # noqa: E402
+from dlrmtrain.features import NUM_SPARSE  # noqa: E402
+from dlrmtrain.data.preprocess.pipeline import preprocess  # noqa: E402
+from dlrmtrain.data.preprocess.vocab import CATEGORICAL_MODES, MLPERF_HASH_RANGE  # noqa: E402
 
 
 def parse_table_sizes(text: str) -> list[int]:

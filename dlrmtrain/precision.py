@@ -19,8 +19,6 @@ import contextlib
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 
-PRECISIONS = ("fp32", "bf16")
-
 
 def autocast(mode: str, device: torch.device):
     """The context the forward pass runs in."""

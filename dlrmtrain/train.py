@@ -7,7 +7,7 @@ import os
 import sys
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
-from dlrmtrain.config.validate import validate_config
+from dlrmtrain.validation import validate_config
 from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
 
 

@@ -24,7 +24,7 @@ from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.distributed.env import DistEnv
 from dlrmtrain.distributed.sharding import shard_model
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
-from dlrmtrain.metrics.mlperf_logger import log_run_setup, open_mlperf_logger
+from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.metrics.run_records import open_run_records
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
 from dlrmtrain.models import build_model

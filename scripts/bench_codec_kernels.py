@@ -1,9 +1,10 @@
-"""Time the dedup codec's pure-torch kernels (unique, expand, segment-sum) per device.
+"""Time the dedup codec's pure-torch kernels (unique, gather, expand, segment-sum, scatter) per device.
 
     PYTHONPATH=. python scripts/bench_codec_kernels.py --batch-size 4096 --tables 26 --dim 128
 
-The same functions the codec runs (dlrmtrain/comm/codecs/dedup_kernels.py), on
-one rank's worth of one-hot blocks: `--tables` features of `--batch-size` bags
+Exactly the functions training runs (dlrmtrain/comm/codecs/dedup_kernels.py;
+tests/comm/test_kernel_bench.py checks that the two sets agree), importing
+torch alone (no TorchRec, no fbgemm), on one rank's worth of one-hot blocks: `--tables` features of `--batch-size` bags
 whose ids repeat so that about `--distinct` of them are distinct (the real
 Kaggle sample at batch 4096: 0.22). Runs on CPU and, when CUDA is available, on
 the GPU (timed with CUDA events after a warm-up); `--devices` picks. Prints
@@ -22,7 +23,16 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from dlrmtrain.comm.codecs.dedup_kernels import expand_rows, one_hot_blocks_unique, segment_sum_rows
+from dlrmtrain.comm.codecs.dedup_kernels import (
+    block_unique,
+    expand_rows,
+    gather_rows,
+    host_to_device,
+    one_hot_blocks_unique,
+    scatter_rows,
+    segment_sum_rows,
+    sorted_unique_one_hot,
+)
 
 
 def make_blocks(tables: int, batch: int, distinct: float, seed: int = 0):
@@ -72,12 +82,28 @@ def bench_device(device: torch.device, args) -> list[tuple[str, float, float | N
     results = []
     ms = time_call(lambda: one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums), device, args.repeats)
     results.append((f"unique ({T} blocks x {B} ids, one sort)", ms, None))
+    ms = time_call(lambda: block_unique(ids, offsets[:B], lengths[:B], 2, pool), device, args.repeats)
+    results.append((f"unique multi-hot path (1 block x {B} bags, width 2)", ms, None))
+    # row-wise: (group, id) keys of all blocks in one sort
+    groups = torch.arange(T, device=device).repeat_interleave(B)
+    valid = torch.ones(T * B, dtype=torch.bool, device=device)
+    num_rows = host_to_device([pool], device)
+    ms = time_call(lambda: sorted_unique_one_hot(groups, ids % num_rows, valid, T, pool), device, args.repeats)
+    results.append((f"unique row-wise ({T} groups x {B} ids, one sort)", ms, None))
+    firsts = torch.cat([u.first[:U] + t * B for t, u in enumerate(uniques)])  # the rows an owner sends
+    ms = time_call(lambda: gather_rows(out, firsts), device, args.repeats)
+    results.append((f"gather [{T * B}, {D}] -> [{T * U}, {D}]", ms,
+                    2 * T * U * D * elem / (ms * 1e-3) / 1e9))
     ms = time_call(lambda: expand_rows(rows, inverse, out=out), device, args.repeats)
     results.append((f"expand [{T * U}, {D}] -> [{T * B}, {D}] (reused out)", ms,
                     (T * U * D + T * B * D) * elem / (ms * 1e-3) / 1e9))
     ms = time_call(lambda: segment_sum_rows(grads, inverse, T * U), device, args.repeats)
     results.append((f"segment-sum [{T * B}, {D}] -> [{T * U}, {D}]", ms,
                     (T * B * D + T * U * D) * elem / (ms * 1e-3) / 1e9))
+    grad_local = torch.zeros(T * B, D, device=device)
+    ms = time_call(lambda: scatter_rows(grad_local.zero_(), firsts, rows), device, args.repeats)
+    results.append((f"zero + scatter [{T * U}, {D}] -> [{T * B}, {D}]", ms,
+                    (T * B * D + 2 * T * U * D) * elem / (ms * 1e-3) / 1e9))
     return results
 
 

@@ -1,6 +1,6 @@
 """Embedding all-to-all bytes and time per codec, on real Criteo rows or synthetic ids.
 
-    PYTHONPATH=. python scripts/bench_comm.py --data ../shared/data/criteo_kaggle_sample.tsv.gz \
+    PYTHONPATH=. python scripts/bench_comm.py --data criteo_kaggle_sample.tsv.gz \
         --world-size 8 --batch-size 4096 --codec none dedup fp16 bf16 int8 dedup+fp16 dedup+bf16
     PYTHONPATH=. python scripts/bench_comm.py --data synthetic-terabyte --multi-hot \
         --world-size 8 --batch-size 4096 --codec none dedup --measure-ranks 0
@@ -27,7 +27,7 @@ Two parts, printed side by side per codec:
   run: whole step, all-to-all transfer, and codec work (unique, expand,
   segment-sum) separately; then the all-to-all phase projected for 25/100/400
   Gb/s links from the bytes. On CPU loopback the "network" is a memcpy, so
-  measured transfer understates what a real link saves (DESIGN.md §6).
+  measured transfer understates what a real link saves.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ import torch
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from dlrmtrain.data.criteo_text import iter_parsed
-from dlrmtrain.data.synthetic import power_law_ids
-from dlrmtrain.data.features import MLPERF_DCNV2_MULTI_HOT_SIZES
-from dlrmtrain.data.synthetic_profiles import profile_tables
+from dlrmtrain.data.formats.criteo_text import iter_parsed
+from dlrmtrain.data.synthetic.generator import power_law_ids
+from dlrmtrain.data.synthetic.profiles import profile_tables
+from dlrmtrain.features import CAT_KEYS, MLPERF_DCNV2_MULTI_HOT_SIZES, NUM_SPARSE, TABLE_NAMES
 
-NUM_CAT = 26
+NUM_CAT = NUM_SPARSE
 LINK_GBPS = (25, 100, 400)
 
 
@@ -154,7 +154,7 @@ def _kjt(block: np.ndarray, vocab: list[int], bag_sizes: list[int] | None):
             parts.append(np.concatenate([ids, extra], axis=1).reshape(-1))
         values = torch.from_numpy(np.concatenate(parts))
         lengths = torch.from_numpy(np.repeat(np.asarray(bag_sizes, dtype=np.int32), len(block)))
-    return KeyedJaggedTensor(keys=[f"cat_{t}" for t in range(NUM_CAT)], values=values, lengths=lengths)
+    return KeyedJaggedTensor(keys=CAT_KEYS, values=values, lengths=lengths)
 
 
 def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], vocab: list[int],
@@ -181,10 +181,10 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
         sharder = make_ebc_sharder(codec, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
         torch.manual_seed(1234)  # TorchRec's table init draws from it: equal weights for every codec
         ebc = EmbeddingBagCollection(tables=[
-            EmbeddingBagConfig(name=f"t_cat_{t}", embedding_dim=dim, num_embeddings=vocab[t],
-                               feature_names=[f"cat_{t}"]) for t in range(NUM_CAT)], device=torch.device("meta"))
+            EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],
+                               feature_names=[CAT_KEYS[t]]) for t in range(NUM_CAT)], device=torch.device("meta"))
         plan = construct_module_sharding_plan(
-            ebc, {f"t_cat_{t}": table_wise(rank=t % world, compute_kernel="fused") for t in range(NUM_CAT)},
+            ebc, {TABLE_NAMES[t]: table_wise(rank=t % world, compute_kernel="fused") for t in range(NUM_CAT)},
             sharder=sharder, local_size=world, world_size=world, device_type="cpu")
         model = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[sharder],
                                          device=torch.device("cpu"), init_data_parallel=False)

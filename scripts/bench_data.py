@@ -26,14 +26,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlrmtrain.data.binary_format import PartWriter, finished_part_meta, write_manifest  # noqa: E402
-from dlrmtrain.data.criteo_text import iter_parsed  # noqa: E402
-from dlrmtrain.data.features import MLPERF_DCNV2_MULTI_HOT_SIZES  # noqa: E402
+from dlrmtrain.data.formats.binary import PartWriter, finished_part_meta, write_manifest  # noqa: E402
+from dlrmtrain.data.formats.criteo_text import iter_parsed  # noqa: E402
+from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES  # noqa: E402
 from dlrmtrain.data.loader import CriteoBatchLoader  # noqa: E402
-from dlrmtrain.data.multi_hot import MultiHotLookup, MultiHotPart  # noqa: E402
-from dlrmtrain.data.preprocess import preprocess  # noqa: E402
+from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart  # noqa: E402
+from dlrmtrain.data.preprocess.pipeline import preprocess  # noqa: E402
 from dlrmtrain.data.sources import open_parts  # noqa: E402
-from dlrmtrain.data.synthetic_profiles import terabyte_sizes  # noqa: E402
+from dlrmtrain.data.synthetic.profiles import terabyte_sizes  # noqa: E402
 
 BATCH = 32768
 

@@ -87,9 +87,11 @@ def plain_torchrec_model(cfg, rows, device):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    tables = [EmbeddingBagConfig(name=f"t_cat_{i}", embedding_dim=cfg.model.embedding_dim,
-                                 num_embeddings=n, feature_names=[f"cat_{i}"])
-              for i, n in enumerate(rows)]
+    from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
+
+    tables = [EmbeddingBagConfig(name=table, embedding_dim=cfg.model.embedding_dim,
+                                 num_embeddings=n, feature_names=[key])
+              for table, key, n in zip(TABLE_NAMES, CAT_KEYS, rows, strict=True)]
     common = dict(
         embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
         dense_in_features=cfg.data.num_dense_features,
@@ -141,7 +143,7 @@ def main() -> None:
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.config import load_config
-    from dlrmtrain.config.validate import validate_config
+    from dlrmtrain.validation import validate_config
     from dlrmtrain.data import table_rows
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer

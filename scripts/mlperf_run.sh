@@ -16,4 +16,4 @@ if [[ $# -eq 0 ]]; then
   fi
   set -- --config configs/mini_mlperf.yaml --out runs/mlperf_mini
 fi
-exec .venv/bin/python -m dlrmtrain.mlperf_runner "$@"
+exec .venv/bin/python -m dlrmtrain.mlperf.runner "$@"

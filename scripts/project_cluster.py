@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dlrmtrain.data.features import MLPERF_DCNV2_MULTI_HOT_SIZES, NUM_DENSE  # noqa: E402
-from dlrmtrain.data.synthetic_profiles import expected_distinct_fraction, profile_tables  # noqa: E402
+from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, NUM_DENSE  # noqa: E402
+from dlrmtrain.data.synthetic.profiles import expected_distinct_fraction, profile_tables  # noqa: E402
 
 DIM = 128
 BOTTOM = [512, 256, 128]

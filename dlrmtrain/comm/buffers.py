@@ -1,7 +1,7 @@
 """Large per-step tensors reused across steps when nothing else still holds them.
 
 On CPU a fresh 50 MB tensor costs more in page faults than the copy that fills
-it (DESIGN.md §4). A buffer is handed out again only when its storage has no
+it (comm/README.md, "Buffers"). A buffer is handed out again only when its storage has no
 user besides this pool — checked on the storage's use count — so a caller
 that keeps last step's output (an eval loop, a pipeline context) simply gets a
 new buffer: reuse can never overwrite live data.
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-
-def _storage_users(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+from dlrmtrain.comm.torchrec_hooks import storage_use_count as _storage_users
 
 
 class BufferPool:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from torchrec.distributed.sharding.rw_sharding import BaseRwEmbeddingSharding
 from torchrec.distributed.sharding.tw_sharding import BaseTwEmbeddingSharding
 
+from dlrmtrain.comm.torchrec_hooks import grouped_configs, grouped_configs_per_rank
+
 
 @dataclass(frozen=True)
 class FeatureEntry:
@@ -48,10 +50,10 @@ class DistLayout:
 def layout_of(sharding: BaseTwEmbeddingSharding) -> DistLayout:
     """Read the per-rank feature order from a table-/column-wise sharding."""
     per_rank: list[list[FeatureEntry]] = []
-    for grouped_configs in sharding._grouped_embedding_configs_per_rank:
+    for rank_configs in grouped_configs_per_rank(sharding):
         entries = [
             FeatureEntry(feature, table.name, table.local_cols, table.num_embeddings)
-            for config in grouped_configs
+            for config in rank_configs
             for table in config.embedding_tables
             for feature in table.feature_names
         ]
@@ -73,10 +75,14 @@ class RowWiseLayout:
 def row_wise_layout_of(sharding: BaseRwEmbeddingSharding, world_size: int) -> RowWiseLayout:
     entries = [
         FeatureEntry(feature, table.name, table.embedding_dim, table.num_embeddings)
-        for config in sharding._grouped_embedding_configs
+        for config in grouped_configs(sharding)
         for table in config.embedding_tables
         for feature in table.feature_names
     ]
     # the same block size RwSparseFeaturesDist bucketizes ids with
     blocks = [(e.num_embeddings + world_size - 1) // world_size for e in entries]
     return RowWiseLayout(entries, blocks, world_size)
+
+
+Layout = DistLayout | RowWiseLayout
+"""what a codec is given: the wire layout of one sharding's all-to-all"""

@@ -52,19 +52,13 @@ def wire_bytes_per_value(name: str) -> float:
 
     int8 is measured from fbgemm's encoder (a 32-value row plus its scale and bias).
     """
-    codec = get_codec(name)
-    if isinstance(codec, LossyQCommsCodec):
-        forward = codec.codecs_registry("cpu")["POOLED_EMBEDDINGS_ALL_TO_ALL"].forward
-        ctx = forward.create_context()
-        row = max(getattr(ctx, "row_dim", 1) or 1, 1)
-        return forward.encode(torch.zeros(row), ctx).nbytes / row
-    wire_dtype = getattr(codec, "wire_dtype", None)
-    return torch.empty(0, dtype=wire_dtype).element_size() if wire_dtype is not None else 4.0
+    return get_codec(name).wire_bytes_per_value()
 
 
 def is_qcomms(name: str) -> bool:
     """Whether `name` is one of TorchRec's quantized comms (applied to the whole sharder)."""
-    return isinstance(_CODECS.get(name), LossyQCommsCodec)
+    codec = _CODECS.get(name)
+    return codec is not None and codec.qcomms_config() is not None
 
 
 def validate_codec_choice(codec: str, table_codecs: Mapping[str, str], device_type: str | None = None) -> None:
@@ -82,7 +76,7 @@ def validate_codec_choice(codec: str, table_codecs: Mapping[str, str], device_ty
         if is_qcomms(codec) and name != codec:
             raise ValueError(f"comm.table_codecs.{table}: comm.codec={codec!r} (TorchRec quantized comms) "
                              f"applies to every table; per-table overrides are not supported with it")
-    if device_type is not None and isinstance(run_codec, LossyQCommsCodec):
+    if device_type is not None:
         run_codec.check_device(device_type, "comm.codec")
 
 

@@ -41,6 +41,26 @@ class TableCommStats:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
+    def add_rows(self, dim: int, wire_bytes: float, elem_bytes: int, *, sent: int = 0, received: int = 0,
+                 stock_sent: int = 0, stock_received: int = 0, bags: int = 0) -> None:
+        """Count one block of rows of width `dim` (every codec dist's byte accounting).
+
+        `sent` / `received`: rows this rank put on / took off the wire forward at
+        `wire_bytes` per value (backward moves the same rows the other way);
+        `stock_*`: rows the stock collective would have moved at `elem_bytes`;
+        `bags`: bags this rank received pooled embeddings for. Received rows
+        are the distinct bags that crossed the wire.
+        """
+        sent_bytes, recv_bytes = round(sent * dim * wire_bytes), round(received * dim * wire_bytes)
+        self.payload_fwd_sent_bytes += sent_bytes
+        self.payload_bwd_recv_bytes += sent_bytes
+        self.payload_fwd_recv_bytes += recv_bytes
+        self.payload_bwd_sent_bytes += recv_bytes
+        self.unique_bags += received
+        self.bags += bags
+        self.uncompressed_fwd_sent_bytes += stock_sent * dim * elem_bytes
+        self.uncompressed_fwd_recv_bytes += stock_received * dim * elem_bytes
+
 
 @dataclass
 class DistCommStats:
@@ -48,6 +68,8 @@ class DistCommStats:
 
     codec: str
     sharding_type: str
+    lossy: bool = False
+    """the codec rounds what it sends (named in the summary and comm_stats.json)"""
     tables: dict[str, TableCommStats] = field(default_factory=dict)
     table_codecs: dict[str, str] = field(default_factory=dict)
     """codec per table of this all-to-all (a per-table `none` travels uncompressed)"""
@@ -98,6 +120,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     """
     per_table: dict[str, TableCommStats] = {}
     codec_of: dict[str, str] = {}
+    lossy: set[str] = set()
     steps = 0
     codec_s = transfer_s = 0.0
     extra_syncs = fallback_steps = 0
@@ -105,6 +128,8 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         for name, t in d.tables.items():
             per_table.setdefault(name, TableCommStats()).add(t)
             codec_of[name] = d.table_codecs.get(name, d.codec)
+            if d.lossy and codec_of[name] == d.codec:
+                lossy.add(d.codec)
         steps = max(steps, d.steps)
         codec_s += d.codec_seconds
         transfer_s += d.transfer_seconds
@@ -126,10 +151,8 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     total = TableCommStats()
     for t in per_table.values():
         total.add(t)
-    from dlrmtrain.comm.registry import lossy_codecs  # registry imports the codecs, which import us
-
     return {
-        "lossy_codecs": sorted(set(codec_of.values()) & set(lossy_codecs())),
+        "lossy_codecs": sorted(lossy),
         "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
         "steps": steps,
         "codec_seconds_per_step": codec_s / steps if steps else 0.0,

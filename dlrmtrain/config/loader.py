@@ -15,7 +15,7 @@ from typing import Any, Union
 
 import yaml
 
-from dlrmtrain.config.schema import Config
+from dlrmtrain.config.schema import Config, Refused
 
 
 class ConfigError(ValueError):
@@ -31,6 +31,27 @@ def _is_optional(tp: Any) -> tuple[bool, Any]:
     return False, tp
 
 
+def _check_choice(value: Any, tp: Any, key: str) -> Any:
+    """A Literal field: the value must be one of its arguments (Refused metadata says why not)."""
+    refused: tuple[Refused, ...] = ()
+    if typing.get_origin(tp) is typing.Annotated:
+        tp, *extras = typing.get_args(tp)
+        refused = tuple(e for e in extras if isinstance(e, Refused))
+    allowed = typing.get_args(tp)
+    if value in allowed and isinstance(value, str):
+        return value
+    for r in refused:
+        if value == r.value:
+            raise ConfigError(f"{key}: {value} is not supported: {r.reason}")
+    raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _is_choice(tp: Any) -> bool:
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return typing.get_origin(tp) is typing.Literal
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotated type; return it in that type."""
     optional, tp = _is_optional(tp)
@@ -42,6 +63,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping (section), got {type(value).__name__}")
         return _build(tp, value, key)
+    if _is_choice(tp):
+        return _check_choice(value, tp, key)
     origin = typing.get_origin(tp)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
@@ -78,7 +101,7 @@ def _type_name(tp: Any) -> str:
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:

@@ -1,18 +1,54 @@
 """The run configuration as typed dataclasses, one per YAML section.
 
 Every field carries a one-line docstring (the string under it). The YAML file
-mirrors this tree exactly; unknown keys are errors (see loader.py). Cross-field
-checks that need no process group live in `validate_config` (validate.py).
+mirrors this tree exactly; unknown keys are errors (see loader.py). A field with
+a fixed set of values is typed `Literal[...]`: the loader checks it from the type,
+and the modules that act on the value read the allowed set from here
+(`typing.get_args`). Cross-field checks are owned by the packages that know
+the rules and run in order by `dlrmtrain.validation.validate_config`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Annotated, Literal, Optional, get_args, get_origin
 
-# MLPerf DLRM (v1 and DCNv2) categorical feature count and dense feature count.
-NUM_CATEGORICAL = 26
-NUM_DENSE = 13
+from dlrmtrain.features import NUM_DENSE, NUM_SPARSE
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Annotated metadata: a value a Literal field refuses with a reason (the loader
+    says why instead of only listing the allowed values)."""
+
+    value: str
+    reason: str
+
+
+Device = Literal["auto", "cpu", "cuda"]
+DataSource = Literal["synthetic", "criteo"]
+DataFormat = Literal["auto", "dlrmtrain", "torchrec", "torchrec_multi_hot", "facebook_bin"]
+SplitKind = Literal["mlperf", "names", "fraction"]
+SyntheticProfile = Literal["custom", "kaggle", "terabyte"]
+TerabyteTables = Literal["v1", "dcnv2"]
+ModelArch = Literal["dlrm_v1", "dlrm_dcnv2"]
+Planner = Literal["manual", "torchrec"]
+ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+OptimizerName = Literal["sgd", "adagrad"]
+PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
+    "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
+            "cannot honour; use bf16")]
+Division = Literal["closed", "open"]
+SubmissionStatus = Literal["cloud", "onprem", "preview", "research"]
+
+
+def choices(choice_type: object) -> tuple[str, ...]:
+    """The allowed values of one of the Literal types above (Annotated or not)."""
+    if get_origin(choice_type) is Annotated:
+        choice_type = get_args(choice_type)[0]
+    if get_origin(choice_type) is not Literal:
+        raise TypeError(f"{choice_type!r} is not a Literal type")
+    return get_args(choice_type)
 
 
 @dataclass
@@ -23,7 +59,7 @@ class RunConfig:
     """Folder that holds one sub-folder per run (resolved config, metrics, summary)."""
     seed: int = 0
     """Seed for model initialisation and data order (same seed → same run)."""
-    device: str = "auto"
+    device: Device = "auto"
     """`auto` (GPU when present, else CPU), `cpu` or `cuda`."""
     global_batch_size: int = 2048
     """Samples per training step over all ranks; must divide by the world size."""
@@ -48,9 +84,9 @@ class SyntheticDataConfig:
     """Seed of the hidden teacher that labels the samples (fixes the task)."""
     label_noise: float = 1.0
     """Scale of the logistic noise on the teacher's logit (higher: harder task)."""
-    profile: str = "custom"
+    profile: SyntheticProfile = "custom"
     """`custom` (table_sizes, zipf_exponent), `kaggle` or `terabyte`: calibrated sizes and skew replace them."""
-    terabyte_tables: str = "v1"
+    terabyte_tables: TerabyteTables = "v1"
     """Profile `terabyte`: MLPerf `v1` or `dcnv2` table sizes."""
     scale: float = 1.0
     """Profile `terabyte`: multiply table sizes by this, in (0, 1]; tables under 100 rows stay whole."""
@@ -58,9 +94,9 @@ class SyntheticDataConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "synthetic"
+    source: DataSource = "synthetic"
     """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path)."""
-    table_sizes: list[int] = field(default_factory=lambda: [1000] * NUM_CATEGORICAL)
+    table_sizes: list[int] = field(default_factory=lambda: [1000] * NUM_SPARSE)
     """Cardinality of each categorical column (ids are in [0, size)); one entry per table."""
     num_dense_features: int = NUM_DENSE
     """Dense (integer count) features per sample."""
@@ -70,9 +106,9 @@ class DataConfig:
     """Settings of the synthetic generator (used when source is `synthetic`)."""
     path: Optional[str] = None
     """Source `criteo`: dataset directory (data_prep output, TorchRec day_*.npy/.npz, or terabyte_processed_*.bin)."""
-    format: str = "auto"
+    format: DataFormat = "auto"
     """Source `criteo`: `auto`, `dlrmtrain`, `torchrec`, `torchrec_multi_hot` or `facebook_bin`."""
-    split: str = "mlperf"
+    split: SplitKind = "mlperf"
     """Source `criteo`: `mlperf` (days 0-22 / first half of day 23), `names` or `fraction`."""
     train_parts: list[str] = field(default_factory=list)
     """Split `names`: parts (files, e.g. day_0) to train on."""
@@ -90,7 +126,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str = "dlrm_v1"
+    arch: ModelArch = "dlrm_v1"
     """`dlrm_v1` (dot interaction, MLPerf v0.7–v2.1) or `dlrm_dcnv2` (low-rank cross net, v3.0+)."""
     embedding_dim: int = 128
     """Width of every embedding row (and of the bottom MLP's output)."""
@@ -108,12 +144,12 @@ class ModelConfig:
 
 @dataclass
 class ShardingConfig:
-    planner: str = "manual"
+    planner: Planner = "manual"
     """`manual`: the plan is built from the choices below, the same on every machine;
     `torchrec`: TorchRec's planner picks placements within those choices (no row-wise on CPU)."""
-    default_type: str = "table_wise"
+    default_type: ShardingType = "table_wise"
     """Sharding for tables not listed in `tables`: table_wise | column_wise | row_wise | data_parallel."""
-    tables: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, ShardingType] = field(default_factory=dict)
     """Per-table sharding type, e.g. {t_cat_0: row_wise}."""
     table_ranks: dict[str, int] = field(default_factory=dict)
     """Manual plan only: the rank that holds a table-wise table, e.g. {t_cat_0: 1} (others: balanced)."""
@@ -133,7 +169,7 @@ class CommConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"
+    name: OptimizerName = "sgd"
     """`sgd` (MLPerf DLRM v1) or `adagrad` (MLPerf DCNv2); used for dense and embedding parameters."""
     lr: float = 1.0
     """Peak learning rate."""
@@ -151,7 +187,7 @@ class OptimConfig:
 
 @dataclass
 class PrecisionConfig:
-    mode: str = "fp32"
+    mode: PrecisionMode = "fp32"
     """`fp32`, or `bf16`: bf16 autocast for the dense part and a bf16 embedding all-to-all
     (tables and optimizer state stay fp32; see dlrmtrain/precision.py)."""
 
@@ -199,11 +235,11 @@ class MLPerfConfig:
     """Write MLPerf `:::MLLOG` events to `<run dir>/mlperf.log` (rank 0; benchmark from model.arch)."""
     org: str = "dlrmtrain"
     """submission_org."""
-    division: str = "closed"
+    division: Division = "closed"
     """submission_division: `closed` or `open`."""
     platform: str = "cpu"
     """submission_platform: the system, in words."""
-    status: str = "research"
+    status: SubmissionStatus = "research"
     """submission_status: `cloud`, `onprem`, `preview` or `research`."""
 
 

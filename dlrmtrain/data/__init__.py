@@ -14,7 +14,7 @@ import torch
 from torchrec.datasets.utils import Batch
 
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data import synthetic
+from dlrmtrain.data.synthetic import generator as synthetic
 from dlrmtrain.data.batching import eval_batches, num_train_steps, train_batches
 from dlrmtrain.data.criteo_source import build_criteo_loaders
 

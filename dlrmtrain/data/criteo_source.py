@@ -2,7 +2,7 @@
 
 Reads any supported layout (see sources.py), splits it (splits.py), turns one-hot
 ids into MLPerf DCNv2 bags when `data.multi_hot_sizes` is set and the files are
-one-hot (multi_hot.py), and folds ids into the model's table rows when the model's
+one-hot (preprocess/multi_hot.py), and folds ids into the model's table rows when the model's
 tables are smaller than the data's vocabulary (`model.max_table_rows`).
 Training drops the last incomplete global batch, as the MLPerf references do (the
 train loader's `dropped_rows` says how many); evaluation pads it with weight-0 rows
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from dlrmtrain.config.schema import Config, DataConfig
-from dlrmtrain.data.binary_format import read_manifest
+from dlrmtrain.data.formats.binary import read_manifest
 from dlrmtrain.data.loader import CriteoBatchLoader
-from dlrmtrain.data.multi_hot import MultiHotLookup, MultiHotPart
+from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart
 from dlrmtrain.data.parts import Part
 from dlrmtrain.data.sources import detect_format, open_parts
 from dlrmtrain.data.splits import fraction_split, mlperf_split, names_split

@@ -36,7 +36,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.data.features import CAT_KEYS
+from dlrmtrain.features import CAT_KEYS
 from dlrmtrain.data.parts import Part, RowBlock, concat_blocks
 
 LAST_BATCH_POLICIES = ("drop", "partial", "pad")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dlrmtrain.data.binary_format import MANIFEST_NAME, open_binary_dataset
-from dlrmtrain.data.foreign_formats import FacebookBinPart, TorchRecDayPart, TorchRecMultiHotPart
+from dlrmtrain.config.schema import DataFormat, choices
+from dlrmtrain.data.formats.binary import MANIFEST_NAME, open_binary_dataset
+from dlrmtrain.data.formats.foreign import FacebookBinPart, TorchRecDayPart, TorchRecMultiHotPart
 from dlrmtrain.data.parts import Part
 
-DATA_FORMATS = ("auto", "dlrmtrain", "torchrec", "torchrec_multi_hot", "facebook_bin")
+DATA_FORMATS = choices(DataFormat)
 FACEBOOK_SPLITS = ("train", "test", "val")
 
 

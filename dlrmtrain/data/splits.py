@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from dlrmtrain.config.schema import SplitKind, choices
 from dlrmtrain.data.parts import Part, RowRange, total_rows
 
-SPLIT_KINDS = ("mlperf", "names", "fraction")
+SPLIT_KINDS = choices(SplitKind)
 MLPERF_TRAIN_DAYS = 23  # day_0 ... day_22
 
 

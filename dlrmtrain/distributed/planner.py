@@ -27,7 +27,8 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from dlrmtrain.config.schema import ShardingConfig
+from dlrmtrain.config.loader import ConfigError
+from dlrmtrain.config.schema import Config, ShardingConfig
 
 # Where DLRMTrain keeps its EmbeddingBagCollection.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
@@ -36,6 +37,24 @@ FUSED = "fused"
 
 def table_sharding_types(cfg: ShardingConfig, tables: list[str]) -> dict[str, str]:
     return {t: cfg.tables.get(t, cfg.default_type) for t in tables}
+
+
+def check_sharding_config(cfg: Config, world_size: int, device_type: str) -> None:
+    """Raise ConfigError for a placement or planner choice the planners cannot honour."""
+    sharding = cfg.sharding
+    for table, rank in sharding.table_ranks.items():
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"sharding.table_ranks.{table}: rank {rank} is outside the world "
+                              f"of {world_size} ranks")
+        if sharding.tables.get(table, sharding.default_type) != "table_wise":
+            raise ConfigError(f"sharding.table_ranks.{table}: only table-wise tables have one rank")
+        if sharding.planner != "manual":
+            raise ConfigError(f"sharding.table_ranks.{table}: placements are set by hand only "
+                              f"with sharding.planner=manual")
+    wanted = set(sharding.tables.values()) | {sharding.default_type}
+    if sharding.planner == "torchrec" and device_type != "cuda" and "row_wise" in wanted:
+        raise ConfigError("sharding.planner: TorchRec's planner offers no row-wise sharding "
+                          "on CPU; use sharding.planner=manual for row-wise tables")
 
 
 def build_sharding_plan(model: torch.nn.Module, cfg: ShardingConfig, world_size: int,

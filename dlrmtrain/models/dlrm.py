@@ -16,13 +16,13 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data.features import CAT_KEYS
+from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
 
 
 def table_configs(rows: list[int], embedding_dim: int) -> list[EmbeddingBagConfig]:
-    return [EmbeddingBagConfig(name=f"t_{name}", embedding_dim=embedding_dim,
-                               num_embeddings=n, feature_names=[name])
-            for name, n in zip(CAT_KEYS, rows, strict=True)]
+    return [EmbeddingBagConfig(name=table, embedding_dim=embedding_dim,
+                               num_embeddings=n, feature_names=[key])
+            for table, key, n in zip(TABLE_NAMES, CAT_KEYS, rows, strict=True)]
 
 
 def _mlperf_v1_linear_init(module: nn.Module) -> None:

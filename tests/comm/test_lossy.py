@@ -19,7 +19,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from dlrmtrain.comm.registry import available_codecs, lossy_codecs
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.config import ConfigError, load_config
-from dlrmtrain.config.validate import validate_config
+from dlrmtrain.validation import validate_config
 from tests.comm.ranks import Scenario, Table, compare_codecs
 from tests.comm.test_dedup_training import expected_bytes
 from tests.multiproc import run_ranks

@@ -10,7 +10,7 @@ import pytest
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
 from dlrmtrain.config.loader import dump_config
-from dlrmtrain.config.validate import validate_config
+from dlrmtrain.validation import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,20 +85,12 @@ def test_missing_config_file_is_named(tmp_path):
     (["data.table_sizes=" + str([10] * 25 + [0])], 2, r"data\.table_sizes\[25\]"),
     (["comm.codec=zstd"], 2, r"comm\.codec: 'zstd' is not one of"),
     (["comm.table_codecs={t_cat_99: none}"], 2, r"comm\.table_codecs\.t_cat_99: no such table"),
-    (["sharding.default_type=diagonal"], 2, r"sharding\.default_type: 'diagonal'"),
-    (["sharding.tables={t_cat_3: diagonal}"], 2, r"sharding\.tables\.t_cat_3: 'diagonal'"),
     (["sharding.tables={t_cat_26: row_wise}"], 2, r"sharding\.tables\.t_cat_26: no such table"),
-    (["model.arch=transformer"], 2, r"model\.arch"),
     (["model.bottom_mlp=[64, 32]"], 2, r"model\.bottom_mlp: the last width must equal"),
     (["model.top_mlp=[64, 2]"], 2, r"model\.top_mlp: the last width must be 1"),
-    (["optim.name=adam"], 2, r"optim\.name"),
     (["optim.lr=0"], 2, r"optim\.lr: must be positive"),
-    (["precision.mode=fp64"], 2, r"precision\.mode"),
-    (["precision.mode=fp16"], 2, r"precision\.mode: fp16 is not supported.*use bf16"),
     (["data.multi_hot_sizes=[1, 2]"], 2, r"data\.multi_hot_sizes: 2 entries for 26 tables"),
     (["eval.target_auc=1.5"], 2, r"eval\.target_auc"),
-    (["run.device=tpu"], 2, r"run\.device"),
-    (["sharding.planner=magic"], 2, r"sharding\.planner"),
     (["sharding.table_ranks={t_cat_0: 2}"], 2, r"sharding\.table_ranks\.t_cat_0: rank 2 is outside"),
     (["sharding.table_ranks={t_cat_0: 1}", "sharding.tables={t_cat_0: row_wise}"], 2,
      r"only table-wise tables"),
@@ -110,6 +102,39 @@ def test_validation_errors_name_the_key(overrides, world_size, message):
     cfg = load_config(None, overrides)
     with pytest.raises(ConfigError, match=message):
         validate_config(cfg, world_size)
+
+
+# Choice fields are Literal types in the schema: the loader refuses other values,
+# naming the key and the allowed values (or why a value is refused).
+@pytest.mark.parametrize("overrides, message", [
+    (["sharding.default_type=diagonal"], r"sharding\.default_type: 'diagonal'"),
+    (["sharding.tables={t_cat_3: diagonal}"], r"sharding\.tables\.t_cat_3: 'diagonal'"),
+    (["model.arch=transformer"], r"model\.arch"),
+    (["optim.name=adam"], r"optim\.name"),
+    (["precision.mode=fp64"], r"precision\.mode"),
+    (["precision.mode=fp16"], r"precision\.mode: fp16 is not supported.*use bf16"),
+    (["run.device=tpu"], r"run\.device"),
+    (["sharding.planner=magic"], r"sharding\.planner"),
+    (["data.format=parquet"], r"data\.format: 'parquet' is not one of auto, dlrmtrain"),
+    (["data.split=random"], r"data\.split"),
+    (["data.synthetic.profile=avazu"], r"data\.synthetic\.profile"),
+    (["mlperf.division=premier"], r"mlperf\.division: 'premier' is not one of closed, open"),
+])
+def test_choices_are_checked_by_the_loader(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_config_package_imports_nothing_above_it():
+    """config/ is the bottom layer: loading and checking a config must not pull in
+    data, comm, precision or torch (validation.py runs the higher packages' rules)."""
+    code = ("import sys, dlrmtrain.config, dlrmtrain.config.checks; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('dlrmtrain', 'torch')))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120, cwd=REPO).stdout.split()
+    assert set(loaded) <= {"dlrmtrain", "dlrmtrain.config", "dlrmtrain.config.checks",
+                           "dlrmtrain.config.loader", "dlrmtrain.config.schema",
+                           "dlrmtrain.features"}, loaded
 
 
 def test_cli_parsing():

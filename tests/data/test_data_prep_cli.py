@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from dlrmtrain.data.loader import CriteoBatchLoader
-from dlrmtrain.data.multi_hot import MultiHotLookup, MultiHotPart
+from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart
 from dlrmtrain.data.sources import detect_format, open_parts
 from tests.data.raw_rows import REPO_ROOT, random_raw_lines, write_lines
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrmtrain.data.binary_format import PartWriter, write_manifest, finished_part_meta
+from dlrmtrain.data.formats.binary import PartWriter, write_manifest, finished_part_meta
 from dlrmtrain.data.loader import CriteoBatchLoader
 from dlrmtrain.data.sources import open_parts
 

@@ -19,7 +19,7 @@ BASE = ["run.epochs=2", "eval.evals_per_epoch=0", "eval.enabled=false", "optim.n
 def _train_and_weights(rank, world_size, out_dir, overrides):
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-    from dlrmtrain.config.validate import validate_config
+    from dlrmtrain.validation import validate_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config import load_config
-from dlrmtrain.config.validate import validate_config
+from dlrmtrain.validation import validate_config
 from tests.multiproc import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

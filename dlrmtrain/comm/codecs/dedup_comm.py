@@ -33,6 +33,7 @@ from torchrec.distributed import comm_ops
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.buffers import BufferPool
+from dlrmtrain.comm.codecs.dedup_kernels import expand_rows, gather_rows, scatter_rows, segment_sum_rows
 from dlrmtrain.comm.stats import DistCommStats
 
 
@@ -116,8 +117,7 @@ class _DedupStart(torch.autograd.Function):
     def forward(ctx, local_embs: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
-        send = _encode(torch.index_select(local_embs.reshape(-1, plan.unit), 0, plan.send_index),
-                       owner.wire_dtype)
+        send = _encode(gather_rows(local_embs.reshape(-1, plan.unit), plan.send_index), owner.wire_dtype)
         total = sum(plan.recv_splits)
         req.recv = send.new_empty(total + plan.pad_units * plan.unit)
         req.recv[total:].zero_()
@@ -140,7 +140,7 @@ class _DedupStart(torch.autograd.Function):
             grad_send = grad_send / owner.world_size
         numel = math.prod(req.local_shape)
         grad_local = owner.grad_pool.get((numel // plan.unit, plan.unit), req.dtype, grad_send.device, zero=True)
-        grad_local.index_copy_(0, plan.send_index, grad_send.view(-1, plan.unit))
+        scatter_rows(grad_local, plan.send_index, grad_send.view(-1, plan.unit))
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = None
         return grad_local.view(req.local_shape), None
@@ -156,7 +156,7 @@ class _DedupWait(torch.autograd.Function):
         t0 = time.perf_counter()
         recv = _decode(req.recv, req.dtype)  # only the U unique rows: decode before expanding
         out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
-        torch.index_select(recv.view(-1, plan.unit), 0, plan.recv_index, out=out)
+        expand_rows(recv.view(-1, plan.unit), plan.recv_index, out=out)
         req.recv = req.send = req.work = None
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = req
@@ -169,8 +169,7 @@ class _DedupWait(torch.autograd.Function):
         t0 = time.perf_counter()
         grad_rows = grad_out.contiguous().view(-1, plan.unit)
         total_units = sum(plan.recv_splits) // plan.unit
-        grad_recv = grad_rows.new_zeros((total_units + plan.pad_units, plan.unit))
-        grad_recv.index_add_(0, plan.recv_index, grad_rows)
+        grad_recv = segment_sum_rows(grad_rows, plan.recv_index, total_units + plan.pad_units)
         grad_recv = _encode(grad_recv[:total_units], owner.wire_dtype)
         req.grad_send = grad_recv.new_empty(sum(plan.send_splits))
         req.grad_work = _start_all_to_all(req.grad_send, grad_recv.reshape(-1), plan.send_splits,

@@ -1,4 +1,8 @@
-"""Pure-torch kernels of the dedup codec: bag keys, unique, expand, segment-sum.
+"""Every pure-torch kernel of the dedup codec: bag keys, unique, gather, expand, segment-sum, scatter.
+
+Training calls exactly these functions (dedup_comm.py, dedup_tw.py,
+dedup_rw.py), and scripts/bench_codec_kernels.py times them; this module
+imports torch only, so the benchmark runs without TorchRec or fbgemm.
 
 Everything here has fixed output sizes (upper bound: the block's bag count) so
 that no kernel needs the number of unique bags on the host; the caller reads
@@ -106,6 +110,11 @@ def block_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Ten
     return BlockUnique(inverse, first, count, overflow, bad_ids)
 
 
+def gather_rows(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows[index] — the owner's forward encode (the unique rows it sends)."""
+    return torch.index_select(rows, 0, index)
+
+
 def expand_rows(unique_rows: torch.Tensor, index: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """out[i] = unique_rows[index[i]] — the receiver's forward decode."""
@@ -118,6 +127,11 @@ def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int)
     out = rows.new_zeros((num_segments, rows.shape[1]))
     out.index_add_(0, index, rows)
     return out
+
+
+def scatter_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """out[index[u]] = rows[u] (zeros elsewhere when `out` is zeroed) — the owner's backward decode."""
+    return out.index_copy_(0, index, rows)
 
 
 def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
@@ -161,3 +175,31 @@ def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: 
                                overflow[j] > 0, bad[j] > 0))
         bag_offset += size
     return out
+
+
+def sorted_unique_one_hot(group: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor,
+                          num_groups: int, radix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unique (group, id) pairs among valid bags, ordered by group then id.
+
+    Returns `uid` (per bag: its unique's index in that order; invalid bags get
+    the total count), `first` (per unique: a bag holding it; fixed size, valid
+    below the total) and `counts` per group — all fixed-size, no host sync.
+    """
+    n = ids.numel()
+    sentinel = num_groups * radix  # above every valid key: invalid bags sort last
+    key = torch.where(valid, group * radix + ids, sentinel)
+    sorted_key, perm = torch.sort(key, stable=True)
+    valid_sorted = sorted_key < sentinel
+    is_new = valid_sorted.clone()
+    is_new[1:] &= sorted_key[1:] != sorted_key[:-1]
+    rank_sorted = torch.cumsum(is_new, 0) - 1
+    total = rank_sorted[-1] + 1 if n else rank_sorted.new_zeros(())
+    rank_sorted = torch.where(valid_sorted, rank_sorted, total)
+    uid = torch.empty_like(rank_sorted)
+    uid[perm] = rank_sorted
+    # first occurrence: stable sort keeps equal keys in bag order
+    first = torch.full((n + 1,), n, dtype=torch.int64, device=ids.device)
+    first.scatter_reduce_(0, torch.where(is_new, rank_sorted, n), perm, reduce="amin", include_self=True)
+    counts = torch.zeros(num_groups + 1, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, torch.where(valid_sorted, sorted_key // radix, num_groups), is_new.long())
+    return uid, first[:n], counts[:num_groups]

@@ -1,5 +1,7 @@
 """dedup for row-wise sharding: an all-to-all of unique rows instead of a reduce-scatter.
 
+The planner of `DedupDist` (dedup_dist.py) for row-wise tables.
+
 TorchRec's row-wise dist reduce-scatters [B_global, D] partial sums: each rank
 looked up the ids in its row block and contributes zeros for the others. With
 one id per bag, exactly one rank (id // block) holds each bag's row, so the sum
@@ -12,96 +14,38 @@ and the forward is bitwise that of the reduce-scatter (x + 0 = x).
 A bag with several ids may span shards and then needs the sum: whenever any
 rank sees such a bag (or an out-of-range id), every rank learns it from one
 small all-reduce, folded into the step's single host sync, and that step runs
-TorchRec's stock reduce-scatter (logged once), so a result is never wrong.
+TorchRec's stock reduce-scatter (logged once, by `DedupDist`), so a result is never wrong.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
-from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.buffers import BufferPool
-from dlrmtrain.comm.codecs.dedup import OWNER_FEATURES, SAMPLE_FEATURES
-from dlrmtrain.comm.codecs.dedup_comm import DedupPlan, start_dedup_all_to_all
-from dlrmtrain.comm.codecs.dedup_kernels import host_to_device
+from dlrmtrain.comm.codecs.dedup_comm import DedupPlan
+from dlrmtrain.comm.codecs.dedup_kernels import host_to_device, sorted_unique_one_hot
 from dlrmtrain.comm.layout import RowWiseLayout
 from dlrmtrain.comm.stats import DistCommStats
 
-logger = logging.getLogger(__name__)
 
+class RowWisePlanner:
+    """Plans the unique-row all-to-all that replaces TorchRec's `RwPooledEmbeddingDist` (one-hot features)."""
 
-def sorted_unique_one_hot(group: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor,
-                          num_groups: int, radix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unique (group, id) pairs among valid bags, ordered by group then id.
+    fallback_warning = ("row-wise dedup: a bag holds several ids (it may span row shards and need the sum); "
+                        "such steps use TorchRec's reduce-scatter (codec none)")
 
-    Returns `uid` (per bag: its unique's index in that order; invalid bags get
-    the total count), `first` (per unique: a bag holding it; fixed size, valid
-    below the total) and `counts` per group — all fixed-size, no host sync.
-    """
-    n = ids.numel()
-    sentinel = num_groups * radix  # above every valid key: invalid bags sort last
-    key = torch.where(valid, group * radix + ids, sentinel)
-    sorted_key, perm = torch.sort(key, stable=True)
-    valid_sorted = sorted_key < sentinel
-    is_new = valid_sorted.clone()
-    is_new[1:] &= sorted_key[1:] != sorted_key[:-1]
-    rank_sorted = torch.cumsum(is_new, 0) - 1
-    total = rank_sorted[-1] + 1 if n else rank_sorted.new_zeros(())
-    rank_sorted = torch.where(valid_sorted, rank_sorted, total)
-    uid = torch.empty_like(rank_sorted)
-    uid[perm] = rank_sorted
-    # first occurrence: stable sort keeps equal keys in bag order
-    first = torch.full((n + 1,), n, dtype=torch.int64, device=ids.device)
-    first.scatter_reduce_(0, torch.where(is_new, rank_sorted, n), perm, reduce="amin", include_self=True)
-    counts = torch.zeros(num_groups + 1, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, torch.where(valid_sorted, sorted_key // radix, num_groups), is_new.long())
-    return uid, first[:n], counts[:num_groups]
-
-
-class RowWiseDedupDist(nn.Module):
-    """Drop-in for TorchRec's `RwPooledEmbeddingDist` under `dedup` (one-hot features)."""
-
-    def __init__(self, stock_dist: nn.Module, layout: RowWiseLayout, pg: dist.ProcessGroup,
-                 wire_dtype: torch.dtype | None = None, codec_name: str = "dedup") -> None:
-        super().__init__()
-        self.stock_dist = stock_dist
-        self.pg = pg
-        self.rank = dist.get_rank(pg)
-        self.world_size = dist.get_world_size(pg)
+    def __init__(self, layout: RowWiseLayout, pg: dist.ProcessGroup, rank: int) -> None:
+        self.pg = pg  # the flag all-reduce
+        self.rank = rank
+        self.world_size = layout.world_size
         self.entries = layout.entries
         self.block_sizes = layout.block_sizes
-        self.wire_dtype = wire_dtype
         dims = [e.dim for e in self.entries]
         self.unit = math.gcd(*dims) if dims else 1
         self.radix = max([b for b in self.block_sizes] + [1])
-        self.output_pool = BufferPool()
-        self.grad_pool = BufferPool()
-        self.comm_stats = DistCommStats(codec=codec_name, sharding_type="row_wise",
-                                        table_codecs={e.table: codec_name for e in self.entries})
-
-    def forward(self, local_embs: torch.Tensor,
-                sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
-        owner_kjt = getattr(sharding_ctx, OWNER_FEATURES, None)
-        sample_kjt = getattr(sharding_ctx, SAMPLE_FEATURES, None)
-        if owner_kjt is None or sample_kjt is None:
-            raise RuntimeError("row-wise dedup dist needs the ids of both ends; it is driven by "
-                               "CodecShardedEmbeddingBagCollection")
-        if sharding_ctx.variable_batch_per_feature:
-            raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
-        W = self.world_size
-        sizes = list(sharding_ctx.batch_size_per_rank) or [sample_kjt.stride()] * W
-        plan = self._plan(owner_kjt, sample_kjt, sizes, local_embs)
-        if plan is None:
-            return self.stock_dist(local_embs, sharding_ctx)
-        return start_dedup_all_to_all(local_embs, plan, self)
 
     # ------------------------------------------------------------------ plan
     def _bag_ids(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,9 +56,8 @@ class RowWiseDedupDist(nn.Module):
         ids = values[offsets.clamp(max=values.numel() - 1)].to(torch.int64)
         return ids, lengths == 1, lengths > 1
 
-    def _plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor, sizes: list[int],
-              local_embs: torch.Tensor) -> DedupPlan | None:
-        t0 = time.perf_counter()
+    def plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor, sizes: list[int],
+             local_embs: torch.Tensor, stats: DistCommStats, wire_bytes: int) -> DedupPlan | None:
         W, F, rank = self.world_size, len(self.entries), self.rank
         B, B_global = sizes[rank], sum(sizes)
         device = local_embs.device
@@ -146,16 +89,11 @@ class RowWiseDedupDist(nn.Module):
             raise ValueError(f"row-wise dedup (tables {sorted({e.table for e in self.entries})}): "
                              f"ids outside their table reached the codec")
         if multi:
-            if not self.comm_stats.fallback_steps:
-                logger.warning("row-wise dedup: a bag holds several ids (it may span row shards and "
-                               "need the sum); such steps use TorchRec's reduce-scatter (codec none)")
-            self.comm_stats.fallback_steps += 1
             return None
         send_counts, recv_counts = host[2:2 + W * F], host[2 + W * F:]
         plan = self._build(o_first, s_uid, s_group, send_counts, recv_counts, B, B_global, device)
-        self._account(send_counts, recv_counts, sizes, local_embs.element_size(), owner_kjt, sample_kjt)
-        self.comm_stats.codec_seconds += time.perf_counter() - t0
-        self.comm_stats.steps += 1
+        self._account(stats, send_counts, recv_counts, sizes, wire_bytes, local_embs.element_size(),
+                      owner_kjt, sample_kjt)
         return plan
 
     def _build(self, o_first, s_uid, s_group, send_counts, recv_counts, B, B_global, device) -> DedupPlan:
@@ -203,30 +141,22 @@ class RowWiseDedupDist(nn.Module):
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits,
                          (B, local_units * unit), pad_units=max(d_units, default=0))
 
-    def _account(self, send_counts, recv_counts, sizes, elem, owner_kjt, sample_kjt) -> None:
+    def _account(self, stats, send_counts, recv_counts, sizes, wire, elem, owner_kjt, sample_kjt) -> None:
         """This step's bytes per table (host integers only)."""
         W, F = self.world_size, len(self.entries)
         owner_values = owner_kjt.length_per_key()
         sample_values = sample_kjt.length_per_key()
-        wire = torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype else elem
         B = sizes[self.rank]
         for i, e in enumerate(self.entries):
-            t = self.comm_stats.table(e.table)
+            t = stats.table(e.table)
             for r in range(W):
-                sent = send_counts[r * F + i] * e.dim * wire
-                recv = recv_counts[r * F + i] * e.dim * wire
-                t.payload_fwd_sent_bytes += sent
-                t.payload_bwd_recv_bytes += sent
-                t.payload_fwd_recv_bytes += recv
-                t.payload_bwd_sent_bytes += recv
-                t.unique_bags += recv_counts[r * F + i]
                 # the reduce-scatter sends this rank's partial sums of every sample rank's bags
-                t.uncompressed_fwd_sent_bytes += sizes[r] * e.dim * elem
-            t.bags += B
+                t.add_rows(e.dim, wire, elem, sent=send_counts[r * F + i], received=recv_counts[r * F + i],
+                           stock_sent=sizes[r])
             # id all-to-all: each bag's ids go to their shard; every shard gets every bag's length
             t.id_sent_bytes += (sample_values[i] * sample_kjt.values().element_size()
                                 + W * B * sample_kjt.lengths().element_size())
             t.id_recv_bytes += (owner_values[i] * owner_kjt.values().element_size()
                                 + sum(sizes) * owner_kjt.lengths().element_size())
             # ... and receives every rank's partial sums of its own B bags
-            t.uncompressed_fwd_recv_bytes += W * B * e.dim * elem
+            t.add_rows(e.dim, wire, elem, stock_received=W * B, bags=B)

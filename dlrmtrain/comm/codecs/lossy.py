@@ -31,8 +31,10 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 )
 from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodecs
 
-from dlrmtrain.comm.layout import DistLayout
+from dlrmtrain.comm.codec import EmbeddingCommCodec
+from dlrmtrain.comm.layout import DistLayout, Layout
 from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.torchrec_hooks import qcomm_codecs
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,14 @@ GPU_ONLY = {"fp8"}
 """lossy codecs whose fbgemm kernels have no CPU implementation"""
 
 
-class LossyQCommsCodec:
+def bytes_per_value(codecs: QuantizedCommCodecs, like: torch.Tensor) -> float:
+    """Bytes on the wire per float: encode one quantization row and measure it."""
+    ctx = codecs.forward.create_context()
+    row = max(getattr(ctx, "row_dim", 1) or 1, 1)
+    return codecs.forward.encode(like.new_zeros(row), ctx).nbytes / row
+
+
+class LossyQCommsCodec(EmbeddingCommCodec):
     """Registry entry for one TorchRec qcomms precision (same precision both ways)."""
 
     lossless = False
@@ -52,7 +61,7 @@ class LossyQCommsCodec:
     def supports(self, sharding_type: str) -> bool:
         return True  # TorchRec's qcomms cover every pooled-embedding dist
 
-    def qcomms_config(self) -> QCommsConfig:
+    def qcomms_config(self) -> QCommsConfig | None:
         return QCommsConfig(forward_precision=self.comm_type, backward_precision=self.comm_type)
 
     def check_device(self, device_type: str, where: str = "comm.codec") -> None:
@@ -61,7 +70,7 @@ class LossyQCommsCodec:
             raise ValueError(f"{where}: lossy codec {self.name!r} runs on GPU only (fbgemm has no CPU "
                              f"{self.name} quantize kernel); on {device_type} use fp16, bf16 or int8")
 
-    def codecs_registry(self, device_type: str) -> dict[str, QuantizedCommCodecs]:
+    def qcomm_codecs_registry(self, device_type: str) -> dict[str, QuantizedCommCodecs] | None:
         """`qcomm_codecs_registry` for TorchRec's sharder (keyed by CommOp name)."""
         self.check_device(device_type)
         config = self.qcomms_config()
@@ -81,10 +90,14 @@ class LossyQCommsCodec:
                 QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16))
         return registry
 
-    def make_output_dist(self, stock_dist: nn.Module, layout: DistLayout | None, tables: set[str],
+    def wire_bytes_per_value(self) -> float:
+        """Measured from fbgemm's encoder (int8: a 32-value row plus its scale and bias)."""
+        return bytes_per_value(self.qcomm_codecs_registry("cpu")["POOLED_EMBEDDINGS_ALL_TO_ALL"],
+                               torch.zeros(0))
+
+    def make_output_dist(self, stock_dist: nn.Module, layout: Layout | None, tables: set[str],
                          pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
-        codecs = getattr(stock_dist, "_codecs", None) or getattr(getattr(stock_dist, "_dist", None),
-                                                                 "_codecs", None)
+        codecs = qcomm_codecs(stock_dist)
         if not isinstance(layout, DistLayout) or codecs is None:
             return stock_dist  # still quantized by TorchRec; only the counters are skipped
         return CountingLossyDist(stock_dist, layout, codecs, self.name, sharding_type, pg)
@@ -106,17 +119,8 @@ class CountingLossyDist(nn.Module):
         self.rank = dist.get_rank(pg)
         self.codecs = codecs
         self.bytes_per_element: float | None = None
-        self.comm_stats = DistCommStats(codec=name, sharding_type=sharding_type,
+        self.comm_stats = DistCommStats(codec=name, sharding_type=sharding_type, lossy=True,
                                         table_codecs={e.table: name for e in layout.all_entries()})
-
-    def _wire_bytes(self, elements: int) -> int:
-        return round(elements * self.bytes_per_element)
-
-    def _measure(self, like: torch.Tensor) -> float:
-        """Bytes on the wire per float: encode one quantization row and measure it."""
-        ctx = self.codecs.forward.create_context()
-        row = max(getattr(ctx, "row_dim", 1) or 1, 1)
-        return self.codecs.forward.encode(like.new_zeros(row), ctx).nbytes / row
 
     def forward(self, local_embs: torch.Tensor,
                 sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
@@ -126,20 +130,12 @@ class CountingLossyDist(nn.Module):
             sizes = [local_embs.shape[0] // W] * W if local_embs.ndim == 2 else [0] * W
         B = sizes[self.rank]
         if self.bytes_per_element is None:
-            self.bytes_per_element = self._measure(local_embs)
-        stats = self.comm_stats
+            self.bytes_per_element = bytes_per_value(self.codecs, local_embs)
+        stats, wire, elem = self.comm_stats, self.bytes_per_element, local_embs.element_size()
         for entry in self.layout.entries_per_rank[self.rank]:
-            t = stats.table(entry.table)
             for n in sizes:
-                t.payload_fwd_sent_bytes += self._wire_bytes(n * entry.dim)
-                t.payload_bwd_recv_bytes += self._wire_bytes(n * entry.dim)
-                t.uncompressed_fwd_sent_bytes += n * entry.dim * local_embs.element_size()
+                stats.table(entry.table).add_rows(entry.dim, wire, elem, sent=n, stock_sent=n)
         for entry in self.layout.all_entries():
-            t = stats.table(entry.table)
-            t.bags += B
-            t.unique_bags += B
-            t.payload_fwd_recv_bytes += self._wire_bytes(B * entry.dim)
-            t.payload_bwd_sent_bytes += self._wire_bytes(B * entry.dim)
-            t.uncompressed_fwd_recv_bytes += B * entry.dim * local_embs.element_size()
+            stats.table(entry.table).add_rows(entry.dim, wire, elem, received=B, stock_received=B, bags=B)
         stats.steps += 1
         return self.inner(local_embs, sharding_ctx)

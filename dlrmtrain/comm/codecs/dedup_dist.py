@@ -1,0 +1,88 @@
+"""The one dedup output dist: table-, column- and row-wise share it, a planner differs.
+
+The dist owns what every sharding type shares: the constructor (process
+group, wire precision, buffer pools, counters), the forward checks (both
+ends' ids present, no variable batch per feature), the plan loop (time it,
+count the step, or fall back to TorchRec's stock dist when the planner
+declines) and the asynchronous all-to-all (dedup_comm.py). A planner
+(dedup_tw.py, dedup_rw.py) knows its sharding's wire layout: it deduplicates
+the ids of both ends, reads their counts in the step's one host sync, builds
+the `DedupPlan` and counts the step's bytes with `TableCommStats.add_rows`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm.buffers import BufferPool
+from dlrmtrain.comm.codecs.dedup_comm import DedupPlan, start_dedup_all_to_all
+from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.torchrec_hooks import dist_callbacks, ids_of_both_ends
+
+logger = logging.getLogger(__name__)
+
+
+class DedupPlanner(Protocol):
+    """The sharding-specific part of a dedup dist."""
+
+    fallback_warning: str
+    """logged once when `plan` first declines a step"""
+
+    def plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor, sizes: list[int],
+             local_embs: torch.Tensor, stats: DistCommStats, wire_bytes: int) -> DedupPlan | None:
+        """This step's plan, with its bytes added to `stats`; None: run the stock dist this step."""
+        ...
+
+
+class DedupDist(nn.Module):
+    """Drop-in for TorchRec's pooled-embedding output dist under `dedup` (and `dedup+fp16/bf16`)."""
+
+    def __init__(self, stock_dist: nn.Module, planner: DedupPlanner, pg: dist.ProcessGroup,
+                 sharding_type: str, table_codecs: dict[str, str], wire_dtype: torch.dtype | None,
+                 codec_name: str) -> None:
+        super().__init__()
+        self.stock_dist = stock_dist  # the fallback
+        self.planner = planner
+        self.pg = pg
+        self.world_size = dist.get_world_size(pg)
+        self.wire_dtype = wire_dtype
+        # column-wise sharding reorders shards with a callback; keep it (it is differentiable)
+        self.output_callbacks = dist_callbacks(stock_dist)
+        self.output_pool = BufferPool()  # expanded outputs (forward)
+        self.grad_pool = BufferPool()    # embedding gradients (backward)
+        self.comm_stats = DistCommStats(codec=codec_name, sharding_type=sharding_type,
+                                        lossy=wire_dtype is not None, table_codecs=table_codecs)
+
+    def forward(self, local_embs: torch.Tensor,
+                sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
+        owner_kjt, sample_kjt = ids_of_both_ends(sharding_ctx)
+        if owner_kjt is None or sample_kjt is None:
+            raise RuntimeError(
+                "dedup output dist needs the ids of both ends; it is driven by "
+                "CodecShardedEmbeddingBagCollection.compute[_and_output_dist] before output_dist")
+        if sharding_ctx.variable_batch_per_feature:
+            raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
+        sizes = list(sharding_ctx.batch_size_per_rank) or [sample_kjt.stride()] * self.world_size
+        t0 = time.perf_counter()
+        wire_bytes = torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype \
+            else local_embs.element_size()
+        plan = self.planner.plan(owner_kjt, sample_kjt, sizes, local_embs, self.comm_stats, wire_bytes)
+        if plan is None:
+            if not self.comm_stats.fallback_steps:
+                logger.warning(self.planner.fallback_warning)
+            self.comm_stats.fallback_steps += 1
+            return self.stock_dist(local_embs, sharding_ctx)
+        self.comm_stats.codec_seconds += time.perf_counter() - t0
+        self.comm_stats.steps += 1
+        awaitable = start_dedup_all_to_all(local_embs, plan, self)
+        awaitable.callbacks.extend(self.output_callbacks)
+        return awaitable

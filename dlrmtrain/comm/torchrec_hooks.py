@@ -1,0 +1,192 @@
+"""The one door to TorchRec's (and torch's) private internals used by the codec layer.
+
+Every private attribute or method of TorchRec that dlrmtrain.comm reads,
+replaces or overrides is reached through a named helper here, so a TorchRec
+upgrade is checked against this file alone (comm/README.md, "TorchRec hook
+points"). Importing it fails with a clear message on any TorchRec version
+other than the one these hooks were written and tested against.
+
+Where TorchRec's own call has to be repeated (the sharder's `shard()` builds
+the sharded module with TorchRec's arguments plus ours),
+tests/comm/test_torchrec_hooks.py compares TorchRec's signatures with the
+ones recorded here and fails when they change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torchrec
+from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionContext,
+    EmbeddingBagCollectionSharder,
+    ShardedEmbeddingBagCollection,
+)
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+SUPPORTED_TORCHREC = "1.8.0"
+
+
+def check_torchrec_version(version: str) -> None:
+    """Refuse a TorchRec whose internals these hooks were not checked against."""
+    if version.split("+")[0] != SUPPORTED_TORCHREC:
+        raise ImportError(
+            f"dlrmtrain.comm hooks into TorchRec {SUPPORTED_TORCHREC} internals, but TorchRec {version} is "
+            f"installed; install torchrec=={SUPPORTED_TORCHREC}, or re-check every helper in "
+            f"dlrmtrain/comm/torchrec_hooks.py (see comm/README.md) and update SUPPORTED_TORCHREC")
+
+
+check_torchrec_version(torchrec.__version__)
+
+OWNER_FEATURES = "dlrmtrain_owner_features"
+"""sharding-context attribute: the KJT the owner looked up (after the id all-to-all)"""
+SAMPLE_FEATURES = "dlrmtrain_sample_features"
+"""sharding-context attribute: this rank's own KJT slice (before the id all-to-all)"""
+
+
+# ------------------------------------------------------------------ sharded EBC
+def shardings(ebc: ShardedEmbeddingBagCollection) -> list[tuple[str, Any]]:
+    """(sharding type, TorchRec sharding object) per output dist, in dist order."""
+    return list(zip(ebc._sharding_types, ebc._embedding_shardings))
+
+
+def output_dists(ebc: ShardedEmbeddingBagCollection) -> list[nn.Module]:
+    """The output dist of each sharding, in `shardings` order."""
+    return list(ebc._output_dists)
+
+
+def replace_output_dist(ebc: ShardedEmbeddingBagCollection, i: int, new_dist: nn.Module) -> None:
+    ebc._output_dists[i] = new_dist
+
+
+def sharding_tables(ebc: ShardedEmbeddingBagCollection, sharding_type: str) -> set[str]:
+    """Names of the tables sharded with `sharding_type`."""
+    return {info.embedding_config.name for info in ebc.sharding_type_to_sharding_infos[sharding_type]}
+
+
+def is_weighted(ebc: ShardedEmbeddingBagCollection) -> bool:
+    """Whether the EBC takes per-id weights."""
+    return ebc._is_weighted
+
+
+def sharding_env(ebc: ShardedEmbeddingBagCollection) -> ShardingEnv:
+    return ebc._env
+
+
+# -------------------------------------------------------------------- shardings
+def grouped_configs_per_rank(sharding) -> list[list[Any]]:
+    """Table-/column-wise: each rank's grouped embedding configs, in wire order."""
+    return sharding._grouped_embedding_configs_per_rank
+
+
+def grouped_configs(sharding) -> list[Any]:
+    """Row-wise: the grouped embedding configs every rank holds a row block of."""
+    return sharding._grouped_embedding_configs
+
+
+# --------------------------------------------------------------------- dists
+def dist_callbacks(stock_dist: nn.Module) -> list:
+    """The stock dist's output callbacks (column-wise: the shard reorder, differentiable)."""
+    return list(getattr(stock_dist, "_callbacks", None) or [])
+
+
+def qcomm_codecs(stock_dist: nn.Module):
+    """The `QuantizedCommCodecs` a stock dist quantizes with, or None."""
+    codecs = getattr(stock_dist, "_codecs", None)
+    return codecs if codecs is not None else getattr(getattr(stock_dist, "_dist", None), "_codecs", None)
+
+
+# -------------------------------------------------------------------- torch
+def storage_use_count(t: torch.Tensor) -> int:
+    """How many tensors/views share `t`'s storage (torch has no public accessor)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+# -------------------------------------------- the EBC that lets codecs see the ids
+class _RecordingInputDist(nn.Module):
+    """Wraps a sharding's input dist and keeps the KJT it was last given.
+
+    `input_dist` reads it back right after TorchRec's call, within the same
+    step, so pipelining (several batches in flight) cannot mix batches up.
+    """
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.last_input: KeyedJaggedTensor | None = None
+
+    def forward(self, features: KeyedJaggedTensor):
+        self.last_input = features
+        return self.inner(features)
+
+
+class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC that leaves both ends' ids in each sharding context.
+
+    Before the id all-to-all: this rank's KJT slice (`SAMPLE_FEATURES`); after
+    it, the KJT the owner looks up (`OWNER_FEATURES`), set before TorchRec calls
+    the output dists. Codec dists read them with `ids_of_both_ends`.
+    """
+
+    def _create_input_dist(self, input_feature_names: list[str]) -> None:
+        super()._create_input_dist(input_feature_names)
+        self._input_dists = [_RecordingInputDist(d) for d in self._input_dists]
+
+    def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor):
+        awaitable = super().input_dist(ctx, features)
+        for recorder, sharding_ctx in zip(self._input_dists, ctx.sharding_contexts):
+            setattr(sharding_ctx, SAMPLE_FEATURES, recorder.last_input)
+            recorder.last_input = None
+        return awaitable
+
+    def _record_owner_features(self, ctx: EmbeddingBagCollectionContext, dist_input) -> None:
+        for features, sharding_ctx in zip(dist_input, ctx.sharding_contexts):
+            setattr(sharding_ctx, OWNER_FEATURES, features)
+
+    def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
+        self._record_owner_features(ctx, input)
+        return super().compute_and_output_dist(ctx, input)
+
+    def compute(self, ctx: EmbeddingBagCollectionContext, dist_input):
+        # for callers that run compute() and output_dist() separately
+        self._record_owner_features(ctx, dist_input)
+        return super().compute(ctx, dist_input)
+
+
+def ids_of_both_ends(sharding_ctx) -> tuple[KeyedJaggedTensor | None, KeyedJaggedTensor | None]:
+    """(owner's KJT, sample rank's KJT) recorded by `IdRecordingShardedEBC`, None where absent."""
+    return getattr(sharding_ctx, OWNER_FEATURES, None), getattr(sharding_ctx, SAMPLE_FEATURES, None)
+
+
+# ---------------------------------------------------------------- the sharder
+SHARD_SIGNATURE = ("(self, module: torchrec.modules.embedding_modules.EmbeddingBagCollection, "
+                   "params: Dict[str, torchrec.distributed.types.ParameterSharding], "
+                   "env: torchrec.distributed.types.ShardingEnv, device: Optional[torch.device] = None, "
+                   "module_fqn: Optional[str] = None) -> "
+                   "torchrec.distributed.embeddingbag.ShardedEmbeddingBagCollection")
+"""`EmbeddingBagCollectionSharder.shard` as of TorchRec 1.8.0, whose call `build_sharded_ebc` repeats"""
+SHARDED_EBC_PARAMETERS = ("self", "module", "table_name_to_parameter_sharding", "env", "fused_params",
+                          "device", "qcomm_codecs_registry", "module_fqn", "sharded_module_order_overwrite")
+"""`ShardedEmbeddingBagCollection.__init__`'s parameters as of TorchRec 1.8.0 (all passed below)"""
+
+
+def build_sharded_ebc(cls: type[ShardedEmbeddingBagCollection], sharder: EmbeddingBagCollectionSharder,
+                      module: EmbeddingBagCollection, params, env: ShardingEnv,
+                      device: torch.device | None, module_fqn: str | None, **extra: Any):
+    """What `EmbeddingBagCollectionSharder.shard` does, building `cls` with `extra` arguments."""
+    return cls(
+        module=module,
+        table_name_to_parameter_sharding=params,
+        env=env,
+        fused_params=sharder.fused_params,
+        device=device,
+        qcomm_codecs_registry=sharder.qcomm_codecs_registry,
+        module_fqn=module_fqn,
+        sharded_module_order_overwrite=sharder._sharded_module_order_overwrite,
+        **extra,
+    )
+

@@ -1,0 +1,77 @@
+"""The config's own cross-field rules: sizes, ranges and table names.
+
+Rules that need another package's knowledge (the data's shape, the sharding
+planner's limits, the codec registry) live in that package; `dlrmtrain.validation`
+runs them all in order. Allowed values of choice fields are Literal types that the
+loader checks (schema.py).
+"""
+
+from __future__ import annotations
+
+from dlrmtrain.config.loader import ConfigError
+from dlrmtrain.config.schema import Config
+from dlrmtrain.features import TABLE_NAMES
+
+
+def table_names(cfg: Config) -> list[str]:
+    """The embedding tables of this config, in feature order."""
+    return TABLE_NAMES[:len(cfg.data.table_sizes)]
+
+
+def check_run(cfg: Config, world_size: int) -> None:
+    run = cfg.run
+    if world_size < 1:
+        raise ConfigError(f"world size {world_size} must be at least 1")
+    if run.global_batch_size <= 0 or run.global_batch_size % world_size:
+        raise ConfigError(f"run.global_batch_size: {run.global_batch_size} does not divide "
+                          f"evenly over world size {world_size}")
+    if cfg.eval.batch_size <= 0 or cfg.eval.batch_size % world_size:
+        raise ConfigError(f"eval.batch_size: {cfg.eval.batch_size} does not divide evenly "
+                          f"over world size {world_size}")
+    if run.epochs <= 0:
+        raise ConfigError(f"run.epochs: must be positive, got {run.epochs}")
+    if run.max_steps is not None and run.max_steps <= 0:
+        raise ConfigError(f"run.max_steps: must be positive or null, got {run.max_steps}")
+
+
+def check_model(cfg: Config) -> None:
+    model = cfg.model
+    if model.bottom_mlp[-1:] != [model.embedding_dim]:
+        raise ConfigError(f"model.bottom_mlp: the last width must equal model.embedding_dim "
+                          f"({model.embedding_dim}), got {model.bottom_mlp}")
+    if model.top_mlp[-1:] != [1]:
+        raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), got {model.top_mlp}")
+    if model.max_table_rows is not None and model.max_table_rows < 1:
+        raise ConfigError("model.max_table_rows: must be positive or null")
+
+
+def check_table_keys(cfg: Config) -> None:
+    """Every per-table setting names a table of this config."""
+    names = table_names(cfg)
+    known = set(names)
+    for table in cfg.sharding.table_ranks:
+        if table not in known:
+            raise ConfigError(f"sharding.table_ranks.{table}: no such table")
+    for table in cfg.sharding.tables:
+        if table not in known:
+            raise ConfigError(f"sharding.tables.{table}: no such table (tables are {names[0]} … "
+                              f"{names[-1]})")
+    for table in cfg.comm.table_codecs:
+        if table not in known:
+            raise ConfigError(f"comm.table_codecs.{table}: no such table")
+
+
+def check_schedule_and_outputs(cfg: Config) -> None:
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr: must be positive, got {cfg.optim.lr}")
+    for key in ("warmup_steps", "decay_start_step", "decay_steps"):
+        if getattr(cfg.optim, key) < 0:
+            raise ConfigError(f"optim.{key}: must not be negative")
+    if cfg.checkpoint.every_steps < 0:
+        raise ConfigError("checkpoint.every_steps: must not be negative")
+    if cfg.checkpoint.keep < 1:
+        raise ConfigError("checkpoint.keep: keep at least one checkpoint")
+    if cfg.eval.evals_per_epoch < 0:
+        raise ConfigError("eval.evals_per_epoch: must not be negative")
+    if cfg.eval.target_auc is not None and not 0.5 <= cfg.eval.target_auc <= 1.0:
+        raise ConfigError(f"eval.target_auc: {cfg.eval.target_auc} is outside [0.5, 1]")

@@ -1,0 +1,1 @@
+"""Synthetic Criteo-like data: the generator, its calibrated profiles, and writing it to disk."""

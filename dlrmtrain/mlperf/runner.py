@@ -1,0 +1,255 @@
+"""MLPerf time-to-train reproduction: N seeded runs per codec, checked and scored.
+
+    python -m dlrmtrain.mlperf.runner --config configs/mini_mlperf.yaml \\
+        --out runs/mlperf_mini [--codecs none,dedup] [--runs N] [--nproc 2] [key=value ...]
+
+For each run index i (seed = run.seed + i) and each codec, in interleaved
+order so that drifts in machine load hit both codecs alike, it launches
+``torchrun --standalone --nproc_per_node P -m dlrmtrain.train`` with the MLPerf
+log switched on, copies the log into the MLPerf results layout
+(``results/<system>/<benchmark>/result_i.txt`` + ``systems/<system>.json``,
+one system per codec), runs the compliance checker on it, and finally scores
+each codec as the result summarizer does (olympic mean, one non-converged run
+allowed) and prints both scores and their ratio.
+
+Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2) unless ``--runs`` says
+otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
+size (written under ``<out>/rules/``) unless ``--rules official``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from dlrmtrain.mlperf.benchmarks import benchmark_for_arch
+from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, check_log
+from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, DerivedRulesSpec
+from dlrmtrain.mlperf.rules.derive import write_derived_rules
+from dlrmtrain.mlperf.scoring import BenchmarkScore, RunTime, olympic_score, required_runs, \
+    run_time_minutes
+from dlrmtrain.mlperf.submission import SubmissionLayout, describe_system, \
+    write_system_description
+
+UNOFFICIAL_NOTE = ("UNOFFICIAL: small-scale reproduction checked with derived rules "
+                   "(own target and eval size); not an MLPerf result.")
+
+
+@dataclass(frozen=True)
+class RunnerPlan:
+    config: Path
+    out: Path
+    overrides: tuple[str, ...]
+    benchmark: str
+    codecs: tuple[str, ...]
+    runs: int
+    base_seed: int
+    nproc: int
+    ruleset: str
+    rules: Path | None
+    """Derived rules file; None means the official rules."""
+    timeout_s: float
+
+    def system(self, codec: str) -> str:
+        return f"cpu{self.nproc}_gloo_codec-{codec}"
+
+    def layout(self, codec: str) -> SubmissionLayout:
+        return SubmissionLayout(self.out, self.system(codec), self.benchmark)
+
+
+@dataclass(frozen=True)
+class CodecOutcome:
+    codec: str
+    score: BenchmarkScore
+    checks: tuple[ComplianceResult, ...]
+
+
+def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
+    from dlrmtrain.config import load_config  # config errors surface before any launch
+    from dlrmtrain.validation import validate_config
+
+    cfg = load_config(args.config, list(args.overrides))
+    for codec in args.codecs.split(","):
+        validate_config(load_config(args.config, [*args.overrides, f"comm.codec={codec}"]),
+                        world_size=args.nproc)
+    benchmark = benchmark_for_arch(cfg.model.arch)
+    ruleset = args.ruleset or DEFAULT_RULESET[benchmark]
+    out = args.out.resolve()
+    rules = None
+    if args.rules == "derived":
+        if cfg.eval.target_auc is None:
+            raise SystemExit(f"{args.config}: eval.target_auc must be set for an MLPerf run")
+        eval_samples = None
+        if benchmark in OFFICIAL_EVAL_SAMPLES:
+            eval_samples = args.eval_samples or expected_eval_samples(cfg)
+        spec = DerivedRulesSpec(benchmark, ruleset, cfg.eval.target_auc, eval_samples)
+        rules = write_derived_rules(spec, out / "rules")
+    return RunnerPlan(
+        config=args.config.resolve(), out=out, overrides=tuple(args.overrides),
+        benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
+        runs=args.runs or required_runs(benchmark), base_seed=cfg.run.seed, nproc=args.nproc,
+        ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60)
+
+
+def expected_eval_samples(cfg) -> int:
+    """The eval-set size the config asks for (checked by dlrm_dcnv2's rules)."""
+    if cfg.data.source == "synthetic":
+        return cfg.data.synthetic.num_eval_samples
+    if cfg.data.source == "criteo":
+        from dlrmtrain.data.criteo_source import split_parts
+        from dlrmtrain.data.splits import total_rows
+
+        return total_rows(split_parts(cfg.data)[1])
+    raise SystemExit(f"cannot tell the eval size of data.source={cfg.data.source!r} from the "
+                     "config: pass --eval-samples")
+
+
+def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
+    """Train once on `plan.nproc` Gloo ranks; return the run's MLPerf log."""
+    seed = plan.base_seed + index
+    run_root = plan.out / "runs" / plan.system(codec)
+    name = f"run{index}_seed{seed}"
+    overrides = [*plan.overrides, f"run.seed={seed}", f"comm.codec={codec}",
+                 f"run.output_dir={run_root}", f"run.name={name}", "mlperf.enabled=true",
+                 "logging.progress_bar=false"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={plan.nproc}", "-m", "dlrmtrain.train",
+           "--config", str(plan.config), *overrides]
+    run_root.mkdir(parents=True, exist_ok=True)
+    console = run_root / f"{name}.out"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with open(console, "w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                              timeout=plan.timeout_s)
+    if proc.returncode != 0:
+        tail = "\n".join(console.read_text().splitlines()[-25:])
+        raise RuntimeError(f"run {index} ({codec}, seed {seed}) exited with {proc.returncode}; "
+                           f"output in {console}:\n{tail}")
+    return run_root / name / "mlperf.log"
+
+
+def execute(plan: RunnerPlan) -> list[CodecOutcome]:
+    notes = UNOFFICIAL_NOTE if plan.rules else ""
+    for codec in plan.codecs:
+        layout = plan.layout(codec)
+        layout.result_dir.mkdir(parents=True, exist_ok=True)
+        description = describe_system(layout.system, submitter="dlrmtrain", division="closed",
+                                      nodes=1, processes_per_node=plan.nproc, backend="gloo",
+                                      codec=codec, notes=notes)
+        write_system_description(layout, description, plan.ruleset)
+    checks: dict[str, list[ComplianceResult]] = {c: [] for c in plan.codecs}
+    bar = tqdm(total=plan.runs * len(plan.codecs), desc="MLPerf runs", unit="run")
+    for index in range(plan.runs):
+        for codec in plan.codecs:  # interleaved: load drifts hit both codecs alike
+            bar.set_postfix(codec=codec, seed=plan.base_seed + index)
+            log = launch_run(plan, codec, index)
+            result = plan.layout(codec).result_file(index)
+            shutil.copyfile(log, result)
+            check = check_log(result, plan.ruleset, plan.rules)
+            checks[codec].append(check)
+            took = "-"
+            if check.passed:  # a failed log may lack run_stop
+                minutes = run_time_minutes(result, plan.ruleset)
+                took = f"{minutes:.3f} min ({minutes * 60:.1f} s)"
+            tqdm.write(f"[{codec}] {check.summary()}; time to train {took}")
+            bar.update(1)
+    bar.close()
+    outcomes = []
+    for codec in plan.codecs:
+        runs = [RunTime(c.log_path.name, run_time_minutes(c.log_path, plan.ruleset)
+                        if c.passed else None) for c in checks[codec]]
+        outcomes.append(CodecOutcome(codec, olympic_score(plan.benchmark, runs),
+                                     tuple(checks[codec])))
+    return outcomes
+
+
+def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
+    rules = f"UNOFFICIAL derived rules {plan.rules}" if plan.rules else "official rules"
+    lines = ["=" * 72, f"MLPerf time to train: {plan.benchmark}, ruleset {plan.ruleset}, {rules}",
+             f"  {plan.runs} seeded runs per codec on {plan.nproc} Gloo ranks; results in "
+             f"{plan.out / 'results'}"]
+    for o in outcomes:
+        times = ", ".join("not converged" if r.minutes is None else f"{r.minutes:.3f}"
+                          for r in o.score.runs)
+        lines += [f"  codec {o.codec:<6} {o.score.summary()}", f"    run times (min): {times}"]
+    ratio = speedup(outcomes)
+    if ratio is not None:
+        first, second = outcomes[0].codec, outcomes[1].codec
+        lines.append(f"  ratio {first} / {second} = {ratio:.3f} "
+                     f"({'>1: ' + second + ' is faster' if ratio > 1 else '<=1: no gain from ' + second})")
+    if outcomes and outcomes[0].checks:
+        lines.append(f"  check one yourself: {outcomes[0].checks[0].command}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def speedup(outcomes: list[CodecOutcome]) -> float | None:
+    """Score of the first codec over the second's (None unless both scored)."""
+    if len(outcomes) < 2 or None in (outcomes[0].score.minutes, outcomes[1].score.minutes):
+        return None
+    return outcomes[0].score.minutes / outcomes[1].score.minutes
+
+
+def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
+    payload = {
+        "benchmark": plan.benchmark, "ruleset": plan.ruleset,
+        "rules": str(plan.rules) if plan.rules else "official", "unofficial": plan.rules is not None,
+        "config": str(plan.config), "overrides": list(plan.overrides), "runs": plan.runs,
+        "nproc": plan.nproc,
+        "codecs": {o.codec: {
+            "score_minutes": o.score.minutes, "non_converged": o.score.non_converged,
+            "run_minutes": [r.minutes for r in o.score.runs],
+            "failed_rules": [sorted(str(k) for k in c.failed_keys) for c in o.checks],
+        } for o in outcomes},
+        "ratio_first_over_second": speedup(outcomes),
+    }
+    path = plan.out / "summary.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, required=True, help="run config (YAML)")
+    p.add_argument("--out", type=Path, required=True, help="submission tree to write")
+    p.add_argument("--codecs", default="none,dedup", help="comma-separated (default: none,dedup)")
+    p.add_argument("--runs", type=int, default=None, help="runs per codec (default: MLPerf's)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks per run (default: 2)")
+    p.add_argument("--ruleset", default=None, help="default: 2.1.0 (dlrm), 6.0.0 (dlrm_dcnv2)")
+    p.add_argument("--rules", choices=("derived", "official"), default="derived")
+    p.add_argument("--eval-samples", type=int, default=None,
+                   help="eval size for dlrm_dcnv2's derived rules (default: from the config)")
+    p.add_argument("--timeout-min", type=float, default=60.0, help="per run (default: 60)")
+    p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dlrmtrain.config import ConfigError
+
+    try:
+        plan = plan_from_args(parse_args(argv))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    outcomes = execute(plan)
+    print(render_summary(plan, outcomes))
+    print(f"summary: {write_summary(plan, outcomes)}  "
+          f"(wall {(time.perf_counter() - started) / 60:.1f} min)")
+    return 0 if all(o.score.minutes is not None for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

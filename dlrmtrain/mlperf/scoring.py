@@ -1,0 +1,124 @@
+"""MLPerf time-to-train scoring, as ``mlperf_logging.result_summarizer`` does it.
+
+The summarizer's rules (``_compute_strong_score_standalone``, mlperf-logging 4.1.68):
+
+- a run's score is ``run_stop - run_start`` in minutes;
+- a result file that fails the compliance check (e.g. never reached the
+  target accuracy) is a *non-converged* run and is dropped; it counts as
+  the slowest run;
+- at most one non-converged run is allowed (four for unet3d); more gives no
+  score ("CRITICAL ERROR: Too many non-converging runs");
+- the score is the olympic mean: sort, drop the fastest and the slowest
+  (a dropped non-converged run already stands in for the slowest), average
+  the rest;
+- the number of runs an official submission needs per benchmark comes from
+  ``benchmark_meta`` (dlrm 5, dlrm_dcnv2 10).
+
+The package's own functions do the arithmetic (`_compute_olympic_average`)
+and read the times (`_query_run_start_stop`); what is replaced here is only
+the compliance step, so that derived (unofficial) rules can decide
+convergence for small runs. With official rules, `score_result_folder` calls
+the summarizer itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+from contextlib import redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlperf_logging.benchmark_meta import get_result_file_counts
+from mlperf_logging.compliance_checker.mlp_parser import parse_file
+from mlperf_logging.result_summarizer import result_summarizer as summarizer
+
+from dlrmtrain.mlperf.compliance import USAGE, ComplianceResult, check_log, checker_logging_silenced
+
+
+def max_non_converged(benchmark: str) -> int:
+    """Non-converged runs the summarizer tolerates (hard-coded there, mirrored here)."""
+    return 4 if benchmark == "unet3d" else 1
+
+
+def required_runs(benchmark: str) -> int:
+    return get_result_file_counts(USAGE)[benchmark]
+
+
+@dataclass(frozen=True)
+class RunTime:
+    """One run: its time to train in minutes, or None when it did not converge."""
+
+    name: str
+    minutes: float | None
+
+
+@dataclass(frozen=True)
+class BenchmarkScore:
+    benchmark: str
+    minutes: float | None
+    """Olympic mean time to train; None when too many runs did not converge."""
+    runs: tuple[RunTime, ...]
+    required_runs: int
+    max_non_converged: int
+
+    @property
+    def non_converged(self) -> int:
+        return sum(r.minutes is None for r in self.runs)
+
+    @property
+    def enough_runs(self) -> bool:
+        return len(self.runs) >= self.required_runs
+
+    def summary(self) -> str:
+        score = "no score (too many non-converged runs)" if self.minutes is None \
+            else f"{self.minutes:.4f} min (olympic mean)"
+        note = "" if self.enough_runs else \
+            f"; only {len(self.runs)} of the {self.required_runs} runs a submission needs"
+        return (f"{self.benchmark}: {score}; {len(self.runs)} runs, "
+                f"{self.non_converged} non-converged (max {self.max_non_converged}){note}")
+
+
+def olympic_score(benchmark: str, runs: list[RunTime] | tuple[RunTime, ...]) -> BenchmarkScore:
+    """Score runs the way the result summarizer does (see the module docstring)."""
+    if not runs:
+        raise ValueError(f"no runs to score for {benchmark}")
+    limit = max_non_converged(benchmark)
+    converged = [r.minutes for r in runs if r.minutes is not None]
+    dropped = len(runs) - len(converged)
+    minutes = None
+    if dropped <= limit:
+        # The package sorts its argument in place: hand it a copy.
+        minutes = summarizer._compute_olympic_average(list(converged), dropped, limit)
+    return BenchmarkScore(benchmark, minutes, tuple(runs), required_runs(benchmark), limit)
+
+
+def run_time_minutes(log_path: Path | str, ruleset: str) -> float:
+    """``run_stop - run_start`` of one log, in minutes (the summarizer's reading)."""
+    loglines, errors = parse_file(str(log_path), ruleset=ruleset)
+    if errors:
+        raise ValueError(f"{log_path}: {len(errors)} unparsable MLPerf lines, first: {errors[0]}")
+    start, stop = summarizer._query_run_start_stop(loglines)
+    return (stop - start) / 60 / 1000
+
+
+def score_result_folder(folder: Path | str, benchmark: str, ruleset: str,
+                        config: Path | str | None = None
+                        ) -> tuple[BenchmarkScore, list[ComplianceResult]]:
+    """Check and score every ``result_*.txt`` in `folder` (official rules if `config` is None)."""
+    files = sorted(Path(p) for p in glob.glob(f"{folder}/result_*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no result_*.txt files in {folder}")
+    checks = [check_log(f, ruleset, config) for f in files]
+    runs = [RunTime(c.log_path.name, run_time_minutes(c.log_path, ruleset) if c.passed else None)
+            for c in checks]
+    return olympic_score(benchmark, runs), checks
+
+
+def official_summarizer_score(folder: Path | str, benchmark: str, ruleset: str) -> float | None:
+    """The result summarizer's own score for `folder` (official rules), for cross-checks."""
+    # It prints a notice per dropped run and logs the checker's messages.
+    with redirect_stdout(io.StringIO()), checker_logging_silenced():
+        score, _, _ = summarizer._compute_strong_score_standalone(
+            benchmark, None, False, str(folder), USAGE, ruleset)
+    return score

@@ -1,0 +1,49 @@
+"""Every check of a loaded Config, in order, before any process group exists.
+
+Each package owns the rules it knows (config: sizes, ranges, table names; data: the
+tables against the feature layout and the source settings; distributed: placements
+and planner limits; comm: the codec choice). This module only calls them: config/
+sits below those packages and must not import them.
+"""
+
+from __future__ import annotations
+
+from dlrmtrain.comm.registry import available_codecs, validate_codec_choice
+from dlrmtrain.config import checks
+from dlrmtrain.config.loader import ConfigError
+from dlrmtrain.config.schema import Config
+from dlrmtrain.data import checks as data_checks
+from dlrmtrain.distributed.planner import check_sharding_config
+
+
+def resolved_device_type(cfg: Config) -> str:
+    """`cpu` or `cuda`: run.device with `auto` resolved on this machine."""
+    if cfg.run.device != "auto":
+        return cfg.run.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_codecs(cfg: Config, device_type: str) -> None:
+    codecs = available_codecs()
+    for key, codec in [("comm.codec", cfg.comm.codec),
+                       *((f"comm.table_codecs.{t}", c) for t, c in cfg.comm.table_codecs.items())]:
+        if codec not in codecs:
+            raise ConfigError(f"{key}: {codec!r} is not one of {', '.join(codecs)}")
+    try:  # qcomms apply run-wide; fp8 has GPU kernels only (the error names comm.codec)
+        validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def validate_config(cfg: Config, world_size: int) -> None:
+    """Raise ConfigError naming the key for any impossible combination."""
+    device_type = resolved_device_type(cfg)
+    checks.check_run(cfg, world_size)
+    data_checks.check_config(cfg)
+    checks.check_model(cfg)
+    checks.check_table_keys(cfg)
+    check_sharding_config(cfg, world_size, device_type)
+    _check_codecs(cfg, device_type)
+    checks.check_schedule_and_outputs(cfg)

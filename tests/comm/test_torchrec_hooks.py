@@ -1,0 +1,61 @@
+"""The one door to TorchRec's internals: version check, mirrored signatures, no other door."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+import torchrec
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+
+from dlrmtrain.comm import torchrec_hooks as hooks
+
+COMM = Path(__file__).resolve().parents[2] / "dlrmtrain" / "comm"
+
+# TorchRec (and torch) private names the codec layer relies on; hooks.py alone may spell them
+PRIVATE_NAMES = {"_output_dists", "_create_input_dist", "_input_dists", "_grouped_embedding_configs",
+                 "_grouped_embedding_configs_per_rank", "_callbacks", "_codecs", "_is_weighted", "_env",
+                 "_embedding_shardings", "_sharding_types", "_sharded_module_order_overwrite",
+                 "_storage_Use_Count", "_C", "_dist", "_cdata"}
+
+
+def test_installed_torchrec_is_the_supported_one():
+    assert torchrec.__version__.split("+")[0] == hooks.SUPPORTED_TORCHREC
+
+
+def test_another_torchrec_version_fails_clearly():
+    with pytest.raises(ImportError, match=r"TorchRec 1\.8\.0 internals, but TorchRec 1\.9\.0 is installed"):
+        hooks.check_torchrec_version("1.9.0")
+    hooks.check_torchrec_version("1.8.0+cpu")  # a local build tag is the same release
+
+
+def test_shard_call_mirrors_torchrec_signatures():
+    """`build_sharded_ebc` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
+    assert str(inspect.signature(EmbeddingBagCollectionSharder.shard)) == hooks.SHARD_SIGNATURE
+    params = tuple(inspect.signature(ShardedEmbeddingBagCollection.__init__).parameters)
+    assert params == hooks.SHARDED_EBC_PARAMETERS
+    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(hooks.build_sharded_ebc)))
+              if isinstance(node, ast.Call) for kw in node.keywords if kw.arg}
+    assert set(params) - {"self"} <= passed
+
+
+def test_overridden_torchrec_methods_still_exist():
+    for name in ("_create_input_dist", "input_dist", "compute", "compute_and_output_dist"):
+        assert callable(getattr(ShardedEmbeddingBagCollection, name)), name
+    assert "input_feature_names" in inspect.signature(ShardedEmbeddingBagCollection._create_input_dist).parameters
+
+
+def private_names_used(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return used & PRIVATE_NAMES
+
+
+def test_private_names_only_in_the_hooks_module():
+    offenders = {str(p.relative_to(COMM)): sorted(private_names_used(p)) for p in sorted(COMM.rglob("*.py"))
+                 if p.name != "torchrec_hooks.py" and private_names_used(p)}
+    assert not offenders, f"TorchRec/torch internals outside comm/torchrec_hooks.py: {offenders}"
+    assert private_names_used(COMM / "torchrec_hooks.py")  # the scan sees them where they are

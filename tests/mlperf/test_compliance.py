@@ -1,0 +1,81 @@
+"""The real checker on a simulated small run: derived rules accept it, official rules
+reject it on exactly the accuracy target (and for dlrm_dcnv2 the eval size)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from dlrmtrain.mlperf.compliance import check_log
+from dlrmtrain.mlperf.rules import RULESETS, DerivedRulesSpec
+from dlrmtrain.mlperf.rules.derive import write_derived_rules
+from tests.mlperf.simulated_run import EVAL_SAMPLES, SimulatedRun
+
+SMALL_TARGET = 0.75
+DLRM_RULESETS = RULESETS["dlrm"]
+
+
+def _derived(tmp_path, benchmark, ruleset, target=SMALL_TARGET):
+    eval_samples = EVAL_SAMPLES if benchmark == "dlrm_dcnv2" else None
+    return write_derived_rules(DerivedRulesSpec(benchmark, ruleset, target, eval_samples), tmp_path)
+
+
+@pytest.mark.parametrize("ruleset", DLRM_RULESETS)
+def test_dlrm_small_run_passes_derived_and_fails_official_only_on_target(tmp_path, ruleset):
+    log = SimulatedRun("dlrm").write(tmp_path / "dlrm.log")
+
+    derived = check_log(log, ruleset, _derived(tmp_path, "dlrm", ruleset))
+    official = check_log(log, ruleset)
+
+    assert derived.passed, derived.failures
+    assert not derived.warnings
+    assert official.failed_keys == {"eval_accuracy"}
+    [failure] = official.failures
+    assert ">= 0.8025" in failure.message
+
+
+def test_dcnv2_small_run_passes_derived_and_fails_official_on_target_and_eval_size(tmp_path):
+    log = SimulatedRun("dlrm_dcnv2").write(tmp_path / "dcnv2.log")
+
+    derived = check_log(log, "6.0.0", _derived(tmp_path, "dlrm_dcnv2", "6.0.0"))
+    official = check_log(log, "6.0.0")
+
+    assert derived.passed, derived.failures
+    assert official.failed_keys == {"eval_accuracy", "eval_samples"}
+    messages = {f.key: f.message for f in official.failures}
+    assert ">= 0.80275" in messages["eval_accuracy"]
+    assert "89137319" in messages["eval_samples"]
+    assert len(official.failures) == 2
+
+
+def test_run_below_the_derived_target_fails_derived_rules(tmp_path):
+    log = SimulatedRun("dlrm", aucs=(0.70, 0.74)).write(tmp_path / "dlrm.log")
+    result = check_log(log, "2.1.0", _derived(tmp_path, "dlrm", "2.1.0"))
+    assert result.failed_keys == {"eval_accuracy"}
+
+
+def test_dcnv2_log_with_another_eval_size_fails_derived_rules(tmp_path):
+    log = SimulatedRun("dlrm_dcnv2", eval_samples=EVAL_SAMPLES + 1).write(tmp_path / "d.log")
+    result = check_log(log, "6.0.0", _derived(tmp_path, "dlrm_dcnv2", "6.0.0"))
+    assert result.failed_keys == {"eval_samples"}
+
+
+@pytest.mark.parametrize("benchmark,ruleset", [("dlrm", "2.1.0"), ("dlrm_dcnv2", "6.0.0")])
+def test_checker_cli_with_config_agrees(tmp_path, benchmark, ruleset):
+    # The committed command line (--config with an absolute path) is what users run.
+    good = SimulatedRun(benchmark).write(tmp_path / "good.log")
+    bad = SimulatedRun(benchmark, aucs=(0.6, 0.7)).write(tmp_path / "bad.log")
+    rules = _derived(tmp_path, benchmark, ruleset)
+    for log, expect_pass in ((good, True), (bad, False)):
+        result = check_log(log, ruleset, rules)
+        assert result.passed is expect_pass
+        cli = subprocess.run(shlex.split(result.command) + ["--log_output", str(tmp_path / "cc.log")],
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert (cli.returncode == 0) is expect_pass, cli.stderr
+
+
+def test_missing_log_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.log"):
+        check_log(tmp_path / "nope.log", "2.1.0")

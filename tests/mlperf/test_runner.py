@@ -1,0 +1,84 @@
+"""The MLPerf runner: real torchrun launches into the results layout, checked and scored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrmtrain.config.loader import dump_config
+from dlrmtrain.mlperf.compliance import ComplianceResult
+from dlrmtrain.mlperf.scoring import RunTime, olympic_score
+from dlrmtrain.mlperf.runner import CodecOutcome, main, speedup
+from tests.common import tiny_config
+from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
+
+
+def _eval_aucs(result_file: Path) -> list[float]:
+    return [json.loads(line.split(" ", 1)[1])["value"] for line in result_file.read_text().splitlines()
+            if '"key": "eval_accuracy"' in line]
+
+
+def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
+    config = tmp_path / "tiny_mlperf.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN,
+                            "model.arch=dlrm_dcnv2", "optim.lr=0.1"), config)
+    out = tmp_path / "submission"
+
+    code = main(["--config", str(config), "--out", str(out), "--codecs", "none,dedup",
+                 "--runs", "2", "--timeout-min", "4"])
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unofficial"] and summary["benchmark"] == "dlrm_dcnv2"
+    assert Path(summary["rules"]).parent == out / "rules" / "training_6.0.0"
+    for codec in ("none", "dedup"):
+        system = f"cpu2_gloo_codec-{codec}"
+        assert (out / "systems" / f"{system}.json").is_file()
+        results = sorted((out / "results" / system / "dlrm_dcnv2").glob("result_*.txt"))
+        assert [r.name for r in results] == ["result_0.txt", "result_1.txt"]
+        # Each run's checker verdict agrees with what the trainer itself saw (seeds 0 and 1).
+        scored = summary["codecs"][codec]
+        for index, failed in enumerate(scored["failed_rules"]):
+            run_dir = out / "runs" / system / f"run{index}_seed{index}"
+            reached = json.loads((run_dir / "summary.json").read_text())["reached_target"]
+            assert (failed == []) is reached, (codec, index, failed)
+            assert failed in ([], ["eval_accuracy"])
+        # The score is the olympic mean of the logged times.
+        runs = [RunTime(f"r{i}", m) for i, m in enumerate(scored["run_minutes"])]
+        assert scored["score_minutes"] == olympic_score("dlrm_dcnv2", runs).minutes
+    # dedup is lossless: the same seed evaluates to the same AUCs up to float summation order.
+    # That order can swap a pair of near-tied predictions after some steps, and on this small
+    # eval set one swapped (positive, negative) pair moves the AUC by ~5e-4 (1 / (P·N)):
+    # allow a few such swaps, far below what a real difference in training shows.
+    for index in range(2):
+        none, dedup = (_eval_aucs(out / "results" / f"cpu2_gloo_codec-{c}" / "dlrm_dcnv2" /
+                                  f"result_{index}.txt") for c in ("none", "dedup"))
+        assert dedup == pytest.approx(none, abs=2e-3)
+    both_scored = all(summary["codecs"][c]["score_minutes"] is not None for c in ("none", "dedup"))
+    assert code == (0 if both_scored else 1)
+    if both_scored:
+        assert summary["ratio_first_over_second"] == pytest.approx(
+            summary["codecs"]["none"]["score_minutes"] / summary["codecs"]["dedup"]["score_minutes"])
+
+
+def test_unknown_codec_is_refused_before_any_launch(tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    code = main(["--config", str(config), "--out", str(tmp_path / "out"), "--codecs", "none,zip9"])
+    assert code == 2
+    assert "comm.codec" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "results").exists()
+
+
+def _outcome(codec: str, *minutes: float | None) -> CodecOutcome:
+    runs = [RunTime(f"result_{i}.txt", m) for i, m in enumerate(minutes)]
+    return CodecOutcome(codec, olympic_score("dlrm", runs), tuple[ComplianceResult, ...]())
+
+
+def test_ratio_is_first_codec_score_over_second():
+    none = _outcome("none", 10.0, 12.0, 11.0, 13.0, 14.0)    # score 12
+    dedup = _outcome("dedup", 7.0, 8.0, 9.0, 10.0, 6.0)      # score 8
+    assert speedup([none, dedup]) == pytest.approx(1.5)
+    failed = _outcome("dedup", 7.0, None, None, 10.0, 6.0)   # two non-converged: no score
+    assert speedup([none, failed]) is None

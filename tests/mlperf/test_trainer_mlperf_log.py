@@ -1,0 +1,51 @@
+"""A short real 2-rank training writes an MLPerf log the checker accepts (derived rules)
+and that fails the official rules on exactly the accuracy target (and dcnv2's eval size)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlrmtrain.mlperf.compliance import check_log
+from dlrmtrain.mlperf.rules import DerivedRulesSpec
+from dlrmtrain.mlperf.rules.derive import write_derived_rules
+from tests.common import tiny_overrides, train_on_rank
+from tests.multiproc import run_ranks
+
+TARGET = 0.53  # tiny synthetic task: both archs pass it by step 8–16 (seeded, deterministic)
+EVAL_SAMPLES = 1024  # tests.common.TINY's synthetic eval set
+# MLPerf's layer counts (3 bottom, 5 top, 3 cross) at tiny widths: dlrm's rules name every layer.
+MLPERF_SHAPE = ["model.bottom_mlp=[16,16,8]", "model.top_mlp=[16,16,8,8,1]",
+                "model.dcn_num_layers=3", "model.dcn_low_rank_dim=8"]
+RUN = ["mlperf.enabled=true", "eval.evals_per_epoch=2", "run.epochs=1", f"eval.target_auc={TARGET}"]
+# Adagrad for both: it learns within 16 tiny steps; dlrm's rules do not check the optimizer.
+ARCH = {"dlrm": ["model.arch=dlrm_v1", "optim.name=adagrad", "optim.lr=0.1"],
+        "dlrm_dcnv2": ["model.arch=dlrm_dcnv2", "optim.name=adagrad", "optim.lr=0.1"]}
+
+
+def _train(rank: int, world_size: int, out_dir: str, overrides: list[str]) -> list[float]:
+    summary = train_on_rank(rank, world_size, None, tiny_overrides(out_dir, *overrides))
+    return [e["auc"] for e in summary["evals"]]
+
+
+@pytest.mark.parametrize("benchmark,ruleset", [("dlrm", "2.1.0"), ("dlrm_dcnv2", "6.0.0")])
+def test_two_rank_run_log_passes_derived_rules_and_fails_official_only_on_target(
+        tmp_path, benchmark, ruleset):
+    overrides = [*MLPERF_SHAPE, *RUN, *ARCH[benchmark], f"run.name={benchmark}"]
+    aucs, _ = run_ranks(_train, 2, str(tmp_path), overrides, timeout=240)
+    assert max(aucs) >= TARGET, aucs  # the run reached the small target…
+    assert max(aucs) < 0.8025        # …and not the official one
+    run_dir = Path(tmp_path) / benchmark
+    log = run_dir / "mlperf.log"
+    # Both ranks share the run directory: one writer means one run_start line.
+    assert sum('"key": "run_start"' in line for line in log.read_text().splitlines()) == 1
+
+    size = EVAL_SAMPLES if benchmark == "dlrm_dcnv2" else None
+    rules = write_derived_rules(DerivedRulesSpec(benchmark, ruleset, TARGET, size), tmp_path)
+    derived, official = check_log(log, ruleset, rules), check_log(log, ruleset)
+
+    assert derived.passed, derived.failures
+    assert not derived.warnings
+    expected = {"eval_accuracy", "eval_samples"} if benchmark == "dlrm_dcnv2" else {"eval_accuracy"}
+    assert official.failed_keys == expected, official.failures
