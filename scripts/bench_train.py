@@ -71,6 +71,20 @@ def shape_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     return str(REPO / config), [*overrides, *args.overrides]
 
 
+def loopback_bytes() -> int | None:
+    """Bytes sent through `lo` so far: inside a private network namespace
+    (shaped_link) exactly the ranks' traffic; None where the counter is unreadable."""
+    # /proc/net/dev is per network namespace (/sys/class/net shows the host's).
+    try:
+        for line in Path("/proc/net/dev").read_text().splitlines():
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[8])  # transmit bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def relaunch_under_torchrun(args: argparse.Namespace) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -182,13 +196,19 @@ def main() -> None:
         batches.extend(b.to(env.device) for b in trainer.data.train_batches(epoch))
         epoch += 1
 
-    def timed(step, block) -> float:
+    link_bytes: dict[str, list[float]] = {n: [] for n in steppers}
+
+    def timed(step, block, name=None) -> float:
         dist.barrier()
+        sent0 = loopback_bytes()
         t0 = time.perf_counter()
         for b in block:
             step(b)
         dist.barrier()
-        return (time.perf_counter() - t0) / len(block)
+        seconds = time.perf_counter() - t0
+        if name and sent0 is not None:
+            link_bytes[name].append((loopback_bytes() - sent0) / len(block))
+        return seconds / len(block)
 
     names = list(steppers)
     for name in names:
@@ -197,7 +217,7 @@ def main() -> None:
     for r in range(args.rounds):
         block = batches[args.steps * (r + 1): args.steps * (r + 2)]
         for name in (names if r % 2 == 0 else names[::-1]):
-            blocks[name].append(timed(steppers[name], block))
+            blocks[name].append(timed(steppers[name], block, name))
 
     if env.is_main:
         gbs = cfg.run.global_batch_size
@@ -221,6 +241,10 @@ def main() -> None:
                 goal = "  (goal ≤ 1.02)" if name == base else ""
                 print(f"  ratio ({name}) / plain step time: "
                       f"{median[name] / median['plain TorchRec DMP']:.3f}{goal}")
+        if all(link_bytes.values()):
+            print("  bytes through lo per step (all ranks, both directions; exact only inside "
+                  "shaped_link's private namespace): "
+                  + ", ".join(f"{n} {statistics.median(b) / 1e6:.1f} MB" for n, b in link_bytes.items()))
         print("=" * 72)
         if args.json:
             Path(args.json).write_text(json.dumps({
@@ -228,6 +252,8 @@ def main() -> None:
                 "global_batch_size": gbs, "steps": args.steps, "rounds": args.rounds,
                 "arch": cfg.model.arch, "ms_per_step": {n: 1000 * t for n, t in median.items()},
                 "blocks_ms": {n: [1000 * x for x in b] for n, b in blocks.items()},
+                "loopback_mb_per_step": {n: statistics.median(b) / 1e6
+                                         for n, b in link_bytes.items() if b},
             }, indent=2) + "\n")
     del steppers
     trainer.close()
