@@ -132,7 +132,10 @@ def run_inside(link: LinkSpec, cmd: list[str]) -> int:
     # Gloo would otherwise pick the interface that the hostname resolves to.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.execvp(cmd[0], cmd)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        raise ShapedLinkUnavailable(f"cannot run {cmd[0]!r} behind the link: {e}") from None
     return 1  # not reached
 
 
