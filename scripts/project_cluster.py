@@ -217,6 +217,31 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_validation(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("the plot needs matplotlib: .venv/bin/pip install -e '.[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = range(len(rows))
+    ax.plot(xs, [r["measured_ratio"] for r in rows], "o-", label="measured (bench_link)")
+    ax.plot(xs, [r["predicted_ratio"] for r in rows], "s--", label="cost model")
+    ax.fill_between(xs, [0.85 * r["measured_ratio"] for r in rows],
+                    [1.15 * r["measured_ratio"] for r in rows], alpha=0.15, label="measured ±15%")
+    ax.axhline(1.0, color="grey", lw=1, ls=":")
+    ax.set_xticks(list(xs), [r["link"] for r in rows])
+    ax.set_xlabel("link Gbit/s (one loopback shared by both ranks)")
+    ax.set_ylabel("step time dedup / none")
+    ax.set_title("MLPerf shape, 2 CPU ranks: model vs measurement", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", type=Path, help="bench_link.py's sweep.json (validation)")
@@ -244,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['measured_ratio']:9.3f} {r['predicted_ratio']:10.3f} {100 * r['error']:6.1f}%")
         print(f"  link bytes per step ({rows[0]['bytes_source']}): none {rows[0]['link_mb_none']:.1f} MB, "
               f"dedup {rows[0]['link_mb_dedup']:.1f} MB; codec {2 * args.kernels_ms[0] + args.kernels_ms[1] + args.kernels_ms[2]:.0f} ms (2 unique + expand + segment-sum)")
+        plot_validation(rows, args.out / "validation.png")
         worst = max(abs(r["error"]) for r in rows)
         print(f"  worst |error| {100 * worst:.1f}% ({'within' if worst <= 0.15 else 'NOT within'} 15%)")
     rows = project()
