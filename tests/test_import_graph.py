@@ -52,7 +52,10 @@ def import_graph(package: Path) -> dict[str, set[str]]:
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle (as a path a -> ... -> a) per strongly connected component of more than one module."""
+    """One cycle (a path a -> ... -> a) per strongly connected component of more than one module.
+
+    A component of more than two modules is also listed whole: every module in it must go.
+    """
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -83,7 +86,8 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    return [_cycle_in(graph, comp) for comp in components]
+    return [_cycle_in(graph, comp) + (["(all of: " + ", ".join(comp) + ")"] if len(comp) > 2 else [])
+            for comp in components]
 
 
 def _cycle_in(graph: dict[str, set[str]], component: list[str]) -> list[str]:
@@ -120,7 +124,7 @@ def test_cycle_finder_sees_cycles_hidden_in_functions(tmp_path):
     assert graph["pkg.sub.b"] == {"pkg.c"}
     assert graph["pkg.c"] == {"pkg.a"}
     assert graph["pkg.d"] == {"pkg.a"}
-    assert find_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+    assert find_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a", "(all of: pkg.a, pkg.c, pkg.sub.b)"]]
 
 
 def test_dlrmtrain_has_no_import_cycles():
