@@ -166,14 +166,14 @@ def main() -> None:
     env = init_distributed("cpu")
     config, shape_overrides = shape_config(args)
     common = [*shape_overrides, "logging.progress_bar=false", "eval.enabled=false",
-              "mlperf.enabled=false", "run.output_dir=/tmp/dlrmtrain-bench"]
+              "mlperf.enabled=false", "run.output_dir=/tmp/dlrmtrain-bench", "run.overwrite=true"]
     cfg = load_config(config, common)
     validate_config(cfg, env.world_size)
     trainer = Trainer(cfg, env)
     steppers: dict[str, object] = {"dlrmtrain": trainer.train_step}
     others = []
-    for vs in args.vs:
-        other_cfg = load_config(config, common + vs.split())
+    for i, vs in enumerate(args.vs):  # each its own run directory
+        other_cfg = load_config(config, common + [f"run.name=bench_vs{i}"] + vs.split())
         validate_config(other_cfg, env.world_size)
         others.append(Trainer(other_cfg, env))
         steppers[f"dlrmtrain {vs}"] = others[-1].train_step
