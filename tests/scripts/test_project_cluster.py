@@ -51,9 +51,11 @@ def test_validation_error_is_zero_when_the_measurement_follows_the_model():
                                               "dlrmtrain comm.codec=dedup": 4000 + 1e3 * (dedup - compute)}}
     sweep = {"mlperf": [point("unshaped", lo), point("1", 1e9 / 8), point("0.5", 0.5e9 / 8)]}
     rows = pc.validate(sweep, comm, (25.0, 25.0, 25.0), loopback_gbit=17.0)
+    assert rows[0]["codec_ms_kernels"] == pytest.approx(100.0)  # two uniques + expand + segment-sum
     assert [r["link"] for r in rows] == ["unshaped", "1", "0.5"]
-    for r in rows:
+    for r in rows:  # both variants: codec from the kernels (100 ms) and fitted to the unshaped run
         assert r["error"] == pytest.approx(0.0, abs=1e-9)
+        assert r["fitted_error"] == pytest.approx(0.0, abs=1e-9)
     assert rows[2]["predicted_ratio"] < rows[1]["predicted_ratio"] < rows[0]["predicted_ratio"]
 
 
