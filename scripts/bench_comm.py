@@ -2,6 +2,15 @@
 
     PYTHONPATH=. python scripts/bench_comm.py --data criteo_kaggle_sample.tsv.gz \
         --world-size 8 --batch-size 4096 --codec none dedup fp16 bf16 int8 dedup+fp16 dedup+bf16
+    PYTHONPATH=. python scripts/bench_comm.py --data synthetic-terabyte --multi-hot \
+        --world-size 8 --batch-size 4096 --codec none dedup --measure-ranks 0
+
+`--data synthetic` draws ids from the calibrated `kaggle` profile,
+`synthetic-terabyte` from the `terabyte` profile (MLPerf table sizes: v1's, or
+DCNv2's with `--multi-hot`). `--multi-hot` gives every table MLPerf DCNv2's bag
+size; as in MLPerf's multi-hot data each bag is a fixed function of its one-hot
+id, so the distinct bags are the distinct ids (dedup's payload is unchanged)
+while the id all-to-all carries every id of every bag.
 
 LOSSY codecs (TorchRec qcomms fp16/bf16/int8, stacked dedup+fp16/bf16) are
 marked as such; for them the timing run also reports the forward error against
@@ -37,8 +46,8 @@ from tqdm import tqdm
 
 from dlrmtrain.data.formats.criteo_text import iter_parsed
 from dlrmtrain.data.synthetic.generator import power_law_ids
-from dlrmtrain.data.synthetic.profiles import kaggle_profile
-from dlrmtrain.features import CAT_KEYS, NUM_SPARSE, TABLE_NAMES
+from dlrmtrain.data.synthetic.profiles import profile_tables
+from dlrmtrain.features import CAT_KEYS, MLPERF_DCNV2_MULTI_HOT_SIZES, NUM_SPARSE, TABLE_NAMES
 
 NUM_CAT = NUM_SPARSE
 LINK_GBPS = (25, 100, 400)
@@ -63,11 +72,12 @@ def read_criteo_tsv(path: Path, max_rows: int | None) -> np.ndarray:
                     axis=1).astype(np.int64)
 
 
-def synthetic_ids(num_rows: int, seed: int = 0) -> np.ndarray:
-    """Ids of the calibrated synthetic `kaggle` profile (each column's distinct
-    fraction at batch 4096 matches the real Kaggle sample)."""
+def synthetic_ids(num_rows: int, profile: str = "kaggle", tables: str = "v1",
+                  seed: int = 0) -> np.ndarray:
+    """Ids of a calibrated synthetic profile: `kaggle` (each column's distinct fraction
+    at batch 4096 matches the real Kaggle sample) or `terabyte` (MLPerf table sizes)."""
     rng = np.random.default_rng(seed)
-    sizes, exponents = kaggle_profile()
+    sizes, exponents = profile_tables(profile, tables)
     return np.stack([power_law_ids(rng, n, s, num_rows) for n, s in zip(sizes, exponents)], axis=1)
 
 
@@ -80,25 +90,30 @@ def global_batches(ids: np.ndarray, world_size: int, batch_size: int) -> list[np
 
 
 # ---------------------------------------------------------------------------- bytes
-def byte_figures(batches: list[np.ndarray], world_size: int, batch_size: int, dim: int) -> dict:
-    """Off-rank bytes per step for none and dedup (fp32 payload, int64 ids, int32 lengths)."""
+def byte_figures(batches: list[np.ndarray], world_size: int, batch_size: int, dim: int,
+                 bag_sizes: list[int] | None = None) -> dict:
+    """Off-rank bytes per step for none and dedup (fp32 payload, int64 ids, int32 lengths).
+    `bag_sizes`: ids per bag per table (multi-hot; each bag a function of its id)."""
+    bag_sizes = bag_sizes or [1] * NUM_CAT
     owner = [t % world_size for t in range(NUM_CAT)]
     rows_all = rows_unique = 0
     payload_none = payload_dedup = ids_bytes = 0
     per_rank_none = np.zeros(world_size)
     per_rank_dedup = np.zeros(world_size)
+    table_unique = np.zeros(NUM_CAT)
     for gb in tqdm(batches, desc="counting bytes", leave=False):
         for s in range(world_size):
             block = gb[s * batch_size:(s + 1) * batch_size]
             for t in range(NUM_CAT):
                 u = len(np.unique(block[:, t]))
+                table_unique[t] += u
                 rows_all += batch_size
                 rows_unique += u
                 if owner[t] == s:
                     continue  # the owner's block to itself never leaves the rank
                 payload_none += 2 * batch_size * dim * 4  # forward rows + backward grads
                 payload_dedup += 2 * u * dim * 4
-                ids_bytes += batch_size * (8 + 4)  # one id + one length per one-hot bag
+                ids_bytes += batch_size * (8 * bag_sizes[t] + 4)  # a bag's ids + its length
                 # the owner sends forward, the sample rank sends backward: both directions
                 per_rank_none[owner[t]] += batch_size * dim * 4
                 per_rank_none[s] += batch_size * dim * 4
@@ -109,6 +124,7 @@ def byte_figures(batches: list[np.ndarray], world_size: int, batch_size: int, di
         "steps": steps,
         "distinct_fraction": rows_unique / rows_all,
         "ideal_ratio": rows_all / rows_unique,
+        "table_distinct_fraction": (table_unique / (steps * world_size * batch_size)).tolist(),
         "none": {"payload": payload_none / steps, "ids": ids_bytes / steps,
                  "max_rank_send": per_rank_none.max() / steps},
         "dedup": {"payload": payload_dedup / steps, "ids": ids_bytes / steps,
@@ -123,15 +139,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kjt(block: np.ndarray):
+def _kjt(block: np.ndarray, vocab: list[int], bag_sizes: list[int] | None):
+    """One-hot bags, or multi-hot ones whose extra ids are a fixed hash of the first
+    (as MLPerf's lookup table: equal ids give equal bags)."""
     from torchrec import KeyedJaggedTensor
-    values = torch.from_numpy(np.ascontiguousarray(block.T).reshape(-1))
-    lengths = torch.ones(values.numel(), dtype=torch.int32)
+    if bag_sizes is None:
+        values = torch.from_numpy(np.ascontiguousarray(block.T).reshape(-1))
+        lengths = torch.ones(values.numel(), dtype=torch.int32)
+    else:
+        parts = []
+        for t in range(NUM_CAT):
+            ids = block[:, t:t + 1]
+            extra = (ids * (2 * np.arange(1, bag_sizes[t]) + 1) + 7919) % vocab[t]
+            parts.append(np.concatenate([ids, extra], axis=1).reshape(-1))
+        values = torch.from_numpy(np.concatenate(parts))
+        lengths = torch.from_numpy(np.repeat(np.asarray(bag_sizes, dtype=np.int32), len(block)))
     return KeyedJaggedTensor(keys=CAT_KEYS, values=values, lengths=lengths)
 
 
 def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], vocab: list[int],
-               codecs: list[str], dim: int, warmup: int, steps: int, queue) -> None:
+               codecs: list[str], dim: int, warmup: int, steps: int, bag_sizes, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import torch.distributed as dist
@@ -169,7 +196,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
         # a fixed random upstream gradient: contiguous, like a real top MLP's
         upstream = torch.randn(B, NUM_CAT * dim, generator=torch.Generator().manual_seed(rank))
         for i in range(warmup + steps):
-            kjt = _kjt(batches[i % len(batches)][rank * B:(rank + 1) * B])
+            kjt = _kjt(batches[i % len(batches)][rank * B:(rank + 1) * B], vocab, bag_sizes)
             dist.barrier()
             t0 = time.perf_counter()
             kt = model(kjt)
@@ -216,11 +243,12 @@ def _forward_error(out: torch.Tensor, reference: torch.Tensor | None) -> dict:
             "ref_mean": reference.double().abs().mean().item()}
 
 
-def measure(batches, vocab, codecs, dim, world, warmup, steps) -> dict:
+def measure(batches, vocab, codecs, dim, world, warmup, steps, bag_sizes=None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_time_rank, args=(r, world, port, batches, vocab, codecs, dim, warmup, steps, queue))
+    procs = [ctx.Process(target=_time_rank, args=(r, world, port, batches, vocab, codecs, dim, warmup, steps, bag_sizes,
+                                                queue))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -239,7 +267,10 @@ def measure(batches, vocab, codecs, dim, world, warmup, steps) -> dict:
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="raw Criteo TSV (.gz ok) or 'synthetic'")
+    ap.add_argument("--data", required=True,
+                    help="raw Criteo TSV (.gz ok), 'synthetic' (kaggle profile) or 'synthetic-terabyte'")
+    ap.add_argument("--multi-hot", action="store_true",
+                    help="MLPerf DCNv2 bag sizes (and, with synthetic-terabyte, its table sizes)")
     ap.add_argument("--world-size", type=int, required=True, help="ranks the byte figures are for")
     ap.add_argument("--batch-size", type=int, required=True, help="local (per-rank) batch size")
     ap.add_argument("--codec", nargs="+", required=True, help="codecs to compare, e.g. none dedup")
@@ -248,6 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--measure-ranks", type=int, default=2, help="Gloo ranks for the timing (0: skip)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--max-table-rows", type=int, default=None,
+                    help="timing only: tables capped at this many rows (ids folded mod cap); "
+                         "needed for MLPerf table sizes, which do not fit in memory here")
+    ap.add_argument("--json", default=None, help="write the byte figures (per table too) here")
     args = ap.parse_args(argv)
 
     from dlrmtrain.comm.registry import available_codecs, lossy_codecs, validate_codec_choice, wire_bytes_per_value
@@ -264,17 +299,24 @@ def main(argv: list[str] | None = None) -> None:
     label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
     width = max(len(v) for v in label.values()) + 1
     wire = {c: wire_bytes_per_value(c) for c in args.codec}
-    if args.data == "synthetic":
-        ids = synthetic_ids(max(args.max_rows or 0, 4 * args.world_size * args.batch_size))
-        source = "synthetic power-law ids"
+    bag_sizes = MLPERF_DCNV2_MULTI_HOT_SIZES if args.multi_hot else None
+    if args.data in ("synthetic", "synthetic-terabyte"):
+        profile = "kaggle" if args.data == "synthetic" else "terabyte"
+        tables = "dcnv2" if args.multi_hot else "v1"
+        ids = synthetic_ids(max(args.max_rows or 0, 4 * args.world_size * args.batch_size),
+                            profile, tables)
+        source = f"synthetic ids, calibrated `{profile}` profile" + (
+            f" ({tables} table sizes)" if profile == "terabyte" else "")
     else:
         ids = read_criteo_tsv(Path(args.data), args.max_rows)
         source = f"{args.data} ({len(ids)} rows)"
     vocab = [int(ids[:, t].max()) + 1 for t in range(NUM_CAT)]
 
     figs = byte_figures(global_batches(ids, args.world_size, args.batch_size),
-                        args.world_size, args.batch_size, args.dim)
-    print(f"\ndata: {source}; {NUM_CAT} one-hot tables, dim {args.dim}, fp32, table-wise round robin")
+                        args.world_size, args.batch_size, args.dim, bag_sizes)
+    bags = (f"multi-hot (DCNv2 bag sizes, {sum(MLPERF_DCNV2_MULTI_HOT_SIZES)} ids/sample)"
+            if bag_sizes else "one-hot")
+    print(f"\ndata: {source}; {NUM_CAT} {bags} tables, dim {args.dim}, fp32, table-wise round robin")
     print(f"bytes: world size {args.world_size}, local batch {args.batch_size}, "
           f"{figs['steps']} global batches; distinct fraction {figs['distinct_fraction']:.4f}, "
           f"ideal B/U {figs['ideal_ratio']:.3f}x")
@@ -295,6 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         vs_ideal = f"{ratio / figs['ideal_ratio']:.3f}" if c.startswith("dedup") else "-"
         print(f"{label[c]:<{width}} {wire[c]:>11.3g} {f['payload'] / 1e6:>16.2f} {ratio:>6.3f}x {vs_ideal:>7} "
               f"{(f['payload'] + f['ids']) / 1e6:>13.2f} {whole:>6.3f}x")
+    if args.json:
+        import json
+        Path(args.json).write_text(json.dumps({
+            "data": source, "world_size": args.world_size, "batch_size": args.batch_size,
+            "dim": args.dim, "bag_sizes": bag_sizes or [1] * NUM_CAT, **figs}, indent=2) + "\n")
     print("projected all-to-all phase per step (busiest rank's payload + ids over its link):")
     for c in args.codec:
         f = scaled(c)
@@ -305,10 +352,16 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.measure_ranks:
         world = args.measure_ranks
+        if args.max_table_rows:
+            ids = ids % args.max_table_rows
+            vocab = [min(v, args.max_table_rows) for v in vocab]
+        elif sum(vocab) * args.dim * 4 > 8e9:
+            raise SystemExit(f"--measure-ranks: the tables take {sum(vocab) * args.dim * 4 / 1e9:.0f} GB; "
+                             "cap them with --max-table-rows (e.g. 20000) or pass --measure-ranks 0")
         batches = global_batches(ids, world, args.batch_size)
         print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
               f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
-        t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps)
+        t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps, bag_sizes)
         print(f"{'codec':<{width}} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13} "
               f"{'max |err|':>10} {'mean |err|':>11} {'rel':>9}")
         for c in args.codec:

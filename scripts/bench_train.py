@@ -6,20 +6,30 @@ with a fused optimizer, DistributedModelParallel, dense optimizer combined
 with the fused one, forward / backward / step. Both run the same model, the
 same sharding plan (so the same bytes move), the same global batch and the
 same pre-built batches (data loading is not timed) on the same ranks, in
-alternating blocks so machine noise hits both alike. Prints per-step times and
-their ratio (goal: dlrmtrain / plain ≤ 1.02).
+alternating blocks (ABC, CBA, ...) so machine noise hits all alike. Prints the
+median per-step times and their ratios (goal: dlrmtrain / plain ≤ 1.02).
 
-    python scripts/bench_train.py [--world-size 2] [--steps 30] [--rounds 3] [overrides...]
+    python scripts/bench_train.py [--shape quickstart|mlperf|dcnv2] [--world-size 2]
+        [--steps 30] [--rounds 3] [--vs "KEY=VALUE ..."]... [--no-plain] [--json PATH] [overrides...]
 
-Overrides are dlrmtrain config overrides on top of configs/quickstart.yaml.
-With `--vs "KEY=VALUE ..."` the second contender is dlrmtrain again with those
-extra overrides instead of plain TorchRec, e.g. `--vs precision.mode=bf16`
-for the bf16 / fp32 step-time ratio or `--vs comm.codec=dedup`.
+Shapes (`--shape`, default quickstart; `--config` + overrides for anything else):
+  quickstart  configs/quickstart.yaml (dim 16, global batch 2048)
+  mlperf      configs/mini_mlperf_dim128.yaml: MLPerf's embedding shape (dim 128, MLPerf v1
+              MLP widths, global batch 8192 on 2 ranks, synthetic `kaggle` profile)
+  dcnv2       configs/mlperf_dcnv2.yaml scaled to a CPU (tables capped at 20000 rows,
+              global batch 4096): multi-hot bags, DCN interaction, Adagrad
+Overrides are dlrmtrain config overrides on top of the shape's config.
+Each `--vs "KEY=VALUE ..."` adds a contender: dlrmtrain again with those extra
+overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`. The plain
+TorchRec contender (TorchRec's `DLRM` for `dlrm_v1`, `DLRM_DCN` for `dlrm_dcnv2`)
+runs too unless `--no-plain`. Ratios are printed against the first contender
+(dlrmtrain with the shape's config) and against plain TorchRec; `--json` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -29,17 +39,50 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Benchmark shapes: (config, overrides). bench_link.py sweeps the same ones.
+SHAPES = {
+    "quickstart": ("configs/quickstart.yaml", []),
+    "mlperf": ("configs/mini_mlperf_dim128.yaml", []),
+    "dcnv2": ("configs/mlperf_dcnv2.yaml",
+              ["run.device=cpu", "model.max_table_rows=20000", "run.global_batch_size=4096",
+               "data.synthetic.num_train_samples=262144", "mlperf.enabled=false"]),
+}
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=30, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=3, help="alternating blocks per contender")
-    p.add_argument("--config", default=str(REPO / "configs/quickstart.yaml"))
-    p.add_argument("--vs", default=None, metavar="OVERRIDES",
-                   help="compare against dlrmtrain with these extra overrides (space-separated)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="quickstart")
+    p.add_argument("--config", default=None, help="instead of the shape's config")
+    p.add_argument("--vs", action="append", default=[], metavar="OVERRIDES",
+                   help="add a dlrmtrain contender with these extra overrides (space-separated)")
+    p.add_argument("--no-plain", action="store_true", help="leave out plain TorchRec")
+    p.add_argument("--json", default=None, help="write the medians and ratios here (rank 0)")
     p.add_argument("overrides", nargs="*")
     return p.parse_args(argv)
+
+
+def shape_config(args: argparse.Namespace) -> tuple[str, list[str]]:
+    config, overrides = SHAPES[args.shape]
+    if args.config:
+        return args.config, list(args.overrides)
+    return str(REPO / config), [*overrides, *args.overrides]
+
+
+def loopback_bytes() -> int | None:
+    """Bytes sent through `lo` so far: inside a private network namespace
+    (shaped_link) exactly the ranks' traffic; None where the counter is unreadable."""
+    # /proc/net/dev is per network namespace (/sys/class/net shows the host's).
+    try:
+        for line in Path("/proc/net/dev").read_text().splitlines():
+            name, _, fields = line.partition(":")
+            if name.strip() == "lo":
+                return int(fields.split()[8])  # transmit bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def relaunch_under_torchrun(args: argparse.Namespace) -> None:
@@ -49,30 +92,48 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
                         __file__, *sys.argv[1:]])
 
 
-def build_plain_torchrec(cfg, rows, device, plan):
-    """TorchRec's golden-example recipe, nothing of dlrmtrain's beyond the config values
-    and the sharding plan (given, so both contenders move the same bytes)."""
+def plain_torchrec_model(cfg, rows, device):
+    """TorchRec's own model for the config's `model.arch` (tables on the meta device):
+    `DLRM` for dlrm_v1, `DLRM_DCN` for dlrm_dcnv2; any other arch is refused, so the
+    plain contender never runs a different (cheaper) model than dlrmtrain."""
     import torch
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.models.dlrm import DLRM, DLRMTrain
+    from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
 
     tables = [EmbeddingBagConfig(name=table, embedding_dim=cfg.model.embedding_dim,
                                  num_embeddings=n, feature_names=[key])
               for table, key, n in zip(TABLE_NAMES, CAT_KEYS, rows, strict=True)]
-    model = DLRMTrain(DLRM(
+    common = dict(
         embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
         dense_in_features=cfg.data.num_dense_features,
         dense_arch_layer_sizes=cfg.model.bottom_mlp,
         over_arch_layer_sizes=cfg.model.top_mlp,
-        dense_device=device))
+        dense_device=device)
+    if cfg.model.arch == "dlrm_v1":
+        return DLRMTrain(DLRM(**common))
+    if cfg.model.arch == "dlrm_dcnv2":
+        dlrm = DLRM_DCN(dcn_num_layers=cfg.model.dcn_num_layers,
+                        dcn_low_rank_dim=cfg.model.dcn_low_rank_dim, **common)
+        dlrm.inter_arch.to(device)
+        return DLRMTrain(dlrm)
+    raise SystemExit(f"bench_train: no plain TorchRec model for model.arch="
+                     f"{cfg.model.arch!r}; run with --no-plain")
+
+
+def build_plain_torchrec(cfg, rows, device, plan):
+    """TorchRec's golden-example recipe, nothing of dlrmtrain's beyond the config values
+    and the sharding plan (given, so both contenders move the same bytes)."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    model = plain_torchrec_model(cfg, rows, device)
     fused = {"learning_rate": cfg.optim.lr, "eps": cfg.optim.adagrad_eps,
              "optimizer": EmbOptimType.EXACT_ADAGRAD if cfg.optim.name == "adagrad"
              else EmbOptimType.EXACT_SGD}
@@ -103,20 +164,30 @@ def main() -> None:
 
     torch.set_num_threads(1)
     env = init_distributed("cpu")
-    common = ["logging.progress_bar=false", "eval.enabled=false",
-              "run.output_dir=/tmp/dlrmtrain-bench", "run.overwrite=true", *args.overrides]
-    cfg = load_config(args.config, common)
+    config, shape_overrides = shape_config(args)
+    common = [*shape_overrides, "logging.progress_bar=false", "eval.enabled=false",
+              "mlperf.enabled=false", "run.output_dir=/tmp/dlrmtrain-bench", "run.overwrite=true"]
+    cfg = load_config(config, common)
     validate_config(cfg, env.world_size)
     trainer = Trainer(cfg, env)
-    if args.vs:
-        other_cfg = load_config(args.config, common + ["run.name=bench_vs"] + args.vs.split())
+    steppers: dict[str, object] = {"dlrmtrain": trainer.train_step}
+    others = []
+    for i, vs in enumerate(args.vs):  # each its own run directory
+        other_cfg = load_config(config, common + [f"run.name=bench_vs{i}"] + vs.split())
         validate_config(other_cfg, env.world_size)
-        other = Trainer(other_cfg, env)
-        names = ("dlrmtrain", f"dlrmtrain {args.vs}")
-    else:
-        plain_model, plain_opt = build_plain_torchrec(cfg, table_rows(cfg), env.device,
-                                                       trainer.model.plan)
-        names = ("dlrmtrain", "plain TorchRec DMP")
+        others.append(Trainer(other_cfg, env))
+        steppers[f"dlrmtrain {vs}"] = others[-1].train_step
+    plain = None
+    if not args.no_plain:
+        plain = build_plain_torchrec(cfg, table_rows(cfg), env.device, trainer.model.plan)
+        plain_model, plain_opt = plain
+
+        def plain_step(b):
+            plain_opt.zero_grad()
+            loss, _ = plain_model(b)
+            loss.backward()
+            plain_opt.step()
+        steppers["plain TorchRec DMP"] = plain_step
 
     needed = args.steps * args.rounds + args.steps  # + one warm-up block each
     batches = []
@@ -125,62 +196,73 @@ def main() -> None:
         batches.extend(b.to(env.device) for b in trainer.data.train_batches(epoch))
         epoch += 1
 
-    def dlrmtrain_block(block):
-        for b in block:
-            trainer.train_step(b)
+    link_bytes: dict[str, list[float]] = {n: [] for n in steppers}
 
-    def plain_block(block):
-        if args.vs:  # the other dlrmtrain variant
-            for b in block:
-                other.train_step(b)
-            return
-        for b in block:
-            plain_opt.zero_grad()
-            loss, _ = plain_model(b)
-            loss.backward()
-            plain_opt.step()
-
-    def timed(fn, block) -> float:
+    def timed(step, block, name=None) -> float:
         dist.barrier()
+        sent0 = loopback_bytes()
         t0 = time.perf_counter()
-        fn(block)
+        for b in block:
+            step(b)
         dist.barrier()
-        return (time.perf_counter() - t0) / len(block)
+        seconds = time.perf_counter() - t0
+        if name and sent0 is not None:
+            link_bytes[name].append((loopback_bytes() - sent0) / len(block))
+        return seconds / len(block)
 
-    warm = batches[:args.steps]
-    timed(dlrmtrain_block, warm), timed(plain_block, warm)
-    ours, plain = [], []
+    names = list(steppers)
+    for name in names:
+        timed(steppers[name], batches[:args.steps])
+    blocks: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
         block = batches[args.steps * (r + 1): args.steps * (r + 2)]
-        order = [(dlrmtrain_block, ours), (plain_block, plain)]
-        for fn, sink in (order if r % 2 == 0 else order[::-1]):
-            sink.append(timed(fn, block))
+        for name in (names if r % 2 == 0 else names[::-1]):
+            blocks[name].append(timed(steppers[name], block, name))
 
     if env.is_main:
         gbs = cfg.run.global_batch_size
-        t_ours, t_plain = statistics.median(ours), statistics.median(plain)
-        print("\n" + "=" * 64)
+        median = {n: statistics.median(b) for n, b in blocks.items()}
+        print("\n" + "=" * 72)
         print(f"bench_train: {env.world_size} Gloo ranks, global batch {gbs}, "
-              f"{args.rounds} alternating blocks of {args.steps} steps")
+              f"{args.rounds} alternating blocks of {args.steps} steps (medians)")
+        print(f"  config {Path(config).name} {' '.join(shape_overrides)}")
         print(f"  model {cfg.model.arch}, emb dim {cfg.model.embedding_dim}, "
               f"{len(cfg.data.table_sizes)} tables, optimizer {cfg.optim.name}")
         width = max(24, *(len(n) + 2 for n in names))
         print(f"  {'':{width}}{'ms/step':>10}{'samples/s':>14}   blocks (ms/step)")
-        for name, t, runs in ((names[0], t_ours, ours), (names[1], t_plain, plain)):
-            print(f"  {name:<{width}}{1000 * t:10.2f}{gbs / t:14,.0f}   "
-                  + " ".join(f"{1000 * x:.1f}" for x in runs))
-        if args.vs:
-            print(f"  ratio ({names[1]}) / ({names[0]}) step time: {t_plain / t_ours:.3f}")
-        else:
-            print(f"  ratio dlrmtrain / plain step time: {t_ours / t_plain:.3f}  (goal ≤ 1.02)")
-        print("=" * 64)
+        for name in names:
+            print(f"  {name:<{width}}{1000 * median[name]:10.2f}{gbs / median[name]:14,.0f}   "
+                  + " ".join(f"{1000 * x:.1f}" for x in blocks[name]))
+        base = names[0]
+        for name in names[1:len(names) - (plain is not None)]:
+            print(f"  ratio ({name}) / ({base}) step time: {median[name] / median[base]:.3f}")
+        if plain is not None:
+            for name in names[:-1]:
+                goal = "  (goal ≤ 1.02)" if name == base else ""
+                print(f"  ratio ({name}) / plain step time: "
+                      f"{median[name] / median['plain TorchRec DMP']:.3f}{goal}")
+        if all(link_bytes.values()):
+            print("  bytes through lo per step (all ranks, both directions; exact only inside "
+                  "shaped_link's private namespace): "
+                  + ", ".join(f"{n} {statistics.median(b) / 1e6:.1f} MB" for n, b in link_bytes.items()))
+        print("=" * 72)
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "config": config, "overrides": shape_overrides, "world_size": env.world_size,
+                "global_batch_size": gbs, "steps": args.steps, "rounds": args.rounds,
+                "arch": cfg.model.arch, "ms_per_step": {n: 1000 * t for n, t in median.items()},
+                "blocks_ms": {n: [1000 * x for x in b] for n, b in blocks.items()},
+                "loopback_mb_per_step": {n: statistics.median(b) / 1e6
+                                         for n, b in link_bytes.items() if b},
+            }, indent=2) + "\n")
+    del steppers
     trainer.close()
     del trainer
-    if args.vs:
+    for other in others:
         other.close()
-        del other
-    else:
-        del plain_model, plain_opt
+    del others, plain
+    if not args.no_plain:
+        del plain_model, plain_opt, plain_step
     shutdown_distributed()
 
 

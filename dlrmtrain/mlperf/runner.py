@@ -1,7 +1,8 @@
 """MLPerf time-to-train reproduction: N seeded runs per codec, checked and scored.
 
     python -m dlrmtrain.mlperf.runner --config configs/mini_mlperf.yaml \\
-        --out runs/mlperf_mini [--codecs none,dedup] [--runs N] [--nproc 2] [key=value ...]
+        --out runs/mlperf_mini [--codecs none,dedup] [--runs N] [--nproc 2]
+        [--link-gbit G [--link-latency-ms L]] [key=value ...]
 
 For each run index i (seed = run.seed + i) and each codec, in interleaved
 order so that drifts in machine load hit both codecs alike, it launches
@@ -12,6 +13,10 @@ one system per codec), runs the compliance checker on it, and finally scores
 each codec as the result summarizer does (olympic mean, one non-converged run
 allowed) and prints both scores and their ratio. Last, ``dlrmtrain report`` draws
 every run (AUC against time, loss, throughput, bytes) into ``<out>/report/``.
+
+With ``--link-gbit`` every run trains behind its own shaped link of that rate
+(dlrmtrain.distributed.shaped_link: a private network namespace whose loopback
+is one link shared by all ranks and both directions); the system names say so.
 
 Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2) unless ``--runs`` says
 otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
@@ -29,6 +34,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
+    wrap_command
 
 from tqdm import tqdm
 
@@ -61,10 +69,13 @@ class RunnerPlan:
     rules: Path | None
     """Derived rules file; None means the official rules."""
     timeout_s: float
+    link: LinkSpec | None = None
+    """Shaped link every run trains behind; None: the machine's own loopback."""
 
     def system(self, codec: str) -> str:
         kind = "gpu" if self.backend == "nccl" else "cpu"
-        return f"{kind}{self.nproc}_{self.backend}_codec-{codec}"
+        link = f"_link-{self.link.gbit:g}gbit" if self.link else ""
+        return f"{kind}{self.nproc}_{self.backend}{link}_codec-{codec}"
 
     def layout(self, codec: str) -> SubmissionLayout:
         return SubmissionLayout(self.out, self.system(codec), self.benchmark)
@@ -85,6 +96,15 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     for codec in args.codecs.split(","):
         validate_config(load_config(args.config, [*args.overrides, f"comm.codec={codec}"]),
                         world_size=args.nproc)
+    link = None
+    if args.link_gbit is not None:
+        try:
+            link = LinkSpec(args.link_gbit, args.link_latency_ms)
+            require_available()  # say why not before any launch
+        except (ValueError, ShapedLinkUnavailable) as e:
+            raise SystemExit(f"--link-gbit: {e}") from None
+    elif args.link_latency_ms:
+        raise SystemExit("--link-latency-ms needs --link-gbit")
     benchmark = benchmark_for_arch(cfg.model.arch)
     ruleset = args.ruleset or DEFAULT_RULESET[benchmark]
     out = args.out.resolve()
@@ -102,7 +122,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
         benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
         runs=args.runs or required_runs(benchmark), base_seed=cfg.run.seed, nproc=args.nproc,
         backend="nccl" if _uses_gpu(cfg.run.device) else "gloo",
-        ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60)
+        ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60, link=link)
 
 
 def _uses_gpu(device: str) -> bool:
@@ -126,16 +146,27 @@ def expected_eval_samples(cfg) -> int:
                      "config: pass --eval-samples")
 
 
+def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
+    """The command line of one run: `dlrmtrain train` (torchrun in-process), behind the plan's link."""
+    run_root = plan.out / "runs" / plan.system(codec)
+    overrides = [*plan.overrides, f"run.seed={plan.base_seed + index}", f"comm.codec={codec}",
+                 f"run.output_dir={run_root}", f"run.name={run_name(plan, index)}",
+                 "mlperf.enabled=true", "logging.progress_bar=false"]
+    cmd = [sys.executable, "-m", "dlrmtrain", "train", f"--nproc={plan.nproc}",
+           "--config", str(plan.config), *overrides]
+    return wrap_command(cmd, plan.link)
+
+
+def run_name(plan: RunnerPlan, index: int) -> str:
+    return f"run{index}_seed{plan.base_seed + index}"
+
+
 def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
     """Train once on `plan.nproc` ranks; return the run's MLPerf log."""
     seed = plan.base_seed + index
     run_root = plan.out / "runs" / plan.system(codec)
-    name = f"run{index}_seed{seed}"
-    overrides = [*plan.overrides, f"run.seed={seed}", f"comm.codec={codec}",
-                 f"run.output_dir={run_root}", f"run.name={name}", "mlperf.enabled=true",
-                 "logging.progress_bar=false"]
-    cmd = [sys.executable, "-m", "dlrmtrain", "train", f"--nproc={plan.nproc}",
-           "--config", str(plan.config), *overrides]
+    name = run_name(plan, index)
+    cmd = run_command(plan, codec, index)
     run_root.mkdir(parents=True, exist_ok=True)
     console = run_root / f"{name}.out"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -163,7 +194,8 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
     checks: dict[str, list[ComplianceResult]] = {c: [] for c in plan.codecs}
     bar = tqdm(total=plan.runs * len(plan.codecs), desc="MLPerf runs", unit="run")
     for index in range(plan.runs):
-        for codec in plan.codecs:  # interleaved: load drifts hit both codecs alike
+        # interleaved, and which codec goes first alternates: load drifts hit both alike
+        for codec in (plan.codecs if index % 2 == 0 else plan.codecs[::-1]):
             bar.set_postfix(codec=codec, seed=plan.base_seed + index)
             log = launch_run(plan, codec, index)
             result = plan.layout(codec).result_file(index)
@@ -189,7 +221,8 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
 def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
     rules = f"UNOFFICIAL derived rules {plan.rules}" if plan.rules else "official rules"
     lines = ["=" * 72, f"MLPerf time to train: {plan.benchmark}, ruleset {plan.ruleset}, {rules}",
-             f"  {plan.runs} seeded runs per codec on {plan.nproc} {plan.backend} ranks; results in "
+             f"  {plan.runs} seeded runs per codec on {plan.nproc} {plan.backend} ranks"
+             f"{', behind a ' + plan.link.describe() if plan.link else ''}; results in "
              f"{plan.out / 'results'}"]
     for o in outcomes:
         times = ", ".join("not converged" if r.minutes is None else f"{r.minutes:.3f}"
@@ -219,6 +252,8 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
         "rules": str(plan.rules) if plan.rules else "official", "unofficial": plan.rules is not None,
         "config": str(plan.config), "overrides": list(plan.overrides), "runs": plan.runs,
         "nproc": plan.nproc,
+        "link": None if plan.link is None else {"gbit": plan.link.gbit,
+                                                 "latency_ms": plan.link.latency_ms},
         "codecs": {o.codec: {
             "score_minutes": o.score.minutes, "non_converged": o.score.non_converged,
             "run_minutes": [r.minutes for r in o.score.runs],
@@ -243,6 +278,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, default=None,
                    help="eval size for dlrm_dcnv2's derived rules (default: from the config)")
     p.add_argument("--timeout-min", type=float, default=60.0, help="per run (default: 60)")
+    p.add_argument("--link-gbit", type=float, default=None,
+                   help="train behind a shaped link of this rate, Gbit/s (root, unshare, tc)")
+    p.add_argument("--link-latency-ms", type=float, default=0.0,
+                   help="with --link-gbit: added one-way delay per packet (netem)")
     p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
     return p.parse_args(argv)
 
@@ -269,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+
     started = time.perf_counter()
     outcomes = execute(plan)
     print(render_summary(plan, outcomes))

@@ -86,3 +86,28 @@ def test_ratio_is_first_codec_score_over_second():
     assert speedup([none, dedup]) == pytest.approx(1.5)
     failed = _outcome("dedup", 7.0, None, None, 10.0, 6.0)   # two non-converged: no score
     assert speedup([none, failed]) is None
+
+
+def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
+    from dlrmtrain.distributed.shaped_link import unavailable_reason
+    from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
+
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    args = parse_args(["--config", str(config), "--out", str(tmp_path / "out"),
+                       "--link-gbit", "1"])
+    reason = unavailable_reason()
+    if reason:  # refused up front, naming the option and the reason
+        with pytest.raises(SystemExit, match=f"--link-gbit: {reason}"):
+            plan_from_args(args)
+        return
+    plan = plan_from_args(args)
+    cmd = run_command(plan, "dedup", 0)
+    assert cmd[:3] == ["unshare", "--net", "--"]
+    assert cmd[cmd.index("--gbit") + 1] == "1.0" and "dlrmtrain.train" in cmd
+    assert plan.system("dedup") == "cpu2_gloo_link-1gbit_codec-dedup"
+    unshaped = plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o2")]))
+    assert run_command(unshaped, "none", 0)[0] != "unshare"
+    with pytest.raises(SystemExit, match="--link-gbit: link rate must be > 0"):
+        plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o3"),
+                                   "--link-gbit", "0"]))

@@ -1,4 +1,4 @@
-"""Both MLPerf configs start on CPU with their tables scaled down and train."""
+"""The MLPerf configs start on CPU with their tables scaled down and train."""
 
 from __future__ import annotations
 
@@ -31,11 +31,15 @@ def _run_config(rank, world_size, path, overrides):
     return summary, n_params
 
 
+# Bottom 13-512-256-128, top 479-1024-1024-512-256-1 (MLPerf v1 sizes).
+V1_DENSE_PARAMS = ((13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
+                   + (479 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 512 + 512)
+                   + (512 * 256 + 256) + (256 + 1))
+
+
 @pytest.mark.parametrize("name, dense_params", [
-    # Bottom 13-512-256-128, top 479-1024-1024-512-256-1 (MLPerf v1 sizes).
-    ("mlperf_v1_terabyte", (13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
-     + (479 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 512 + 512) + (512 * 256 + 256)
-     + (256 + 1)),
+    ("mlperf_v1_terabyte", V1_DENSE_PARAMS),
+    ("mini_mlperf_dim128", V1_DENSE_PARAMS),
     # Same MLPs, cross net 3 × (3456·512 + 512·3456 + 3456) on 27·128 inputs, top on 3456.
     ("mlperf_dcnv2", (13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
      + 3 * (3456 * 512 * 2 + 3456)
@@ -51,3 +55,16 @@ def test_mlperf_config_trains_scaled_down(tmp_path, name, dense_params):
     assert n_params == dense_params
     log = (tmp_path / name / "mlperf.log").read_text()  # the configs log MLPerf events
     assert log.count('"key": "run_start"') == 1 and '"key": "eval_accuracy"' in log
+
+
+def test_mini_mlperf_dim128_is_mlperf_shaped():
+    """Embedding dim 128, MLPerf v1 MLPs, local batch 4096 on 2 ranks, the calibrated
+    kaggle profile, the v1 SGD schedule and a target: what bench_link and the runner use."""
+    cfg = load_config(REPO / "configs" / "mini_mlperf_dim128.yaml")
+    validate_config(cfg, 2)
+    assert cfg.run.global_batch_size // 2 == 4096
+    assert (cfg.model.arch, cfg.model.embedding_dim) == ("dlrm_v1", 128)
+    assert (cfg.model.bottom_mlp, cfg.model.top_mlp) == ([512, 256, 128], [1024, 1024, 512, 256, 1])
+    assert (cfg.data.source, cfg.data.synthetic.profile) == ("synthetic", "kaggle")
+    assert cfg.optim.name == "sgd" and cfg.optim.warmup_steps and cfg.optim.decay_steps
+    assert cfg.eval.target_auc is not None and cfg.mlperf.enabled

@@ -1,0 +1,149 @@
+"""Step time of each codec against `none` over a real bandwidth-limited link.
+
+For every bandwidth (unshaped, then 10, 5, 2, 1, 0.5 Gbit/s by default) and every
+shape it runs scripts/bench_train.py once behind that link
+(dlrmtrain.distributed.shaped_link): inside that one run the contenders (codec
+`none`, each other codec, plain TorchRec) take turns in alternating blocks
+(ABC, CBA, ...), so each ratio is measured side by side in one run; the median
+block per contender is kept. Prints the ratios per bandwidth and saves a plot.
+
+    python scripts/bench_link.py [--shapes mlperf quickstart] [--gbit 10 5 2 1 0.5]
+        [--codecs dedup] [--steps 5] [--rounds 3] [--out /tmp/bench_link]
+
+The link is ONE loopback shared by both ranks and both directions (see
+shaped_link.py): at B Gbit/s the two ranks together move B Gbit/s.
+Needs root, unshare and tc for the shaped points; without them it says so and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason, wrap_command  # noqa: E402
+
+UNSHAPED = None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=["mlperf", "quickstart"],
+                   help="bench_train.py shapes (default: mlperf quickstart)")
+    p.add_argument("--gbit", nargs="+", type=float, default=[10, 5, 2, 1, 0.5],
+                   help="shaped bandwidths, Gbit/s (an unshaped run always comes first)")
+    p.add_argument("--codecs", nargs="+", default=["dedup"], help="codecs compared with none")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed block")
+    p.add_argument("--rounds", type=int, default=3, help="timed blocks per contender")
+    p.add_argument("--no-plain", action="store_true", help="leave out plain TorchRec")
+    p.add_argument("--out", type=Path, default=Path("/tmp/bench_link"))
+    p.add_argument("--timeout-min", type=float, default=30.0, help="per bench_train run")
+    return p.parse_args(argv)
+
+
+def run_point(shape: str, link: LinkSpec | None, args: argparse.Namespace) -> dict:
+    """One bench_train run (all contenders side by side) behind `link`."""
+    tag = "unshaped" if link is None else f"{link.gbit:g}gbit"
+    result = args.out / f"{shape}_{tag}.json"
+    cmd = [sys.executable, str(REPO / "scripts/bench_train.py"), "--shape", shape,
+           "--steps", str(args.steps), "--rounds", str(args.rounds), "--json", str(result),
+           "comm.codec=none", *(f"--vs=comm.codec={c}" for c in args.codecs)]
+    if args.no_plain:
+        cmd.append("--no-plain")
+    log = args.out / f"{shape}_{tag}.log"
+    with open(log, "w") as out:
+        done = subprocess.run(wrap_command(cmd, link), stdout=out, stderr=subprocess.STDOUT,
+                              cwd=REPO, timeout=args.timeout_min * 60)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise SystemExit(f"bench_train ({shape}, {tag}) exited with {done.returncode}; "
+                         f"log {log}:\n{tail}")
+    return json.loads(result.read_text())
+
+
+def ratios(point: dict, codecs: list[str]) -> dict[str, float]:
+    ms = point["ms_per_step"]
+    out = {c: ms[f"dlrmtrain comm.codec={c}"] / ms["dlrmtrain"] for c in codecs}
+    if "plain TorchRec DMP" in ms:
+        out["none/plain"] = ms["dlrmtrain"] / ms["plain TorchRec DMP"]
+        for c in codecs:
+            out[f"{c}/plain"] = ms[f"dlrmtrain comm.codec={c}"] / ms["plain TorchRec DMP"]
+    return out
+
+
+def plot(sweep: dict, codecs: list[str], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("the plot needs matplotlib: .venv/bin/pip install -e '.[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sweep), figsize=(6 * len(sweep), 4.2), squeeze=False)
+    for ax, (shape, points) in zip(axes[0], sweep.items()):
+        labels = [p["link"] for p in points]
+        xs = range(len(points))
+        ax.axhline(1.0, color="grey", lw=1, ls="--", label="none (= 1)")
+        for c in codecs:
+            ax.plot(xs, [p["ratios"][c] for p in points], "o-", label=f"{c} / none")
+        if "none/plain" in points[0]["ratios"]:
+            for c in codecs:
+                ax.plot(xs, [p["ratios"][f"{c}/plain"] for p in points], "s:",
+                        label=f"{c} / plain TorchRec")
+        ax.set_xticks(list(xs), labels)
+        ax.set_xlabel("link (one loopback shared by both ranks, both directions)")
+        ax.set_ylabel("step-time ratio (lower is faster)")
+        ax.set_title(f"{shape}: {points[0]['shape_text']}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = unavailable_reason()
+    if reason and args.gbit:
+        print(f"bench_link: {reason}; cannot run the shaped points", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    links = [UNSHAPED, *(LinkSpec(g) for g in args.gbit)]
+    sweep: dict[str, list[dict]] = {}
+    for shape in args.shapes:
+        sweep[shape] = []
+        for link in links:
+            point = run_point(shape, link, args)
+            label = "unshaped" if link is None else f"{link.gbit:g}"
+            r = ratios(point, args.codecs)
+            sweep[shape].append({
+                "link": label, "ms_per_step": point["ms_per_step"], "ratios": r,
+                "blocks_ms": point["blocks_ms"],
+                "loopback_mb_per_step": point.get("loopback_mb_per_step") if link else None,
+                "shape_text": f"{point['arch']}, global batch {point['global_batch_size']}"})
+            print(f"[{shape}] {label:>9}: " + "  ".join(
+                f"{k} {v:.3f}" for k, v in r.items()) + "   ms/step " + "  ".join(
+                f"{k}={v:.0f}" for k, v in point["ms_per_step"].items()), flush=True)
+    (args.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
+    png = args.out / "bench_link.png"
+    plot(sweep, args.codecs, png)
+    print("=" * 72)
+    print(f"bench_link: step-time ratio to codec none (medians of {args.rounds} alternating "
+          f"blocks of {args.steps} steps, each bandwidth one run)")
+    for shape, points in sweep.items():
+        keys = list(points[0]["ratios"])
+        print(f"  {shape}: {'link Gbit/s':>12}" + "".join(f"{k:>14}" for k in keys))
+        for p in points:
+            print(f"  {'':{len(shape) + 1}} {p['link']:>12}"
+                  + "".join(f"{p['ratios'][k]:14.3f}" for k in keys))
+    print(f"  plot {png}; raw {args.out / 'sweep.json'}")
+    print("=" * 72)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
