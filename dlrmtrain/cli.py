@@ -1,8 +1,9 @@
 """The `dlrmtrain` command (also `python -m dlrmtrain`): one entry for what users do.
 
-    dlrmtrain train --config C [--nproc N] [--nnodes M --node-rank R --rdzv HOST:PORT] [key=value ...]
+    dlrmtrain train --config C [--nproc N] [--nnodes M --node-rank R --rdzv HOST:PORT]
+                    [--link-gbit G [--link-latency-ms L]] [key=value ...]
     dlrmtrain preprocess --out DIR [--mode ...] RAW_FILES...
-    dlrmtrain mlperf --config C --out DIR [--nproc N] [--rules official] [key=value ...]
+    dlrmtrain mlperf --config C --out DIR [--nproc N] [--rules official] [--link-gbit G] [key=value ...]
     dlrmtrain report RUN_DIR [RUN_DIR ...] [--out DIR]
 
 `train` reads and checks the config before any process starts (a bad key is one
@@ -34,8 +35,44 @@ def _train_parser() -> argparse.ArgumentParser:
                    "(default: $SLURM_JOB_ID, else dlrmtrain)")
     p.add_argument("--local-addr", default=None,
                    help="address this node advertises (default: 127.0.0.1 for a local rendezvous)")
+    p.add_argument("--link-gbit", type=float, default=None,
+                   help="train behind a private loopback shaped to G Gbit/s, one link shared by all "
+                        "ranks and both directions (one node; needs root, unshare and tc)")
+    p.add_argument("--link-latency-ms", type=float, default=0.0,
+                   help="with --link-gbit: added one-way delay per packet")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return p
+
+
+LINK_OPTIONS = ("--link-gbit", "--link-latency-ms")
+
+
+def without_link_options(argv: list[str]) -> list[str]:
+    """`argv` less the link options (and their values): the command to run behind the link."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in LINK_OPTIONS:
+            skip = True
+        elif not token.startswith(tuple(f"{o}=" for o in LINK_OPTIONS)):
+            out.append(token)
+    return out
+
+
+def _link_of(args: argparse.Namespace):
+    """The shaped link asked for, or None; ValueError when it cannot be had here."""
+    if args.link_gbit is None:
+        return None
+    from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason
+
+    if args.nnodes > 1:
+        raise ValueError("--link-gbit shapes this machine's own loopback: one node only")
+    link = LinkSpec(args.link_gbit, args.link_latency_ms)
+    reason = unavailable_reason()
+    if reason:
+        raise ValueError(f"--link-gbit: {reason}")
+    return link
 
 
 def describe_run(cfg, world_size: int, nnodes: int) -> str:
@@ -66,6 +103,7 @@ def train(argv: list[str]) -> int:
                       args=["--config", args.config, *args.overrides])
     try:
         spec.check()
+        link = _link_of(args)
         cfg = load_config(args.config, args.overrides)
         print(describe_run(cfg, spec.world_size, spec.nnodes), flush=True)
         from dlrmtrain.validation import validate_config  # imports torch: seconds
@@ -77,6 +115,13 @@ def train(argv: list[str]) -> int:
     except ValueError as e:  # launch options
         print(f"dlrmtrain train: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    if link is not None:  # the same command again, inside the shaped namespace
+        import subprocess
+
+        from dlrmtrain.distributed.shaped_link import wrap_command
+
+        inner = [sys.executable, "-m", "dlrmtrain", "train", *without_link_options(argv)]
+        return subprocess.call(wrap_command(inner, link))
     from dlrmtrain.launch import launch
 
     return launch(spec)

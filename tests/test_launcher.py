@@ -135,3 +135,35 @@ def test_two_nodes_train_as_one_node_of_the_same_world_size(tmp_path):
     assert json.loads((tmp_path / "two_nodes" / "comm_stats.json").read_text())["tables"]
     assert losses("two_nodes") == pytest.approx(losses("one_node"), rel=1e-6)
     assert len(losses("two_nodes")) == 4
+
+
+def test_link_options_are_dropped_from_the_command_run_behind_the_link():
+    from dlrmtrain.cli import without_link_options
+
+    argv = ["--config", "c.yaml", "--link-gbit", "1", "--nproc", "2", "--link-latency-ms=0.5",
+            "run.max_steps=2"]
+    assert without_link_options(argv) == ["--config", "c.yaml", "--nproc", "2", "run.max_steps=2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--link-gbit", "0"], "link rate must be > 0"),
+    (["--link-gbit", "1", "--nnodes", "2", "--rdzv", "127.0.0.1:1"], "one node only"),
+])
+def test_impossible_link_options_exit_2(args, message):
+    proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_train_behind_a_shaped_link(tmp_path):
+    from dlrmtrain.distributed.shaped_link import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
+                     "--link-gbit", "1",
+                     *tiny_overrides(str(tmp_path), "run.max_steps=2", "eval.enabled=false",
+                                     "run.name=linked", "comm.codec=dedup"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "linked" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2
