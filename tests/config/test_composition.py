@@ -15,13 +15,19 @@ from tests.data.raw_rows import REPO_ROOT, random_raw_lines, write_lines
 HASH_SIZES = [7 + i for i in range(26)]
 
 
-@pytest.mark.parametrize("text, value", [("1e-3", 1e-3), ("5E+2", 500.0), ("-2.5e-1", -0.25),
+@pytest.mark.parametrize("text, value", [("1e-3", 1e-3), ("5E+2", 500.0), ("2.5e-1", 0.25),
                                          ("0.01", 0.01), ("3", 3.0)])
 def test_scientific_numbers_are_numbers_in_files_and_overrides(tmp_path, text, value):
     assert load_config(None, [f"optim.lr={text}"]).optim.lr == value
     path = tmp_path / "c.yaml"
     path.write_text(f"optim:\n  lr: {text}\n")
     assert load_config(path).optim.lr == value
+
+
+def test_a_negative_scientific_number_is_read_as_a_number():
+    # Read as -0.25 (then refused as a negative rate), not as the string '-2.5e-1'.
+    with pytest.raises(ConfigError, match="optim.lr: must not be negative, got -0.25"):
+        load_config(None, ["optim.lr=-2.5e-1"])
 
 
 def test_a_list_of_bases_merges_in_order_then_the_file(tmp_path):
