@@ -5,7 +5,7 @@
 
 Writes TorchRec's layout: day_{i}_sparse_multi_hot.npz (keys "0".."25"), plus day_{i}_dense.npy
 and day_{i}_labels.npy, readable with data.format: torchrec_multi_hot. Defaults: the DCNv2
-table sizes and bag sizes of DESIGN.md, seed 0 (the reference's). Finished days are skipped.
+table sizes and bag sizes (dlrmtrain/features.py, docs/design.md §1), seed 0 (the reference's). Finished days are skipped.
 """
 
 from __future__ import annotations

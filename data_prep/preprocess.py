@@ -29,7 +29,7 @@ def parse_table_sizes(text: str) -> list[int]:
     return sizes
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="raw day files (day_0 ... day_23, train.txt), plain or .gz")
     ap.add_argument("--out", required=True, help="output dataset directory")
@@ -41,10 +41,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="error: stop at the first bad line (default); skip: skip, count and report them")
     ap.add_argument("--workers", type=int, default=1, help="files processed in parallel")
     args = ap.parse_args(argv)
-    summary = preprocess(args.inputs, args.out, args.mode, args.table_sizes, args.hash_range,
-                         args.bad_lines, args.workers)
+    try:
+        summary = preprocess(args.inputs, args.out, args.mode, args.table_sizes, args.hash_range,
+                             args.bad_lines, args.workers)
+    except (ValueError, OSError) as e:  # bad or unreadable input: the message names the file
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(summary.render())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

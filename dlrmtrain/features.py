@@ -31,7 +31,7 @@ def log_transform_dense(raw: np.ndarray) -> np.ndarray:
     return np.log1p(clipped, out=clipped)
 
 
-# MLPerf table sizes (DESIGN.md §1). v1: the distinct counts of the 40M-hash vocabulary on
+# MLPerf table sizes (docs/design.md §1). v1: the distinct counts of the 40M-hash vocabulary on
 # Criteo Terabyte; DCNv2: the same capped at 40M as the DCNv2 reference configures them.
 MLPERF_V1_TABLE_SIZES: list[int] = [
     39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,

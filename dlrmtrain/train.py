@@ -1,4 +1,9 @@
-"""Entry point: `torchrun --nproc_per_node N -m dlrmtrain.train --config C [section.key=value ...]`."""
+"""Entry point: `torchrun --nproc_per_node N -m dlrmtrain.train --config C [section.key=value ...]`.
+
+A problem the user can fix (a config error, a run directory that holds another
+run, a checkpoint trained with another config, too little data) is printed once,
+by rank 0, and every rank exits with status 2.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,14 @@ import sys
 from dlrmtrain.config import ConfigError, load_config, parse_cli
 from dlrmtrain.validation import validate_config
 from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+from dlrmtrain.errors import SetupError
+
+EXIT_USER_ERROR = 2
+
+
+def _print_once(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,16 +30,21 @@ def main(argv: list[str] | None = None) -> int:
         path, overrides = parse_cli(argv)
         cfg = load_config(path, overrides)
         validate_config(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    except ConfigError as e:  # the same on every rank: no rank waits for another
+        _print_once(f"config error: {e}")
+        return EXIT_USER_ERROR
 
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.trainer import Trainer  # heavy imports only after the config is good
 
-    env = init_distributed(cfg.run.device)
-    trainer = Trainer(cfg, env)
+    env = init_distributed(cfg.run.device, timeout_s=cfg.run.collective_timeout_s)
+    try:
+        trainer = Trainer(cfg, env)
+    except SetupError as e:  # raised on every rank alike (decided on rank 0 or by the data)
+        _print_once(f"error: {e}")
+        shutdown_distributed()
+        return EXIT_USER_ERROR
     summary = trainer.train()
     trainer.close()
     del trainer  # drop the sharded model before the process group goes away

@@ -17,21 +17,24 @@ import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
-from dlrmtrain.checkpoint import Checkpointer, TrainerPosition
+from dlrmtrain.checkpoint import Checkpointer, TrainerPosition, remove_dead_partials
 from dlrmtrain.config.schema import Config
 from dlrmtrain.comm.stats import collect_comm_stats, format_comm_summary
 from dlrmtrain.data import build_datasets, table_rows
-from dlrmtrain.distributed.env import DistEnv
+from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.sharding import shard_model
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
-from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
-from dlrmtrain.metrics.run_records import open_run_records
+from dlrmtrain.errors import SetupError
+from dlrmtrain.metrics.run_records import (RunClaim, checkpoint_dir_of, claim_run_dir,
+                                           open_run_records)
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
+from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.models import build_model
 from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
+from dlrmtrain.run_identity import math_config
 
 
 @dataclass
@@ -101,11 +104,23 @@ class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         self.cfg = cfg
         self.env = env
-        self.mlperf = open_mlperf_logger(cfg, env.rank)  # a no-op unless rank 0 and enabled
+        self.math = math_config(cfg, env.world_size)
+        # Everything that can refuse the run comes before anything is written: whose run
+        # directory this is, which checkpoint to resume, whether the data fills a step.
+        claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.math), env.rank)
+        self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
+                                         env.rank, claim.run_id, self.math, log=self._print)
+        if env.is_main:
+            remove_dead_partials(self.checkpointer.root, log=self._print)
+        resume_from = (self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
+                       if cfg.checkpoint.resume else None)
+        self.data = build_datasets(cfg, env.rank, env.world_size)
+        self._check_data_fills_a_step()
+        self.mlperf = open_mlperf_logger(cfg, env.rank,  # a no-op unless rank 0 and enabled
+                                         append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
-        self.records = open_run_records(cfg, env.rank)
-        self.data = build_datasets(cfg, env.rank, env.world_size)
+        self.records = open_run_records(cfg, env.rank, claim)
         self.model, self.plan_text = self._build_sharded_model()
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
@@ -119,14 +134,22 @@ class Trainer:
                          if cfg.run.pipeline else None)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
-        run_dir = Path(cfg.run.output_dir) / cfg.run.name
-        self.checkpointer = Checkpointer(Path(cfg.checkpoint.dir or run_dir / "checkpoints"),
-                                         cfg.checkpoint.keep, env.rank, log=self._print)
         self._print(self.plan_text)
         self.records.write_text("plan.txt", self.plan_text + "\n")
-        self._maybe_resume()
+        self._resume(resume_from, claim)
         log_run_setup(self.mlperf, cfg, self.data.num_train_samples, self.data.num_eval_samples)
         self.mlperf.init_stop()
+
+    def _check_data_fills_a_step(self) -> None:
+        """No full global batch means no step ever: stop now rather than loop over
+        empty epochs (the same numbers on every rank, so every rank stops)."""
+        if self.data.steps_per_epoch > 0:
+            return
+        gbs, world = self.cfg.run.global_batch_size, self.env.world_size
+        raise SetupError(
+            f"{self.data.num_train_samples} training rows do not fill one global batch of "
+            f"{gbs} ({gbs // world} per rank × world size {world}): no training step can run. "
+            f"Lower run.global_batch_size or use more training data.")
 
     # ---- building ---------------------------------------------------------
     def _build_sharded_model(self) -> tuple[torch.nn.Module, str]:
@@ -241,19 +264,25 @@ class Trainer:
         path = self.checkpointer.save(self.model, self.optimizer, position)
         self.records.log("checkpoint", step=self.step, path=str(path))
 
-    def _maybe_resume(self) -> None:
-        if not self.cfg.checkpoint.resume:
-            return
-        path = self.checkpointer.latest_valid()
-        if path is None:
-            self._print(f"resume: no complete checkpoint in {self.checkpointer.root}; "
-                        f"starting from step 0")
-            return
-        pos = self.checkpointer.load(path, self.model, self.optimizer)
-        self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
-        self.schedule.load_state_dict(pos.schedule)
-        self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
-                    f"batch {self.step_in_epoch})")
+    def _resume(self, path: Optional[Path], claim: RunClaim) -> None:
+        """Load the chosen checkpoint (if any); record the run's identity, and where a
+        resumed run restarted."""
+        if self.cfg.checkpoint.resume and path is None:
+            self._print(f"resume: no complete checkpoint of this run in "
+                        f"{self.checkpointer.root}; starting from step 0")
+        if path is not None:
+            if claim.adopt_run_id:  # no run.json (e.g. records lost): the checkpoint's run
+                self.checkpointer.run_id = self.checkpointer.run_id_of(path)
+            pos = self.checkpointer.load(path, self.model, self.optimizer)
+            self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
+            self.schedule.load_state_dict(pos.schedule)
+            self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
+                        f"batch {self.step_in_epoch})")
+        if not claim.resuming or claim.adopt_run_id:
+            self.records.set_identity(self.checkpointer.run_id, self.math)
+        if claim.resuming:
+            self.records.log_resumed(self.step, str(path) if path else None, epoch=self.epoch,
+                                     step_in_epoch=self.step_in_epoch)
 
     # ---- the loop -----------------------------------------------------------
     def planned_steps(self) -> int:
@@ -269,50 +298,69 @@ class Trainer:
         return max(1, self.data.steps_per_epoch // per_epoch)
 
     def train(self) -> Summary:
+        """Train to the planned step or the target AUC; each step is a checklist."""
+        run = self._begin_run()
+        for loss in self._steps_until(run.total):
+            self._record_step(run, loss)
+            pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
+            if self._validation_due(run):
+                self._run_eval(run.summary, run.start)
+            if self._checkpoint_due(run):
+                self.save_checkpoint()
+            run.end_pause(pause_start)
+            if run.finished:
+                break
+        return self._end_run(run)
+
+    def _begin_run(self) -> "_RunProgress":
         cfg, env = self.cfg, self.env
         total = self.planned_steps()
-        interval = self.eval_interval()
-        ckpt_every = cfg.checkpoint.every_steps
-        log_every = max(1, cfg.logging.metrics_every_steps)
-        summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc)
         bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
                    dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
         if env.world_size > 1:
             dist.barrier()  # the MLPerf clock starts when every rank is ready
         self.mlperf.run_start()
-        run_start = time.perf_counter()
-        paused = 0.0  # eval and checkpoint time, not training
-        window_loss = torch.zeros((), device=env.device)
-        window_steps, window_start = 0, time.perf_counter()
-        first_step = self.step
-        steps = self._steps() if self.step < total else iter(())
-        for loss in steps:
-            window_loss += loss
-            window_steps += 1
-            bar.update(1)
-            last = self.step >= total
-            if self.step % log_every == 0 or last:
-                mean_loss = self._global_mean(window_loss / window_steps)
-                rate = window_steps * cfg.run.global_batch_size / (time.perf_counter() - window_start)
-                lr = self.optimizer.param_groups[0]["lr"]
-                summary.losses.append((self.step, mean_loss))
-                self.records.log("train", step=self.step, loss=mean_loss, lr=lr, samples_per_s=rate)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.3g}", sps=f"{rate:,.0f}")
-                window_loss.zero_()
-                window_steps = 0
-            pause_start = time.perf_counter()
-            if cfg.eval.enabled and ((interval and self.step % interval == 0) or last):
-                self._run_eval(summary, run_start)
-            if (ckpt_every and self.step % ckpt_every == 0) or (last and cfg.checkpoint.at_end):
-                self.save_checkpoint()
-            paused += time.perf_counter() - pause_start
-            if window_steps == 0:
-                window_start = time.perf_counter()
-            if last or summary.time_to_target_s is not None:
-                break
+        return _RunProgress(
+            total=total, first_step=self.step, bar=bar,
+            summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc),
+            window_loss=torch.zeros((), device=env.device))
+
+    def _steps_until(self, total: int) -> Iterator[torch.Tensor]:
+        return self._steps() if self.step < total else iter(())
+
+    def _record_step(self, run: "_RunProgress", loss: torch.Tensor) -> None:
+        """Add the step to the metrics window; every `metrics_every_steps` steps (and at
+        the last) log the window's mean loss over ranks, the lr and the sample rate."""
+        run.window_loss += loss
+        run.window_steps += 1
+        run.bar.update(1)
+        run.last = self.step >= run.total
+        if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
+            return
+        mean_loss = self._global_mean(run.window_loss / run.window_steps)
+        rate = (run.window_steps * self.cfg.run.global_batch_size
+                / (time.perf_counter() - run.window_start))
+        lr = self.optimizer.param_groups[0]["lr"]
+        run.summary.losses.append((self.step, mean_loss))
+        self.records.log("train", step=self.step, loss=mean_loss, lr=lr, samples_per_s=rate)
+        run.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.3g}", sps=f"{rate:,.0f}")
+        run.window_loss.zero_()
+        run.window_steps = 0
+
+    def _validation_due(self, run: "_RunProgress") -> bool:
+        interval = self.eval_interval()
+        return self.cfg.eval.enabled and ((interval and self.step % interval == 0) or run.last)
+
+    def _checkpoint_due(self, run: "_RunProgress") -> bool:
+        every = self.cfg.checkpoint.every_steps
+        return bool((every and self.step % every == 0) or (run.last and self.cfg.checkpoint.at_end))
+
+    def _end_run(self, run: "_RunProgress") -> Summary:
+        """Stop the MLPerf clock; report comm stats, step breakdown and the summary."""
+        summary = run.summary
         self.mlperf.run_stop("success" if summary.time_to_target_s is not None else "aborted",
                              self.step / self.data.steps_per_epoch)
-        bar.close()
+        run.bar.close()
         self.timer.close()
         comm_stats = collect_comm_stats(self.model, all_ranks=True)  # collective
         if comm_stats["tables"]:
@@ -322,9 +370,9 @@ class Trainer:
             self._print(self.timer.render())
             self.records.write_json("step_breakdown.json", self.timer.report())
         summary.steps = self.step
-        summary.samples = (self.step - first_step) * cfg.run.global_batch_size
-        summary.wall_seconds = time.perf_counter() - run_start
-        summary.train_seconds = summary.wall_seconds - paused
+        summary.samples = (self.step - run.first_step) * self.cfg.run.global_batch_size
+        summary.wall_seconds = time.perf_counter() - run.start
+        summary.train_seconds = summary.wall_seconds - run.paused
         self.records.write_json("summary.json", summary.as_dict())
         self._print(summary.render())
         return summary
@@ -349,3 +397,28 @@ class Trainer:
     def close(self) -> None:
         self.records.close()
         self.mlperf.close()
+
+
+@dataclass
+class _RunProgress:
+    """The state `Trainer.train` carries from step to step."""
+
+    total: int               # the step to stop at
+    first_step: int          # the step this process started from (after a resume)
+    bar: Any                 # the tqdm progress bar
+    summary: Summary
+    window_loss: torch.Tensor  # sum of local losses since the last metrics line
+    window_steps: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    window_start: float = field(default_factory=time.perf_counter)
+    paused: float = 0.0      # seconds spent in evaluation and checkpoints
+    last: bool = False       # this step is the planned last one
+
+    def end_pause(self, pause_start: float) -> None:
+        self.paused += time.perf_counter() - pause_start
+        if self.window_steps == 0:  # a new metrics window starts after the pause
+            self.window_start = time.perf_counter()
+
+    @property
+    def finished(self) -> bool:
+        return self.last or self.summary.time_to_target_s is not None

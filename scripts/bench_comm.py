@@ -18,7 +18,7 @@ Two parts, printed side by side per codec:
   run: whole step, all-to-all transfer, and codec work (unique, expand,
   segment-sum) separately; then the all-to-all phase projected for 25/100/400
   Gb/s links from the bytes. On CPU loopback the "network" is a memcpy, so
-  measured transfer understates what a real link saves.
+  measured transfer understates what a real link saves (docs/design.md §6).
 """
 
 from __future__ import annotations

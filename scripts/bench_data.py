@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_data.py [--text-mb 200] [--rows 4000000]
 
-Preprocessing input is the real Kaggle sample (from DLRMTRAIN_SHARED_DATA, default
-../shared/data) repeated to --text-mb of text, or synthetic rows when the sample is
+Preprocessing input is the real Kaggle sample (from $DLRMTRAIN_SHARED_DATA, default
+the shared folder beside the checkout) repeated to --text-mb of text, or synthetic rows when the sample is
 absent. MB are of uncompressed text; every figure is one process (workers=1).
 The loader reads a preprocessed file of --rows rows (default ~630 MB, far more than
 the few warm-up batches) at global batch 32768: one full pass with the page cache

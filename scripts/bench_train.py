@@ -104,12 +104,12 @@ def main() -> None:
     torch.set_num_threads(1)
     env = init_distributed("cpu")
     common = ["logging.progress_bar=false", "eval.enabled=false",
-              "run.output_dir=/tmp/dlrmtrain-bench", *args.overrides]
+              "run.output_dir=/tmp/dlrmtrain-bench", "run.overwrite=true", *args.overrides]
     cfg = load_config(args.config, common)
     validate_config(cfg, env.world_size)
     trainer = Trainer(cfg, env)
     if args.vs:
-        other_cfg = load_config(args.config, common + args.vs.split())
+        other_cfg = load_config(args.config, common + ["run.name=bench_vs"] + args.vs.split())
         validate_config(other_cfg, env.world_size)
         other = Trainer(other_cfg, env)
         names = ("dlrmtrain", f"dlrmtrain {args.vs}")

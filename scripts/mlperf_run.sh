@@ -4,7 +4,7 @@
 #   bash scripts/mlperf_run.sh          # configs/mini_mlperf.yaml on the real Criteo sample
 #   bash scripts/mlperf_run.sh --config C --out D [--codecs none,dedup] [--runs N] [key=value ...]
 # With no arguments it first preprocesses the sample (from $DLRMTRAIN_SHARED_DATA, default
-# ../shared/data) into data/criteo_kaggle_sample unless that exists.
+# the shared folder beside the checkout) into data/criteo_kaggle_sample unless that exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/torchrun --standalone --nproc_per_node 2 -m dlrmtrain.train \
-  --config configs/quickstart.yaml "$@"
+  --config configs/quickstart.yaml run.overwrite=true "$@"

@@ -32,6 +32,8 @@ def check_run(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"run.epochs: must be positive, got {run.epochs}")
     if run.max_steps is not None and run.max_steps <= 0:
         raise ConfigError(f"run.max_steps: must be positive or null, got {run.max_steps}")
+    if run.collective_timeout_s <= 0:
+        raise ConfigError(f"run.collective_timeout_s: must be positive, got {run.collective_timeout_s}")
 
 
 def check_model(cfg: Config) -> None:

@@ -8,6 +8,7 @@ group exists.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -84,16 +85,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
+        return _non_negative(value, key)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        return _non_negative(float(value), key)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported field type {tp!r}")  # schema bug
+
+
+def _non_negative(value: int | float, key: str) -> int | float:
+    # No setting in the schema has a meaning below zero (rates, steps, epochs, seeds,
+    # sizes, timeouts): a negative value is a typo that would crash every rank later.
+    if value < 0:
+        raise ConfigError(f"{key}: must not be negative, got {value!r}")
+    return value
 
 
 def _type_name(tp: Any) -> str:

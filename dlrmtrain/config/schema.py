@@ -70,6 +70,12 @@ class RunConfig:
     pipeline: bool = False
     """Overlap the next batch's sparse input all-to-all with this batch's compute
     (TorchRec TrainPipelineSparseDist); same numbers as the plain loop."""
+    overwrite: bool = False
+    """A new run refuses a run directory (or checkpoint dir) that holds another run;
+    true: delete that run's records and checkpoints first."""
+    collective_timeout_s: float = 300.0
+    """A collective that does not complete within this many seconds (e.g. a frozen
+    rank) fails the job instead of waiting; keep it above the longest eval/checkpoint."""
 
 
 @dataclass
@@ -122,6 +128,13 @@ class DataConfig:
     """Source `criteo`: batches read ahead on a background thread (0: none)."""
     multi_hot_cache_dir: Optional[str] = None
     """Source `criteo` with multi_hot_sizes on one-hot data: keep the MLPerf bag lookup tables here (null: RAM)."""
+    verify: bool = True
+    """Source `criteo`, project layout: check every part's sha256 when the dataset is opened
+    (each rank checks every world-size-th part) and fail naming the part. Costs one read of the
+    data: about 2-5 s per GB on one core, divided by the number of ranks; false skips it."""
+    verify_max_gb: float = 8.0
+    """Verify only datasets up to this size (GB); larger ones (e.g. Criteo Terabyte) are not
+    checked unless this is raised."""
 
 
 @dataclass

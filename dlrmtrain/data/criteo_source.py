@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dlrmtrain.config.schema import Config, DataConfig
-from dlrmtrain.data.formats.binary import read_manifest
+from dlrmtrain.data.formats.binary import read_manifest, verify_dataset_checksums
 from dlrmtrain.data.loader import CriteoBatchLoader
 from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart
 from dlrmtrain.data.parts import Part
@@ -35,10 +35,14 @@ def split_parts(data: DataConfig) -> tuple[list[Part], list[Part]]:
     raise ValueError(f"data.split: unknown split {data.split!r}; expected mlperf, names or fraction")
 
 
+def _format(data: DataConfig) -> str:
+    assert data.path is not None
+    return detect_format(data.path) if data.format == "auto" else data.format
+
+
 def _check_vocabulary_fits(data: DataConfig) -> None:
     """A preprocessed dataset states its table sizes: the config must have room for every id."""
-    assert data.path is not None
-    if (detect_format(data.path) if data.format == "auto" else data.format) != "dlrmtrain":
+    if _format(data) != "dlrmtrain":
         return
     stored = read_manifest(data.path)["table_sizes"]
     for t, (have, need) in enumerate(zip(data.table_sizes, stored)):
@@ -60,14 +64,16 @@ def build_criteo_loaders(
     data = cfg.data
     train_parts, eval_parts = split_parts(data)
     _check_vocabulary_fits(data)
+    if data.verify and _format(data) == "dlrmtrain":  # corrupt bytes: a named error, not bad ids
+        verify_dataset_checksums(data.path, rank, world_size, data.verify_max_gb * 1e9)
     lookup = None
     if data.multi_hot_sizes is not None:
         lookup = MultiHotLookup(data.table_sizes, data.multi_hot_sizes, cache_dir=data.multi_hot_cache_dir)
     # Ids of a preprocessed dataset are < its table sizes (checked above); any other layout
     # or a smaller model gets `id % rows`, as the MLPerf DCNv2 reference applies `% num_embeddings`.
-    fmt = detect_format(data.path) if data.format == "auto" else data.format
-    fold = None if fmt == "dlrmtrain" and model_rows == list(data.table_sizes) else model_rows
-    common = dict(rank=rank, world_size=world_size, prefetch=data.prefetch_batches, fold_to_rows=fold)
+    fold = None if _format(data) == "dlrmtrain" and model_rows == list(data.table_sizes) else model_rows
+    common = dict(rank=rank, world_size=world_size, prefetch=data.prefetch_batches, fold_to_rows=fold,
+                  table_rows=model_rows)
     train = CriteoBatchLoader(_with_multi_hot(train_parts, data, lookup), cfg.run.global_batch_size,
                               shuffle=data.shuffle_batches, seed=cfg.run.seed, last_batch="drop", **common)
     evaluation = CriteoBatchLoader(_with_multi_hot(eval_parts, data, lookup), cfg.eval.batch_size,

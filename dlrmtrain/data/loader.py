@@ -52,6 +52,19 @@ def fold_ids(block: RowBlock, table_rows: Sequence[int]) -> RowBlock:
     return RowBlock(block.dense, sparse, block.labels)
 
 
+def check_ids_in_range(block: RowBlock, table_rows: Sequence[int], first_row: int) -> None:
+    """Raise naming the table when an id is outside its table (negative or >= rows):
+    corrupt data, or tables smaller than the data's vocabulary."""
+    tables = block.sparse if isinstance(block.sparse, list) else np.asarray(block.sparse).T
+    for t, ids in enumerate(tables):
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= table_rows[t]):
+            bad = int(ids.max()) if ids.max() >= table_rows[t] else int(ids.min())
+            raise ValueError(f"table t_cat_{t}: id {bad} in rows {first_row}..{first_row + len(block) - 1} "
+                             f"is outside its {table_rows[t]} rows (corrupt data, or data.table_sizes "
+                             f"smaller than the data's vocabulary)")
+
+
 def block_to_batch(block: RowBlock) -> Batch:
     """RowBlock -> torchrec Batch (dense float32 [n, 13], KJT int64 keyed cat_0..cat_25, labels [n])."""
     n = len(block)
@@ -110,7 +123,8 @@ class CriteoBatchLoader:
     """Iterable of `Batch` for one rank; see the module docstring for slicing, order and last batch.
 
     `fold_to_rows`: per-table row counts to fold ids into (`id % rows`) when the model's
-    tables are smaller than the data's vocabulary (scaled-down runs); None = ids as stored.
+    tables are smaller than the data's vocabulary (scaled-down runs); None = ids as stored,
+    checked against `table_rows` when given (an id outside its table is an error).
     """
 
     def __init__(
@@ -124,6 +138,7 @@ class CriteoBatchLoader:
         last_batch: str = "drop",
         prefetch: int = 2,
         fold_to_rows: Sequence[int] | None = None,
+        table_rows: Sequence[int] | None = None,
     ) -> None:
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} is not divisible by world size {world_size}")
@@ -137,6 +152,7 @@ class CriteoBatchLoader:
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.last_batch, self.prefetch = last_batch, prefetch
         self.fold_to_rows = list(fold_to_rows) if fold_to_rows is not None else None
+        self.table_rows = list(table_rows) if table_rows is not None else None
         self.full_batches, self.remainder = divmod(self.source.rows, global_batch_size)
         self.dropped_rows = self.remainder if last_batch == "drop" else 0
 
@@ -180,6 +196,8 @@ class CriteoBatchLoader:
             weight[spec.padded_size - n_pad :] = 0.0
         if self.fold_to_rows is not None:
             block = fold_ids(block, self.fold_to_rows)
+        elif self.table_rows is not None:
+            check_ids_in_range(block, self.table_rows, spec.start)
         return block_to_batch(block), weight
 
     def iter_weighted(self, start: int = 0) -> Iterator[tuple[Batch, torch.Tensor]]:

@@ -1,7 +1,8 @@
 """Process-group lifecycle: one place that starts and tears down torch.distributed.
 
 torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; a
-single process without them runs as a world of one (handy for debugging).
+single process without them runs as a world of one (handy for debugging) on an
+in-process store, so two such runs never compete for a port.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import datetime
 import gc
 import os
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -41,29 +43,54 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
 
 
 def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
-    """Join the process group torchrun prepared (or create a world of one)."""
+    """Join the process group torchrun prepared (or create a world of one).
+    A collective that has not completed after `timeout_s` raises on the ranks
+    waiting in it (a frozen or dead peer ends the job instead of hanging it)."""
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
-        dist.init_process_group(
-            backend=backend,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if world_size == 1 and "MASTER_PORT" not in os.environ:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
+                                    world_size=1, timeout=timeout)
+        else:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29500")
+            dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                                    timeout=timeout)
     return DistEnv(rank, world_size, local_rank, dev, backend)
+
+
+def decide_on_rank0(decide: Callable[[], Any], rank: int) -> Any:
+    """Run `decide` on rank 0 and hand its result to every rank; if it raises,
+    every rank raises the same exception type and message (so none is left
+    waiting for a rank that gave up)."""
+    outcome: list[Any] = [None, None]  # result, (exception type, message)
+    if rank == 0:
+        try:
+            outcome[0] = decide()
+        except Exception as e:  # re-raised below, on every rank
+            outcome[1] = (type(e), str(e))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        error_type, message = outcome[1]
+        try:
+            error = error_type(message)
+        except TypeError:  # a type that needs more than a message
+            error = RuntimeError(f"{error_type.__name__} on rank 0: {message}")
+        raise error
+    return outcome[0]
 
 
 def shutdown_distributed(*objects_to_release: object) -> None:
     """Tear down in the order that avoids exit-time aborts.
 
     A DMP process that only calls destroy_process_group() can die with
-    "terminate called without an active exception" (DESIGN.md §6): wait for
+    "terminate called without an active exception" (docs/design.md §6): wait for
     every rank, drop the sharded model, collect garbage, then destroy.
     Callers pass nothing and `del` their own references first; the argument
     only documents intent at the call site.

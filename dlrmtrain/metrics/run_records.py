@@ -1,25 +1,116 @@
 """The run directory: resolved config, metrics as JSON lines, closing summary.
 
+A run directory holds one run. `claim_run_dir` (rank 0, before anything is
+written) decides whose it is:
+  - a new run refuses a directory (or checkpoint directory) that holds another
+    run, unless `run.overwrite=true`, which first removes that run's records and
+    checkpoints, so no stale file (e.g. comm_stats.json) outlives it;
+  - a resumed run (`checkpoint.resume=true`) keeps the run's id and appends to
+    its records, marking where it resumed.
+Both directories are checked for writing at start, not at the first save.
 Only rank 0 writes; other ranks get a `NullRunRecords` with the same methods.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from dlrmtrain.config.loader import dump_config
+from dlrmtrain.config.loader import config_to_dict, dump_config
 from dlrmtrain.config.schema import Config
+from dlrmtrain.errors import SetupError
+from dlrmtrain.run_identity import fingerprint, new_run_id
+
+RUN_FILE = "run.json"  # {"run_id", "config_fingerprint", "started"}
+# Everything a run writes into its directory (removed by run.overwrite=true).
+RECORD_FILES = (RUN_FILE, "config.yaml", "metrics.jsonl", "mlperf.log", "summary.json",
+                "plan.txt", "comm_stats.json", "step_breakdown.json")
+_CHECKPOINT_ENTRY = re.compile(r"^step_\d+(\.partial)?$")
+
+
+@dataclass(frozen=True)
+class RunClaim:
+    run_id: str
+    resuming: bool      # the run directory already holds this run: append to its records
+    adopt_run_id: bool  # no run.json yet: a resumed checkpoint's run id replaces run_id
+
+
+def run_dir_of(cfg: Config) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def checkpoint_dir_of(cfg: Config) -> Path:
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir_of(cfg) / "checkpoints"
+
+
+def _check_writable(directory: Path, key: str) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SetupError(f"{key}: cannot write to {directory} ({e.strerror or e})") from None
+
+
+def claim_run_dir(cfg: Config, math: dict[str, Any]) -> RunClaim:
+    """Check, and if asked clear, the run and checkpoint directories (rank 0 only)."""
+    run_dir, ckpt_dir = run_dir_of(cfg), checkpoint_dir_of(cfg)
+    _check_writable(run_dir, "run.output_dir / run.name")
+    _check_writable(ckpt_dir, "checkpoint.dir")
+    records = [run_dir / n for n in RECORD_FILES if (run_dir / n).exists()]
+    checkpoints = sorted(p for p in ckpt_dir.iterdir() if _CHECKPOINT_ENTRY.match(p.name))
+    if cfg.checkpoint.resume:
+        identity = _read_identity(run_dir)
+        if identity is not None:
+            return RunClaim(identity["run_id"], resuming=True, adopt_run_id=False)
+        return RunClaim(new_run_id(), resuming=bool(records), adopt_run_id=True)
+    if records or checkpoints:
+        if not cfg.run.overwrite:
+            found = [p.name for p in records] + ([f"{len(checkpoints)} checkpoint(s) in "
+                                                  f"{ckpt_dir}"] if checkpoints else [])
+            raise SetupError(
+                f"{run_dir} already holds a run ({', '.join(found)}); set "
+                f"checkpoint.resume=true to continue it, run.overwrite=true to replace it, "
+                f"or choose another run.name")
+        for path in records:
+            path.unlink()
+        for path in checkpoints:
+            shutil.rmtree(path)
+    return RunClaim(new_run_id(), resuming=False, adopt_run_id=False)
+
+
+def _read_identity(run_dir: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 class RunRecords:
-    def __init__(self, run_dir: Path, cfg: Config) -> None:
+    def __init__(self, run_dir: Path, cfg: Config, claim: RunClaim) -> None:
         self.run_dir = run_dir
+        self.cfg = cfg
         run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
-        self._metrics = open(run_dir / "metrics.jsonl", "w", buffering=1)
+        if not claim.resuming:  # a resumed run keeps the config it started with
+            dump_config(cfg, run_dir / "config.yaml")
+        self._metrics = open(run_dir / "metrics.jsonl", "a" if claim.resuming else "w",
+                             buffering=1)
+
+    def set_identity(self, run_id: str, math: dict[str, Any]) -> None:
+        self.write_json(RUN_FILE, {"run_id": run_id, "config_fingerprint": fingerprint(math),
+                                   "started": time.time()})
+
+    def log_resumed(self, step: int, checkpoint: Optional[str], **position: Any) -> None:
+        """The marker between a run's records before and after a restart."""
+        self.log("resumed", step=step, checkpoint=checkpoint, **position,
+                 config=config_to_dict(self.cfg))
 
     def log(self, kind: str, **values: Any) -> None:
         """Append one JSON line: {"kind": ..., "time": ..., **values}."""
@@ -44,6 +135,12 @@ class NullRunRecords:
 
     run_dir = None
 
+    def set_identity(self, run_id: str, math: dict[str, Any]) -> None:
+        pass
+
+    def log_resumed(self, step: int, checkpoint: Optional[str], **position: Any) -> None:
+        pass
+
     def log(self, kind: str, **values: Any) -> None:
         pass
 
@@ -57,7 +154,7 @@ class NullRunRecords:
         pass
 
 
-def open_run_records(cfg: Config, rank: int) -> RunRecords | NullRunRecords:
+def open_run_records(cfg: Config, rank: int, claim: RunClaim) -> RunRecords | NullRunRecords:
     if rank != 0:
         return NullRunRecords()
-    return RunRecords(Path(cfg.run.output_dir) / cfg.run.name, cfg)
+    return RunRecords(run_dir_of(cfg), cfg, claim)

@@ -102,13 +102,14 @@ class MLPerfLogger:
     """Writes one benchmark's MLPerf events to a log file (rank 0 only)."""
 
     def __init__(self, benchmark: str, log_path: Path | str,
-                 clock: Callable[[], float] | None = None) -> None:
-        """`clock` returns milliseconds since the epoch (default: wall clock)."""
+                 clock: Callable[[], float] | None = None, append: bool = False) -> None:
+        """`clock` returns milliseconds since the epoch (default: wall clock);
+        `append`: a resumed run adds to its log instead of replacing it."""
         self.benchmark = check_benchmark(benchmark)
         self.log_path = Path(log_path)
         self._clock = clock or (lambda: time.time() * 1e3)
         self._init_state()
-        self._py_logger, self._handler = self._open(self.log_path)
+        self._py_logger, self._handler = self._open(self.log_path, append)
         # root_dir: log "file" as a path relative to the repository, not absolute.
         self._mllog = mllog.MLLogger(logger=self._py_logger, root_dir=str(_REPO_ROOT))
 
@@ -252,11 +253,11 @@ class MLPerfLogger:
         self._open_epoch = None
 
     @staticmethod
-    def _open(path: Path) -> tuple[logging.Logger, logging.Handler | None]:
+    def _open(path: Path, append: bool) -> tuple[logging.Logger, logging.Handler | None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         # A private, unregistered logger: no propagation to the root, no global state.
         py_logger = logging.Logger(f"dlrmtrain.mlperf:{path}", level=logging.INFO)
-        handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+        handler = logging.FileHandler(path, mode="a" if append else "w", encoding="utf-8")
         py_logger.addHandler(handler)
         return py_logger, handler
 
@@ -296,17 +297,19 @@ class NullMLPerfLogger(MLPerfLogger):
 
 
 def build_mlperf_logger(benchmark: str, log_path: Path | str | None, rank: int,
-                        clock: Callable[[], float] | None = None) -> MLPerfLogger:
+                        clock: Callable[[], float] | None = None,
+                        append: bool = False) -> MLPerfLogger:
     """Rank 0 with a path writes `log_path`; every other case gets the stand-in."""
     if rank == 0 and log_path is not None:
-        return MLPerfLogger(benchmark, log_path, clock=clock)
+        return MLPerfLogger(benchmark, log_path, clock=clock, append=append)
     return NullMLPerfLogger(benchmark)
 
 
-def open_mlperf_logger(cfg: Config, rank: int) -> MLPerfLogger:
-    """The trainer's logger: `<run dir>/mlperf.log` on rank 0 when `mlperf.enabled`."""
+def open_mlperf_logger(cfg: Config, rank: int, append: bool = False) -> MLPerfLogger:
+    """The trainer's logger: `<run dir>/mlperf.log` on rank 0 when `mlperf.enabled`
+    (`append`: a resumed run continues the log it started)."""
     path = Path(cfg.run.output_dir) / cfg.run.name / "mlperf.log" if cfg.mlperf.enabled else None
-    return build_mlperf_logger(benchmark_for_arch(cfg.model.arch), path, rank)
+    return build_mlperf_logger(benchmark_for_arch(cfg.model.arch), path, rank, append=append)
 
 
 def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,

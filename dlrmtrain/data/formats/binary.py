@@ -156,6 +156,21 @@ def verify_part_checksums(root: str | Path, name: str) -> None:
             raise ValueError(f"{root}/parts/{name}/{fname}: sha256 mismatch (file changed or corrupt)")
 
 
+def verify_dataset_checksums(root: str | Path, rank: int = 0, world_size: int = 1,
+                             max_bytes: float | None = None) -> bool:
+    """Check the sha256 of every `world_size`-th part from `rank` on (ranks share the work).
+    Returns False without reading when the dataset is over `max_bytes`; raises naming
+    the file that differs."""
+    root = Path(root)
+    names = [p["name"] for p in read_manifest(root)["parts"]]
+    size = sum(f.stat().st_size for n in names for f in (root / "parts" / n).iterdir())
+    if max_bytes is not None and size > max_bytes:
+        return False
+    for name in names[rank::world_size]:
+        verify_part_checksums(root, name)
+    return True
+
+
 class BinaryPart:
     """A memory-mapped part of the project's layout.
 

@@ -13,6 +13,7 @@ default) or are skipped and counted (policy ``skip``); never dropped silently.
 from __future__ import annotations
 
 import gzip
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -55,6 +56,7 @@ class BadLineStats:
     count: int = 0
     examples: list[BadLine] = field(default_factory=list)
     max_examples: int = 5
+    crlf_lines: int = 0  # lines that ended in CR LF (accepted: the CR is stripped)
 
     def add(self, bad: BadLine) -> None:
         self.count += 1
@@ -63,6 +65,7 @@ class BadLineStats:
 
     def merge(self, other: "BadLineStats") -> None:
         self.count += other.count
+        self.crlf_lines += other.crlf_lines
         for bad in other.examples:
             if len(self.examples) < self.max_examples:
                 self.examples.append(bad)
@@ -231,16 +234,32 @@ def iter_parsed(
     path: str | Path, bad_lines: str = "error", stats: BadLineStats | None = None,
     chunk_bytes: int = 4 << 20, on_bytes: Callable[[int], None] | None = None,
 ) -> Iterator[ParsedRows]:
-    """Stream a (plain or .gz) day file as parsed chunks; `on_bytes(n)` reports input progress."""
+    """Stream a (plain or .gz) day file as parsed chunks; `on_bytes(n)` reports input progress.
+
+    CR LF line endings are accepted (the CR is stripped) and counted in the stats; an
+    empty file, or a truncated or corrupt .gz, is an error naming the file."""
     parser = ChunkParser(path, bad_lines, stats)
     with open(path, "rb") as raw:
         stream = gzip.GzipFile(fileobj=raw) if raw.read(2) == b"\x1f\x8b" else raw
         raw.seek(0)
         position = 0
-        for chunk in iter_line_chunks(stream, chunk_bytes):
+        chunks = iter_line_chunks(stream, chunk_bytes)
+        while True:
+            try:
+                chunk = next(chunks, None)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                raise ValueError(f"{path}: truncated or corrupt gzip data after line "
+                                 f"{parser.next_line_no - 1} ({e})") from None
+            if chunk is None:
+                break
+            if b"\r" in chunk:
+                parser.stats.crlf_lines += chunk.count(b"\r\n")
+                chunk = chunk.replace(b"\r\n", b"\n")
             rows = parser.parse(chunk)
             if on_bytes is not None:
                 now = raw.tell()
                 on_bytes(now - position)
                 position = now
             yield rows
+    if parser.next_line_no == 1:
+        raise ValueError(f"{path}: empty input (no lines)")

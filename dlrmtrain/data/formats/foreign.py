@@ -30,21 +30,30 @@ def _check_rows(path: Path, arr: np.ndarray, rows: int, cols: int | None) -> Non
         raise ValueError(f"{path}: shape {list(arr.shape)}, expected {want}")
 
 
+def _load_npy(path: Path) -> np.ndarray:
+    """Memory-map a .npy file; a truncated or corrupt one is an error naming it (numpy's
+    own messages, e.g. "mmap length is greater than file size", name no file)."""
+    try:
+        return np.load(path, mmap_mode="c", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable .npy array, truncated or corrupt ({e})") from None
+
+
 class TorchRecDayPart:
     """One day of TorchRec's one-hot .npy layout."""
 
     def __init__(self, directory: str | Path, day: int) -> None:
         d = Path(directory)
         self.name = f"day_{day}"
-        self.dense = np.load(d / f"day_{day}_dense.npy", mmap_mode="c")
+        self.dense = _load_npy(d / f"day_{day}_dense.npy")
         self.rows = int(self.dense.shape[0])
         _check_rows(d / f"day_{day}_dense.npy", self.dense, self.rows, NUM_DENSE)
-        self.labels = np.load(d / f"day_{day}_labels.npy", mmap_mode="c").reshape(-1)
+        self.labels = _load_npy(d / f"day_{day}_labels.npy").reshape(-1)
         _check_rows(d / f"day_{day}_labels.npy", self.labels, self.rows, None)
         self.sparse = self._load_sparse(d, day)
 
     def _load_sparse(self, d: Path, day: int) -> np.ndarray | list[np.ndarray]:
-        sparse = np.load(d / f"day_{day}_sparse.npy", mmap_mode="c")
+        sparse = _load_npy(d / f"day_{day}_sparse.npy")
         _check_rows(d / f"day_{day}_sparse.npy", sparse, self.rows, NUM_SPARSE)
         return sparse
 

@@ -28,6 +28,7 @@ from dlrmtrain.features import log_transform_dense
 from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
+from dlrmtrain.leftovers import remove_dead_tmp_dirs
 
 VOCAB_FILE = "vocabulary.npz"
 PASS1_DIR = "pass1"
@@ -81,6 +82,8 @@ class PreprocessSummary:
             f"  table sizes: {self.table_sizes}",
         ]
         bad = self.bad_lines
+        if bad.crlf_lines:
+            lines.append(f"  CR LF line endings: {bad.crlf_lines:,} lines (accepted, CR stripped)")
         lines.append(f"  bad lines skipped: {bad.count}")
         lines += [f"    e.g. {example}" for example in bad.examples]
         return "\n".join(lines)
@@ -119,7 +122,7 @@ def _stage_file(path: str, out_dir: str, hash_range: int, bad_lines: str) -> Fil
             hashed = (chunk.cats % np.uint32(hash_range)).astype(np.int32)
             counter.add(hashed)
             writer.append(log_transform_dense(chunk.dense), hashed, chunk.labels)
-        writer.commit({"source": bf.source_fingerprint(path), "bad_lines_skipped": stats.count})
+        writer.commit({"source": bf.source_fingerprint(path), **_stats_meta(stats)})
     except BaseException:
         writer.abort()
         raise
@@ -148,15 +151,27 @@ def _remap_staged_part(path: str, out_dir: str, bad_lines: str) -> FileResult:
             _report_bytes(int(meta["source"]["bytes"] * (hi - lo) / meta["rows"]))
         for fname in ("dense.f32", "labels.u8"):
             writer.adopt(fname, staging_root / "parts" / name / fname, meta["sha256"][fname])
-        writer.commit({"source": meta["source"], "bad_lines_skipped": meta["bad_lines_skipped"]}, rows=meta["rows"])
+        stats = _stats_from_meta(meta)  # pass 1 saw the lines; its examples are kept
+        writer.commit({"source": meta["source"], **_stats_meta(stats)}, rows=meta["rows"])
     except BaseException:
         writer.abort()
         raise
     del staged
     shutil.rmtree(staging_root / "parts" / name)
-    stats = BadLineStats()
-    stats.count = meta["bad_lines_skipped"]
     return FileResult(name, meta["rows"], meta["source"]["bytes"], False, stats)
+
+
+def _stats_meta(stats: BadLineStats) -> dict[str, Any]:
+    """What a part's part.json keeps of its input's line statistics."""
+    return {"bad_lines_skipped": stats.count, "bad_line_examples": [str(b) for b in stats.examples],
+            "crlf_lines": stats.crlf_lines}
+
+
+def _stats_from_meta(meta: dict[str, Any]) -> BadLineStats:
+    stats = BadLineStats(count=meta.get("bad_lines_skipped", 0),
+                         crlf_lines=meta.get("crlf_lines", 0))
+    stats.examples = list(meta.get("bad_line_examples", []))  # as text: enough to show them
+    return stats
 
 
 def _convert_text_file(path: str, out_dir: str, bad_lines: str) -> FileResult:
@@ -168,7 +183,7 @@ def _convert_text_file(path: str, out_dir: str, bad_lines: str) -> FileResult:
     try:
         for chunk in iter_parsed(path, bad_lines, stats, on_bytes=_report_bytes):
             writer.append(log_transform_dense(chunk.dense), mapper.map(chunk.cats), chunk.labels)
-        writer.commit({"source": bf.source_fingerprint(path), "bad_lines_skipped": stats.count})
+        writer.commit({"source": bf.source_fingerprint(path), **_stats_meta(stats)})
     except BaseException:
         writer.abort()
         raise
@@ -215,18 +230,37 @@ def _check_unique_names(inputs: Sequence[str]) -> None:
         raise ValueError(f"input files map to the same part name(s) {duplicates}: rename them")
 
 
+def _same_source(recorded: dict[str, Any], path: str) -> bool:
+    now = bf.source_fingerprint(path)
+    return recorded["bytes"] == now["bytes"] and recorded["mtime_ns"] == now["mtime_ns"]
+
+
 def _skip_result(out_dir: Path, path: str) -> FileResult | None:
     """A FileResult for an input whose part is already finished from the same source."""
     meta = bf.finished_part_meta(out_dir, part_name(path))
     if meta is None:
         return None
     now = bf.source_fingerprint(path)
-    if meta["source"]["bytes"] != now["bytes"] or meta["source"]["mtime_ns"] != now["mtime_ns"]:
+    if not _same_source(meta["source"], path):
         raise ValueError(f"{out_dir}/parts/{meta['name']} was made from a different {path} "
                          "(size or mtime changed): delete the part to redo it")
-    stats = BadLineStats()
-    stats.count = meta.get("bad_lines_skipped", 0)
-    return FileResult(meta["name"], meta["rows"], now["bytes"], True, stats)
+    return FileResult(meta["name"], meta["rows"], now["bytes"], True, _stats_from_meta(meta))
+
+
+def _forget_stale_stage(out_dir: Path, path: str) -> None:
+    """`path` changed after pass 1 staged it: drop its stage, its distinct values and the
+    vocabulary built from them, so pass 1 redoes it. Refused once pass 2 has written a
+    part with that vocabulary (the other parts would have to be redone too)."""
+    name = part_name(path)
+    written = sorted(p.name for p in (out_dir / "parts").glob("*")
+                     if bf.finished_part_meta(out_dir, p.name) is not None)
+    if written:
+        raise ValueError(f"{path} changed after pass 1 staged it, and pass 2 has already "
+                         f"written {written} with the vocabulary of its old content: "
+                         f"delete {out_dir} and rerun")
+    shutil.rmtree(out_dir / STAGING_DIR / "parts" / name)
+    (out_dir / PASS1_DIR / f"{name}.npz").unlink(missing_ok=True)
+    (out_dir / VOCAB_FILE).unlink(missing_ok=True)
 
 
 def _build_vocabulary(
@@ -242,7 +276,11 @@ def _build_vocabulary(
         if not (out_dir / PASS1_DIR / f"{name}.npz").exists():
             return True
         final_done = bf.finished_part_meta(out_dir, name) is not None
-        return not final_done and bf.finished_part_meta(out_dir / STAGING_DIR, name) is None
+        staged = bf.finished_part_meta(out_dir / STAGING_DIR, name)
+        if staged is not None and not _same_source(staged["source"], p):
+            _forget_stale_stage(out_dir, p)
+            return True
+        return not final_done and staged is None
 
     todo = [p for p in inputs if needs_stage(p)]
     _run_pool(
@@ -283,6 +321,8 @@ def preprocess(
     _check_unique_names(inputs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for parts in (out / "parts", out / STAGING_DIR / "parts"):  # left by killed workers
+        remove_dead_tmp_dirs(parts)
     existing = out / bf.MANIFEST_NAME
     if existing.exists():
         old = bf.read_manifest(out)
@@ -314,6 +354,8 @@ def preprocess(
         shutil.rmtree(out / STAGING_DIR)  # every staged part has been remapped
     by_name = {r.name: r for r in converted}
     results = [skipped[p] or by_name[part_name(p)] for p in inputs]
+    if not sum(r.rows for r in results):
+        raise ValueError(f"no rows in {', '.join(inputs)}: every line was skipped as bad")
     parts_meta = [bf.finished_part_meta(out, r.name) for r in results]
     bf.write_manifest(out, {
         "categorical_mode": mode,

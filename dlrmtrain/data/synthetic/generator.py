@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from dlrmtrain.config.schema import DataConfig
-from dlrmtrain.data.batching import SampleArrays
+from dlrmtrain.data.parts import RowBlock
 from dlrmtrain.data.synthetic.profiles import profile_tables
 
 # Teacher lookup tables are capped so huge vocabularies cost no memory; ids
@@ -67,8 +67,9 @@ def tables_and_exponents(cfg: DataConfig) -> tuple[list[int], list[float]]:
     return profile_tables(syn.profile, syn.terabyte_tables, syn.scale)
 
 
-def generate(cfg: DataConfig, num_samples: int, seed: int) -> SampleArrays:
-    """`num_samples` samples drawn with `seed`; labels from the config's teacher."""
+def generate(cfg: DataConfig, num_samples: int, seed: int) -> RowBlock:
+    """`num_samples` samples drawn with `seed`; labels from the config's teacher.
+    Dense float32 [N, 13] (log-transformed), sparse int64 [N, T] ids, labels float32 [N]."""
     syn = cfg.synthetic
     rng = np.random.default_rng(seed)
     counts = rng.lognormal(mean=1.0, sigma=1.5, size=(num_samples, cfg.num_dense_features))
@@ -80,7 +81,7 @@ def generate(cfg: DataConfig, num_samples: int, seed: int) -> SampleArrays:
     z = z - np.quantile(z, 0.75)  # ~25% clicks, like the Kaggle sample
     noise = rng.logistic(0.0, syn.label_noise, num_samples)
     labels = (z + noise > 0).astype(np.float32)
-    return SampleArrays(dense=dense, sparse=sparse, labels=labels)
+    return RowBlock(dense=dense, sparse=sparse, labels=labels)
 
 
 def multi_hot_offsets(table_sizes: list[int], bag_sizes: list[int], seed: int) -> list[np.ndarray]:

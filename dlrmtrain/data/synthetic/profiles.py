@@ -6,11 +6,11 @@ What the dedup codec sees is the distinct fraction of a batch, E[#distinct ids i
 B draws] / B, so each profile picks exponents s_t that reproduce measured
 distinct fractions at B = 4096:
 
-- `kaggle`: the shared Kaggle sample's own column sizes, one exponent per column
-  solved to match that column's distinct fraction (../shared/data/README.md).
+- `kaggle`: the Criteo Kaggle sample's own column sizes, one exponent per column
+  solved to match that column's distinct fraction (KAGGLE_SAMPLE_COLUMNS below).
 - `terabyte`: the MLPerf v1 or DCNv2 table sizes (optionally scaled; tables under
   100 rows are kept whole), one exponent shared by all tables, solved so the mean
-  distinct fraction over the 26 tables is 0.16 (real Terabyte rows, DESIGN.md §5).
+  distinct fraction over the 26 tables is 0.16 (real Terabyte rows, docs/design.md §5).
 
 Solving takes well under a second (exact sums for the first 2^16 ids, a
 geometric-grid integral for the tail of huge tables) and is cached.
@@ -32,7 +32,8 @@ TERABYTE_DISTINCT_FRACTION = 0.16
 _KEEP_WHOLE_BELOW = 100
 
 # Kaggle sample, per column C1..C26: (distinct values in the sample, distinct fraction at
-# batch 4096 in file order), copied from ../shared/data/README.md.
+# batch 4096 in file order), measured on the Criteo Kaggle sample at $DLRMTRAIN_SHARED_DATA
+# (49,285 rows; docs/design.md §5).
 KAGGLE_SAMPLE_COLUMNS: list[tuple[int, float]] = [
     (384, 0.0268), (492, 0.0774), (24440, 0.6464), (15130, 0.5051), (107, 0.0102), (11, 0.0019),
     (6511, 0.4717), (189, 0.0154), (4, 0.0007), (8111, 0.4162), (3435, 0.3380), (23041, 0.6210),

@@ -1,0 +1,180 @@
+"""Fault injection on real `torchrun` jobs (2 Gloo ranks, tiny tables).
+
+For each fault: the job ends within a stated bound, every checkpoint that was
+complete before the fault is still valid, and the next run (`checkpoint.resume=true`)
+continues from the newest valid one and finishes. Bounds are generous for a
+loaded 2-core machine; what they guard against is a hang (torch's default
+collective timeout is 300 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.jobs import (finish, kill_job, metrics, output_of, start_job,
+                                    wait_until, worker_pid)
+
+# 16 steps per epoch; a checkpoint after every step, so a kill most likely lands in a save.
+LONG = ["run.name=f", "run.epochs=1000", "eval.enabled=false", "checkpoint.every_steps=1",
+        "checkpoint.keep=3"]
+START_TIMEOUT = 150  # torchrun + imports + model build on a busy 2-core machine
+END_BOUND = 30       # a job whose rank died must be gone within this
+
+
+def _checkpoints(run_dir: Path) -> dict[int, str | None]:
+    """step → None when the checkpoint verifies, else the reason it does not."""
+    from dlrmtrain.checkpoint import verify_checkpoint
+
+    root = run_dir / "checkpoints"
+    return {int(p.name.split("_")[1]): verify_checkpoint(p)
+            for p in root.iterdir() if p.name.startswith("step_") and "." not in p.name}
+
+
+def _trained_past(run_dir: Path, step: int):
+    return lambda: any(r["kind"] == "checkpoint" and r["step"] >= step for r in metrics(run_dir))
+
+
+def _resume_and_finish(tmp_path: Path, extra_steps: int = 3, *overrides: str) -> dict:
+    """Resume the run; check it finishes and continues from the newest valid checkpoint."""
+    run_dir = tmp_path / "f"
+    valid = sorted(s for s, problem in _checkpoints(run_dir).items() if problem is None)
+    assert valid, _checkpoints(run_dir)
+    before = [r for r in metrics(run_dir) if r["kind"] == "train"]
+    target = valid[-1] + extra_steps
+    job = start_job(tmp_path, *LONG, "checkpoint.resume=true", f"run.max_steps={target}",
+                    "checkpoint.every_steps=0", *overrides)
+    rc, _ = finish(job, START_TIMEOUT)
+    assert rc == 0, output_of(tmp_path)[-3000:]
+    records = metrics(run_dir)
+    # Nothing logged before the fault is lost: the resumed run only appends.
+    assert [r for r in records if r["kind"] == "train"][:len(before)] == before
+    marker = [r for r in records if r["kind"] == "resumed"][-1]
+    after = [r["step"] for r in records[records.index(marker):] if r["kind"] == "train"]
+    assert after == list(range(marker["step"] + 1, target + 1))
+    assert not list((run_dir / "checkpoints").glob("*.partial"))  # the dead save is cleaned
+    return marker
+
+
+def test_kill_9_of_one_rank_during_a_checkpoint_save_then_resume(tmp_path):
+    """Rank 1 is killed while a `step_N.partial/` is being written: the job ends, every
+    complete checkpoint stays valid, and the resumed run removes the dead save's
+    folder and continues from the newest complete one."""
+    run_dir = tmp_path / "f"
+    job = start_job(tmp_path, *LONG)
+    try:
+        wait_until(_trained_past(run_dir, 3), START_TIMEOUT, job)
+        wait_until(lambda: any((run_dir / "checkpoints").glob("*.partial")), 60, job,
+                   poll_s=0.002)  # a save of these tiny tables takes tens of ms
+        os.kill(worker_pid(job, 1), signal.SIGKILL)
+        rc, seconds = finish(job, END_BOUND)
+    finally:
+        kill_job(job)
+    assert rc != 0 and seconds < END_BOUND
+    marker = _resume_and_finish(tmp_path)
+    assert marker["checkpoint"].endswith(f"step_{marker['step']}")
+    assert all(problem is None for problem in _checkpoints(run_dir).values())
+
+
+def test_sigint_to_torchrun_then_resume_past_a_corrupted_newest_checkpoint(tmp_path):
+    job = start_job(tmp_path, *LONG)
+    try:
+        wait_until(_trained_past(tmp_path / "f", 3), START_TIMEOUT, job)
+        os.kill(job.pid, signal.SIGINT)
+        rc, seconds = finish(job, END_BOUND)
+    finally:
+        kill_job(job)
+    assert rc != 0 and seconds < END_BOUND
+    valid = sorted(s for s, p in _checkpoints(tmp_path / "f").items() if p is None)
+    assert len(valid) >= 2
+    newest = tmp_path / "f" / "checkpoints" / f"step_{valid[-1]}"
+    shard = next(p for p in sorted(newest.iterdir()) if p.suffix == ".distcp")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte
+    shard.write_bytes(bytes(data))
+    marker = _resume_and_finish(tmp_path)
+    assert marker["step"] == valid[-2]  # the corrupted one was refused
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    """Rank 1 stopped (SIGSTOP) mid-run: rank 0's collective fails after
+    run.collective_timeout_s (not torch's default 300 s) and rank 0 exits; torchrun
+    then kills the frozen rank (SIGTERM, which a stopped process does not act on,
+    then SIGKILL after its fixed 30 s grace)."""
+    timeout_s, slack = 10, 20
+    job = start_job(tmp_path, *LONG, f"run.collective_timeout_s={timeout_s}")
+    try:
+        wait_until(_trained_past(tmp_path / "f", 2), START_TIMEOUT, job)
+        alive = worker_pid(job, 0)
+        os.kill(worker_pid(job, 1), signal.SIGSTOP)  # alive, but never answers again
+        start = time.monotonic()
+        while not _ended(alive) and time.monotonic() - start < timeout_s + slack:
+            time.sleep(0.1)
+        rank0_seconds = time.monotonic() - start
+        rc, _ = finish(job, 30 + slack)
+    finally:
+        kill_job(job)
+    assert rank0_seconds < timeout_s + slack, "rank 0 still waiting on the frozen rank"
+    assert rc != 0 and f"Timed out waiting {timeout_s * 1000}ms" in output_of(tmp_path)
+    assert any(p is None for p in _checkpoints(tmp_path / "f").values())
+
+
+def _preprocess_cmd(paths, out):
+    import sys
+
+    return [sys.executable, "data_prep/preprocess.py", "--out", str(out), "--hash-range", "1000",
+            *map(str, paths)]
+
+
+@pytest.mark.parametrize("kill_when", ["pass 1 staged day_0", "pass 2 started"])
+def test_preprocessing_killed_in_each_pass_then_rerun(tmp_path, kill_when):
+    """kill -9 mid-pass; the rerun finishes and gives the uninterrupted result."""
+    import subprocess
+
+    import numpy as np
+
+    from tests.data.raw_rows import random_raw_lines, write_lines
+    from tests.data.preprocess.test_pipeline import load_everything
+    from tests.reliability.jobs import REPO
+
+    lines = random_raw_lines(24000, seed=3)  # 3 files of ~2 MB: passes take long enough to hit
+    paths = [write_lines(tmp_path / f"day_{i}", lines[i * 8000:(i + 1) * 8000]) for i in range(3)]
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    trigger = (out / "staging" / "parts" / "day_0" / "part.json" if kill_when.startswith("pass 1")
+               else out / "vocabulary.npz")
+    job = subprocess.Popen(_preprocess_cmd(paths, out), cwd=REPO, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not trigger.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os.kill(job.pid, signal.SIGSTOP)
+        assert job.poll() is None, f"preprocessing finished before it could be killed ({kill_when})"
+        assert not (out / "dataset.json").exists()
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    # The rerun (in this process: the same code the command runs), then an uninterrupted run.
+    from dlrmtrain.data.preprocess.pipeline import preprocess
+
+    for target in (out, tmp_path / "fresh"):
+        preprocess(paths, target, "mlperf_vocab", hash_range=1000, progress=False)
+    assert not list(out.rglob("*.tmp-*")) and not (out / "staging").exists()
+    for got, want in zip(load_everything(out), load_everything(tmp_path / "fresh")):
+        np.testing.assert_array_equal(got, want)

@@ -1,0 +1,212 @@
+"""A run owns its directory and its checkpoints (issue 13, bugs 1, 2, 3 and 5).
+
+The scenarios train a world of one in ONE spawned process (real process group,
+real files; one process because starting one costs more than the training),
+each in its own folder. A run that cannot start records its SetupError's
+message instead of raising, so the tests can check what it says.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import traceback
+from pathlib import Path
+
+import pytest
+
+from tests.common import tiny_overrides
+from tests.multiproc import run_ranks
+
+RUN = ["run.name=own", "eval.enabled=false", "checkpoint.every_steps=2"]
+
+
+def copy_as_corrupt_checkpoint(out_dir: str, src: int, dst: int) -> None:
+    """A higher-numbered copy of this run's checkpoint with one changed byte."""
+    ckpts = Path(out_dir) / "own" / "checkpoints"
+    shutil.copytree(ckpts / f"step_{src}", ckpts / f"step_{dst}")
+    state = ckpts / f"step_{dst}" / "trainer_state.json"
+    state.write_text(state.read_text().replace(str(src), str(src + 1), 1))  # same size
+
+
+def write_stale_record(out_dir: str) -> None:
+    """A comm_stats.json left by an earlier run (that one used a codec)."""
+    (Path(out_dir) / "own" / "comm_stats.json").write_text("{}")
+
+
+def _runs(out_dir, runs):
+    """Train once per override list, in order (a tuple (function, *args) is called in
+    between); each result is the summary or the SetupError's message."""
+    from dlrmtrain.config import load_config
+    from dlrmtrain.validation import validate_config
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.errors import SetupError
+    from dlrmtrain.trainer import Trainer
+
+    results = []
+    for overrides in runs:
+        if isinstance(overrides, tuple):
+            overrides[0](out_dir, *overrides[1:])
+            continue
+        cfg = load_config(None, tiny_overrides(out_dir, *RUN, *overrides))
+        validate_config(cfg, 1)
+        try:
+            trainer = Trainer(cfg, init_distributed("cpu"))
+        except SetupError as e:
+            results.append(f"SetupError: {e}")
+            continue
+        results.append(trainer.train().as_dict())
+        trainer.close()
+        del trainer
+    return results
+
+
+def _scenarios(rank, world_size, scenarios):
+    outcomes = {}
+    for name, (out_dir, runs) in scenarios.items():
+        try:
+            outcomes[name] = _runs(out_dir, runs)
+        except Exception:  # one broken scenario must not hide the others' results
+            outcomes[name] = traceback.format_exc()
+    return outcomes
+
+
+SCENARIOS = {
+    "resume_appends": [["run.max_steps=4"], ["run.max_steps=6", "checkpoint.resume=true"]],
+    "name_reuse": [["run.max_steps=2"], ["run.max_steps=2"],
+                   ["run.max_steps=1", "run.overwrite=true", "checkpoint.every_steps=0"]],
+    "stale_record": [(write_stale_record,), ["run.max_steps=1"],
+                     ["run.max_steps=1", "run.overwrite=true"]],
+    "retention": [["run.max_steps=4", "checkpoint.keep=1"],
+                  (copy_as_corrupt_checkpoint, 4, 50),
+                  ["run.max_steps=8", "checkpoint.keep=1", "checkpoint.resume=true"]],
+    "other_config": [["run.max_steps=2"],
+                     ["run.max_steps=4", "checkpoint.resume=true", "optim.lr=0.1"],
+                     ["run.max_steps=4", "checkpoint.resume=true", "run.global_batch_size=128"]],
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ownership")
+    (root / "stale_record" / "own").mkdir(parents=True)
+    (root / "blocked").write_text("a file where the output folder should be")
+    scenarios = {name: (str(root / name), runs) for name, runs in SCENARIOS.items()}
+    scenarios["unwritable"] = (str(root / "blocked"), [["run.max_steps=1"]])
+    results = run_ranks(_scenarios, 1, scenarios, timeout=400)[0]
+    return root, results
+
+
+def _outcome(outcomes, name):
+    root, results = outcomes
+    result = results[name]
+    assert isinstance(result, list), result  # else the scenario crashed: its traceback
+    return root / name, result
+
+
+def _metrics(run_root: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_root / "own" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resumed_run_appends_its_records_and_marks_the_restart(outcomes):
+    """Bug 3: a resumed run opened metrics.jsonl for writing and erased steps 1..4."""
+    run_root, _ = _outcome(outcomes, "resume_appends")
+    records = _metrics(run_root)
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    [marker] = [r for r in records if r["kind"] == "resumed"]
+    assert marker["step"] == 4 and marker["checkpoint"].endswith("step_4")
+    kinds_steps = [(r["kind"], r["step"]) for r in records]
+    assert kinds_steps.index(("resumed", 4)) == kinds_steps.index(("train", 5)) - 1
+
+
+def test_reusing_a_run_name_refuses_unless_told_to_overwrite(outcomes):
+    """Bug 3: a new run under the same name silently replaced the earlier run's files."""
+    run_root, (first, refused, replaced) = _outcome(outcomes, "name_reuse")
+    assert first["steps"] == 2
+    assert refused.startswith("SetupError") and "run.overwrite=true" in refused
+    assert "metrics.jsonl" in refused and "checkpoint" in refused
+    assert replaced["steps"] == 1
+    # Overwriting leaves only the new run's files: no checkpoint of the earlier run.
+    assert not any((run_root / "own" / "checkpoints").iterdir())
+    assert [r["step"] for r in _metrics(run_root) if r["kind"] == "train"] == [1]
+
+
+def test_overwrite_removes_every_record_of_the_earlier_run(outcomes):
+    """A stale comm_stats.json must not sit next to the new run's records."""
+    run_root, (refused, done) = _outcome(outcomes, "stale_record")
+    assert refused.startswith("SetupError") and "comm_stats.json" in refused
+    assert done["steps"] == 1 and not (run_root / "own" / "comm_stats.json").exists()
+
+
+def test_retention_keeps_this_runs_newest_valid_checkpoints(outcomes):
+    """Bug 2: a higher-numbered corrupt checkpoint made each new one vanish on save."""
+    run_root, (_, resumed) = _outcome(outcomes, "retention")
+    ckpts = run_root / "own" / "checkpoints"
+    assert resumed["steps"] == 8
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_50", "step_8"]
+    run_id = json.loads((run_root / "own" / "run.json").read_text())["run_id"]
+    assert json.loads((ckpts / "step_8" / "manifest.json").read_text())["run_id"] == run_id
+
+
+def test_resume_refuses_a_checkpoint_trained_with_another_config(outcomes):
+    """Bugs 2 and 5: resuming with another learning rate or batch size continued
+    silently (at "batch N" of the new size: skipped or repeated data)."""
+    run_root, (first, lr, batch) = _outcome(outcomes, "other_config")
+    assert first["steps"] == 2
+    assert lr.startswith("SetupError") and "optim.lr: 0.05 → 0.1" in lr
+    assert batch.startswith("SetupError") and "run.global_batch_size: 256 → 128" in batch
+    # Nothing of the refused runs was written: the records end at step 2.
+    assert [r["step"] for r in _metrics(run_root) if r["kind"] == "train"] == [1, 2]
+
+
+def test_unwritable_run_directory_is_found_at_start(outcomes):
+    root, results = outcomes
+    [result] = results["unwritable"]
+    assert result.startswith("SetupError") and "run.output_dir" in result
+    assert str(root / "blocked") in result
+
+
+def _no_step_run(rank, world_size, out_dir, overrides):
+    return _runs(out_dir, [overrides])
+
+
+def test_data_without_one_full_batch_stops_at_once(tmp_path):
+    """Bug 1: 200 file rows under a global batch of 256 looped over empty epochs forever
+    (writing epoch events to mlperf.log); it must stop at once, saying why."""
+    from dlrmtrain.config import load_config
+    from dlrmtrain.data.synthetic.files import write_synthetic_dataset
+
+    data = load_config(None, tiny_overrides(str(tmp_path))).data
+    write_synthetic_dataset(data, tmp_path / "ds", rows_per_part=200, num_parts=2, progress=False)
+    files = ["data.source=criteo", f"data.path={tmp_path / 'ds'}", "data.format=dlrmtrain",
+             "data.split=names", "data.train_parts=[day_0]", "data.eval_parts=[day_1]",
+             "mlperf.enabled=true"]
+    [result] = run_ranks(_no_step_run, 1, str(tmp_path), files, timeout=120)[0]
+    assert result.startswith("SetupError")
+    assert "200 training rows" in result and "global batch of 256" in result
+    assert "world size 1" in result
+    run_dir = tmp_path / "own"  # refused before anything was written
+    assert not [p for p in run_dir.iterdir() if p.name != "checkpoints"]
+
+
+def test_partial_checkpoints_of_dead_writers_are_removed(tmp_path):
+    import os
+    import socket
+
+    from dlrmtrain.checkpoint import OWNER, remove_dead_partials
+
+    def partial(step, owner):
+        path = tmp_path / f"step_{step}.partial"
+        path.mkdir()
+        if owner is not None:
+            (path / OWNER).write_text(json.dumps(owner))
+        return path
+
+    host = socket.gethostname()
+    dead = partial(3, {"host": host, "pid": 999_999_999})
+    nameless = partial(4, None)  # killed before it named its writer
+    live = partial(5, {"host": host, "pid": os.getpid()})
+    elsewhere = partial(6, {"host": host + "-other", "pid": 1})
+    removed = remove_dead_partials(tmp_path, log=lambda _: None)
+    assert sorted(removed) == [dead, nameless]
+    assert live.exists() and elsewhere.exists()
