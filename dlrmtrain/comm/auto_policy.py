@@ -56,16 +56,17 @@ class AutoPolicy:
     drift: float = 0.25
     table_keep_fraction: float = 0.9
 
-    phase: str = "warmup"
-    choice: str = "none"
-    step: int = 0
+    # state (not settings: `dataclasses.replace(policy)` gives a fresh policy with the same settings)
+    phase: str = field(default="warmup", init=False)
+    choice: str = field(default="none", init=False)
+    step: int = field(default=0, init=False)
     """training steps seen (all ranks count alike: the same SPMD passes)"""
-    decisions: list[AutoDecision] = field(default_factory=list)
-    _phase_start: int = 0
-    _samples: dict = field(default_factory=lambda: {p: [] for p in PATHS})
-    _reference: float | None = None
-    _reference_fraction: float | None = None
-    _recent: list = field(default_factory=list)
+    decisions: list[AutoDecision] = field(default_factory=list, init=False)
+    _phase_start: int = field(default=0, init=False)
+    _samples: dict = field(default_factory=lambda: {p: [] for p in PATHS}, init=False)
+    _reference: float | None = field(default=None, init=False)
+    _reference_fraction: float | None = field(default=None, init=False)
+    _recent: list = field(default_factory=list, init=False)
 
     # ------------------------------------------------------------- per step
     def path(self) -> str:

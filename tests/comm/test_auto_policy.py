@@ -99,3 +99,13 @@ def test_skipped_steps_are_not_timed():
 def test_table_choices_leave_all_distinct_tables_uncompressed():
     p = small()
     assert p.table_choices({"t_cat_0": 0.3, "t_cat_1": 0.97}) == {"t_cat_0": "dedup", "t_cat_1": "none"}
+
+
+def test_a_copied_policy_shares_no_state():
+    """Each all-to-all gets `dataclasses.replace(template)`: settings copied, state fresh."""
+    import dataclasses
+    template = small()
+    run(template, {"none": 0.010, "dedup": 0.006}, 30)
+    copy = dataclasses.replace(template)
+    assert copy.probe_steps == template.probe_steps and copy.phase == "warmup" and copy.decisions == []
+    assert copy._samples is not template._samples

@@ -47,7 +47,7 @@ class AutoCodec(EmbeddingCommCodec):
                          pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
         dedup = self._dedup.make_output_dist(stock_dist, layout, tables, pg, sharding_type)
         return AutoDist(stock_dist, dedup, layout, tables, pg, sharding_type,
-                        dataclasses.replace(self._policy, decisions=[]))
+                        dataclasses.replace(self._policy))  # fresh state per dist
 
 
 class AutoDist(nn.Module):
