@@ -86,3 +86,12 @@ def row_wise_layout_of(sharding: BaseRwEmbeddingSharding, world_size: int) -> Ro
 
 Layout = DistLayout | RowWiseLayout
 """what a codec is given: the wire layout of one sharding's all-to-all"""
+
+
+def layout_for(sharding_type: str, sharding, world_size: int) -> Layout | None:
+    """The wire layout of one sharding's output dist; None for sharding types without one."""
+    if sharding_type == "row_wise":
+        return row_wise_layout_of(sharding, world_size)
+    if sharding_type in ("table_wise", "column_wise", "table_column_wise"):
+        return layout_of(sharding)
+    return None

@@ -1,6 +1,7 @@
 """Codec names → codec instances, and the per-table codec choice from config.
 
-Lossless: `none`, `dedup`. LOSSY (training differs from `none`): TorchRec's
+Lossless: `none`, `dedup`, and `auto` (per all-to-all and table, whichever of
+the two measures faster). LOSSY (training differs from `none`): TorchRec's
 qcomms `fp16`, `bf16`, `int8`, `fp8` (GPU only), and dedup stacked with a
 lossy wire precision, `dedup+fp16`, `dedup+bf16`.
 """
@@ -13,6 +14,7 @@ import torch
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 
 from dlrmtrain.comm.codec import EmbeddingCommCodec
+from dlrmtrain.comm.codecs.auto import AutoCodec
 from dlrmtrain.comm.codecs.dedup import DedupCodec
 from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
@@ -20,6 +22,7 @@ from dlrmtrain.comm.codecs.none import NoneCodec
 _CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
     NoneCodec(),
     DedupCodec(),
+    AutoCodec(),
     DedupCodec(wire_dtype=torch.float16),
     DedupCodec(wire_dtype=torch.bfloat16),
     LossyQCommsCodec("fp16", CommType.FP16),

@@ -21,18 +21,10 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
-from dlrmtrain.comm.layout import Layout, layout_of, row_wise_layout_of
+from dlrmtrain.comm.layout import layout_for
 from dlrmtrain.comm.registry import codecs_per_table, get_codec, validate_codec_choice
 
 logger = logging.getLogger(__name__)
-
-
-def _layout(sharding_type: str, sharding, world_size: int) -> Layout | None:
-    if sharding_type == "row_wise":
-        return row_wise_layout_of(sharding, world_size)
-    if sharding_type in ("table_wise", "column_wise", "table_column_wise"):
-        return layout_of(sharding)
-    return None
 
 
 class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
@@ -54,7 +46,7 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
                                  f"{sorted(by_codec)}; one non-none codec per sharding type is supported")
             (name, coded), = by_codec.items()
             codec = get_codec(name)
-            layout = _layout(sharding_type, sharding, env.world_size)
+            layout = layout_for(sharding_type, sharding, env.world_size)
             if not codec.supports(sharding_type) or (layout is None and codec.needs_ids):
                 logger.warning("comm codec %r does not support %s sharding; tables %s use codec none",
                                name, sharding_type, sorted(coded))

@@ -42,21 +42,22 @@ class TableCommStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def add_rows(self, dim: int, wire_bytes: float, elem_bytes: int, *, sent: int = 0, received: int = 0,
-                 stock_sent: int = 0, stock_received: int = 0, bags: int = 0) -> None:
+                 stock_sent: int = 0, stock_received: int = 0, bags: int = 0, distinct: int | None = None) -> None:
         """Count one block of rows of width `dim` (every codec dist's byte accounting).
 
         `sent` / `received`: rows this rank put on / took off the wire forward at
         `wire_bytes` per value (backward moves the same rows the other way);
         `stock_*`: rows the stock collective would have moved at `elem_bytes`;
         `bags`: bags this rank received pooled embeddings for. Received rows
-        are the distinct bags that crossed the wire.
+        are the distinct bags that crossed the wire, unless `distinct` says
+        otherwise (a reduce-scatter receives several partial rows per bag).
         """
         sent_bytes, recv_bytes = round(sent * dim * wire_bytes), round(received * dim * wire_bytes)
         self.payload_fwd_sent_bytes += sent_bytes
         self.payload_bwd_recv_bytes += sent_bytes
         self.payload_fwd_recv_bytes += recv_bytes
         self.payload_bwd_sent_bytes += recv_bytes
-        self.unique_bags += received
+        self.unique_bags += received if distinct is None else distinct
         self.bags += bags
         self.uncompressed_fwd_sent_bytes += stock_sent * dim * elem_bytes
         self.uncompressed_fwd_recv_bytes += stock_received * dim * elem_bytes
@@ -83,6 +84,8 @@ class DistCommStats:
     """host syncs beyond the one per step: bags longer than the learned key width"""
     fallback_steps: int = 0
     """row-wise: steps that saw a multi-id bag and ran TorchRec's reduce-scatter instead"""
+    decisions: list[str] = field(default_factory=list)
+    """`auto`: each decision with its step and reason"""
 
     def table(self, name: str) -> TableCommStats:
         return self.tables.setdefault(name, TableCommStats())
@@ -90,8 +93,10 @@ class DistCommStats:
 
 def _codec_dists(model: nn.Module) -> list[DistCommStats]:
     # codec dists live in a plain list of the sharded module (like TorchRec's own
-    # dists), so they are found through the module that holds them
-    return [d.comm_stats for m in model.modules() for d in getattr(m, "codec_dists", [])]
+    # dists), so they are found through the module that holds them; `none`'s counters
+    # (stock_bytes.count_stock_dists) likewise
+    return [d.comm_stats for m in model.modules()
+            for d in [*getattr(m, "codec_dists", []), *getattr(m, "stock_counters", [])]]
 
 
 def _sum_over_ranks(per_table: dict[str, TableCommStats], seconds: list[float],
@@ -124,7 +129,9 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     steps = 0
     codec_s = transfer_s = 0.0
     extra_syncs = fallback_steps = 0
+    decisions: list[str] = []
     for d in _codec_dists(model):
+        decisions += [f"{d.sharding_type} {line}" for line in d.decisions]
         for name, t in d.tables.items():
             per_table.setdefault(name, TableCommStats()).add(t)
             codec_of[name] = d.table_codecs.get(name, d.codec)
@@ -145,13 +152,17 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         row = asdict(t)
         row["codec"] = codec_of[name]
         row["distinct_fraction"] = t.unique_bags / t.bags if t.bags else None
+        row["fwd_recv_bytes_per_pass"] = t.payload_fwd_recv_bytes / steps if steps else None
         row["payload_fwd_ratio"] = (t.uncompressed_fwd_recv_bytes / t.payload_fwd_recv_bytes
                                     if t.payload_fwd_recv_bytes else None)
         tables[name] = row
     total = TableCommStats()
     for t in per_table.values():
         total.add(t)
+    codecs = sorted(set(codec_of.values()))
     return {
+        "codecs": codecs,
+        "auto_decisions": decisions,
         "lossy_codecs": sorted(lossy),
         "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
         "steps": steps,
@@ -160,6 +171,10 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "extra_syncs": extra_syncs,
         "fallback_steps": fallback_steps,
         "total": asdict(total),
+        "fwd_recv_bytes_per_pass": total.payload_fwd_recv_bytes / steps if steps else None,
+        "payload_ratio_vs_none": (2 * total.uncompressed_fwd_recv_bytes
+                                  / (total.payload_fwd_recv_bytes + total.payload_bwd_recv_bytes)
+                                  if total.payload_fwd_recv_bytes + total.payload_bwd_recv_bytes else None),
         "tables": tables,
     }
 
@@ -173,7 +188,9 @@ def format_comm_summary(stats: dict) -> str:
     if not stats["tables"]:
         return "comm: no codec dists (codec none everywhere: TorchRec's stock all-to-all)"
     steps = max(stats["steps"], 1)
-    lines = [f"embedding all-to-all over {stats['steps']} forward passes (training steps and "
+    lines = [f"comm codec: {', '.join(stats.get('codecs', []))}"]
+    lines += [f"  auto {line}" for line in stats.get("auto_decisions", [])]
+    lines += [f"embedding all-to-all over {stats['steps']} forward passes (training steps and "
              f"eval batches; {stats['scope']}; MiB per pass)",
              f"{'table':<12} {'codec':<10} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
     for name, t in stats["tables"].items():
@@ -187,7 +204,10 @@ def format_comm_summary(stats: dict) -> str:
     ids = tot["id_recv_bytes"]
     with_ids = f"; with id all-to-all {(stock + ids) / (payload + ids):.2f}x" if ids else \
         " (id all-to-all not counted)"
-    lines.append(f"payload ratio (fwd+bwd) {stock / payload:.2f}x{with_ids}" if payload else "payload: 0 bytes")
+    lines.append(f"{'total':<12} {'':<10} {'':>8} {_mb(tot['payload_fwd_recv_bytes'] / steps)} "
+                 f"{_mb(tot['uncompressed_fwd_recv_bytes'] / steps)}")
+    lines.append(f"payload ratio to none (fwd+bwd) {stock / payload:.2f}x{with_ids}" if payload
+                 else "payload: 0 bytes")
     lines.append(f"codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"transfer {stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"extra host syncs {stats['extra_syncs']}")

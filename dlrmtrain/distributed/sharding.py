@@ -10,6 +10,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.sharder import make_ebc_sharder
+from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.config.schema import CommConfig, Config, OptimConfig
 from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
 from dlrmtrain.precision import embedding_output_dtype
@@ -39,4 +40,5 @@ def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
     sharder = build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type), device.type)
     plan = build_sharding_plan(model, cfg.sharding, world_size, device.type, sharder)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
+    count_stock_dists(dmp)  # bytes of the all-to-alls left to TorchRec's stock dist (codec none)
     return dmp, describe_plan(plan)

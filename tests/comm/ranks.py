@@ -31,6 +31,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.comm.stats import collect_comm_stats, format_comm_summary
+from dlrmtrain.comm.stock_bytes import count_stock_dists
 
 
 @dataclass(frozen=True)
@@ -181,9 +182,12 @@ def table_row_grads(features: KeyedJaggedTensor, embs_grad: torch.Tensor, dims: 
     return out
 
 
-def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
+def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock: bool = False) -> dict:
+    """Train sc.steps steps under `codec`; `count_stock` attaches none's byte counters to stock dists."""
     dmp, dense_opt = build(sc, codec, world_size)
     sebc = _sharded_ebc(dmp)
+    if count_stock:
+        count_stock_dists(dmp)
     captured: list = []
     dims_per_sharding = [list(s._emb_dim_per_rank_per_feature()[rank]) if hasattr(s, "_emb_dim_per_rank_per_feature")
                          else list(s.embedding_dims())  # row-wise: every feature, full width, on every rank
@@ -203,7 +207,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int) -> dict:
         dist_input = sebc.input_dist(ctx, kjt0).wait().wait()
         split = sebc.output_dist(ctx, sebc.compute(ctx, dist_input)).wait().to_dict()
     split_path_pooled = torch.cat([split[f] for f in dmp.module.features], dim=1)
-    for d in getattr(sebc, "codec_dists", []):  # count the training steps only
+    for d in [*getattr(sebc, "codec_dists", []), *getattr(sebc, "stock_counters", [])]:  # training steps only
         d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0, fallback_steps=0,
                                            transfer_seconds=0.0)
 
@@ -272,6 +276,11 @@ def compare(rank: int, world_size: int, sc: Scenario) -> dict:
 def compare_codecs(rank: int, world_size: int, sc: Scenario, codecs: tuple[str, ...]) -> dict:
     """Run each codec on this rank (same weights, same batches); results keyed by codec."""
     return to_numpy({codec: run_codec(sc, codec, rank, world_size) for codec in codecs})
+
+
+def compare_counted(rank: int, world_size: int, sc: Scenario, codecs: tuple[str, ...]) -> dict:
+    """`compare_codecs` with none's byte counters attached wherever the stock dist runs."""
+    return to_numpy({codec: run_codec(sc, codec, rank, world_size, count_stock=True) for codec in codecs})
 
 
 def to_numpy(obj):

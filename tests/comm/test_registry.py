@@ -13,7 +13,7 @@ FUSED = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
 
 
 def test_available_codecs() -> None:
-    assert available_codecs() == ["bf16", "dedup", "dedup+bf16", "dedup+fp16", "fp16", "fp8", "int8", "none"]
+    assert available_codecs() == ["auto", "bf16", "dedup", "dedup+bf16", "dedup+fp16", "fp16", "fp8", "int8", "none"]
 
 
 def test_none_everywhere_is_torchrecs_stock_sharder() -> None:

@@ -26,4 +26,7 @@ def test_dedup_tracks_none_in_the_trainer(tmp_path, extra):
     assert dedup["final_auc"] == pytest.approx(none["final_auc"], abs=1e-3)
     stats = json.loads((Path(tmp_path) / "dedup" / "comm_stats.json").read_text())
     assert stats["tables"] and all(t["codec"] == "dedup" for t in stats["tables"].values())
-    assert not (Path(tmp_path) / "none" / "comm_stats.json").exists()
+    # none names itself and counts what TorchRec's stock dist moved: dedup's "uncompressed"
+    plain = json.loads((Path(tmp_path) / "none" / "comm_stats.json").read_text())
+    assert plain["codecs"] == ["none"] and plain["payload_ratio_vs_none"] == 1.0
+    assert plain["total"]["payload_fwd_recv_bytes"] == stats["total"]["uncompressed_fwd_recv_bytes"]

@@ -147,16 +147,21 @@ def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: 
     if total == 0:
         return [block_unique(values, offsets[s:s], lengths[s:s], 1, n)
                 for s, n in zip(starts, num_embeddings)]
-    bags = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(starts, sizes)])
-    block = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+    nblocks = len(sizes)
+    # every block's bags and block index in a few whole-batch ops (no per-block tensors)
+    block = torch.repeat_interleave(torch.arange(nblocks, device=device),
                                     host_to_device(sizes, device), output_size=total)
+    bag_offsets = [0]
+    for n in sizes[:-1]:
+        bag_offsets.append(bag_offsets[-1] + n)
+    shift = host_to_device([s - o for s, o in zip(starts, bag_offsets)], device)
+    bags = torch.arange(total, device=device) + shift[block]
     lens = lengths[bags]
     if values.numel():
         ids = torch.where(lens > 0, values[offsets[bags].clamp(max=values.numel() - 1)].to(torch.int64), -1)
     else:
         ids = torch.full((total,), -1, dtype=torch.int64, device=device)
     limit = host_to_device(num_embeddings, device)[block]
-    nblocks = len(sizes)
     overflow = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block, (lens > 1).long())
     bad = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(
         0, block, ((lens > 0) & ((ids < 0) | (ids >= limit))).long())
@@ -167,14 +172,13 @@ def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: 
     inverse = rank - group_offset[block]
     first_global = torch.full((total,), total, dtype=torch.int64, device=device)
     first_global.scatter_reduce_(0, group, perm, reduce="amin", include_self=True)
-    out, bag_offset = [], 0
-    for j, size in enumerate(sizes):
-        pick = (group_offset[j] + torch.arange(size, device=device)).clamp_(max=total - 1)
-        first = first_global[pick] - bag_offset  # valid for u < count
-        out.append(BlockUnique(inverse[bag_offset:bag_offset + size], first, counts[j],
-                               overflow[j] > 0, bad[j] > 0))
-        bag_offset += size
-    return out
+    # first[j, u] for every block at once (valid for u < counts[j]); rows are sliced as views
+    widest = max(sizes)
+    pick = (group_offset.unsqueeze(1) + torch.arange(widest, device=device)).clamp_(max=total - 1)
+    first = first_global[pick] - host_to_device(bag_offsets, device).unsqueeze(1)
+    overflow, bad = (overflow > 0).unbind(), (bad > 0).unbind()
+    return [BlockUnique(inverse[o:o + n], first[j, :n], c, overflow[j], bad[j])
+            for j, (o, n, c) in enumerate(zip(bag_offsets, sizes, counts.unbind()))]
 
 
 def sorted_unique_one_hot(group: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor,

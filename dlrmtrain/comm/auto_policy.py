@@ -1,0 +1,153 @@
+"""When `comm.codec=auto` uses `dedup` and when `none`: the decision logic alone (no torch).
+
+`auto` must never make a run slower, and the only cost that settles that is
+the training step itself: dedup's kernels, the bytes it saves, the link and
+the overlap all land in it. So the policy times whole steps (the period
+between two training passes through one all-to-all) under each path:
+
+1. warm-up: the paths alternate for `warmup_steps` steps (first-call costs,
+   learned key widths, buffer pools), not timed;
+2. probe: the paths alternate for `probe_steps` steps each; the median step
+   time per path is this rank's measurement;
+3. decision: all ranks' medians are averaged by the caller (one small
+   all-reduce, so every rank decides alike: both ends of a block must use the
+   same codec) and `decide()` keeps the current path unless the other is
+   faster by more than `margin` (hysteresis; before the first decision the
+   current path is `none`, so dedup must clearly pay);
+4. steady: every `check_every` steps the caller asks `drifted()` (again
+   agreed over ranks); after at least `min_dwell` steps on one decision, a
+   step time or distinct fraction that moved by more than `drift` from what
+   the decision saw starts a new probe. Without drift the decision stays:
+   no flapping.
+
+Per table, within a `dedup` decision: a table whose distinct fraction is at
+least `table_keep_fraction` saves almost no bytes yet pays its unique; it
+travels uncompressed (`table_choices`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+PATHS = ("dedup", "none")
+"""alternation order while warming up and probing (dedup first: its key widths are learned early)"""
+
+
+@dataclass
+class AutoDecision:
+    choice: str
+    """`none` or `dedup`: the path every rank uses from now on"""
+    reason: str
+    step: int
+    none_seconds: float | None = None
+    dedup_seconds: float | None = None
+
+
+@dataclass
+class AutoPolicy:
+    warmup_steps: int = 4
+    probe_steps: int = 6
+    """timed steps per path in one probe"""
+    margin: float = 0.03
+    """the other path must be this much faster (relative) to switch"""
+    check_every: int = 50
+    min_dwell: int = 200
+    drift: float = 0.25
+    table_keep_fraction: float = 0.9
+
+    # state (not settings: `dataclasses.replace(policy)` gives a fresh policy with the same settings)
+    phase: str = field(default="warmup", init=False)
+    choice: str = field(default="none", init=False)
+    step: int = field(default=0, init=False)
+    """training steps seen (all ranks count alike: the same SPMD passes)"""
+    decisions: list[AutoDecision] = field(default_factory=list, init=False)
+    _phase_start: int = field(default=0, init=False)
+    _samples: dict = field(default_factory=lambda: {p: [] for p in PATHS}, init=False)
+    _reference: float | None = field(default=None, init=False)
+    _reference_fraction: float | None = field(default=None, init=False)
+    _recent: list = field(default_factory=list, init=False)
+
+    # ------------------------------------------------------------- per step
+    def path(self) -> str:
+        """The path the current training step uses (the same on every rank)."""
+        if self.phase in ("warmup", "probe"):
+            return PATHS[(self.step - self._phase_start) % 2]
+        return self.choice
+
+    def observe(self, seconds: float) -> None:
+        """The time of the step just finished (it used `path()`); then advance one step."""
+        used = self.path()
+        if self.phase == "probe":
+            self._samples[used].append(seconds)
+        elif self.phase == "steady" and used == self.choice:
+            self._recent = (self._recent + [seconds])[-16:]
+        self.step += 1
+        if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
+            self._start("probe")
+
+    def skip(self) -> None:
+        """Advance one step without a time (the period held something else, e.g. an evaluation)."""
+        self.step += 1
+        if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
+            self._start("probe")
+
+    def _start(self, phase: str) -> None:
+        self.phase, self._phase_start = phase, self.step
+        self._samples = {p: [] for p in PATHS}
+
+    # ----------------------------------------------------------- decisions
+    def needs_decision(self) -> bool:
+        """Probe complete: the caller agrees `local_medians()` over ranks and calls `decide`."""
+        return self.phase == "probe" and all(len(s) >= self.probe_steps for s in self._samples.values())
+
+    def local_medians(self) -> tuple[float, float]:
+        return statistics.median(self._samples["none"]), statistics.median(self._samples["dedup"])
+
+    def decide(self, none_seconds: float, dedup_seconds: float, distinct_fraction: float | None = None) -> AutoDecision:
+        """Choose from step times agreed over ranks (identical inputs give identical choices)."""
+        times = {"none": none_seconds, "dedup": dedup_seconds}
+        current = self.choice
+        other = "dedup" if current == "none" else "none"
+        gain = 1.0 - times[other] / times[current] if times[current] > 0 else 0.0
+        if gain > self.margin:
+            choice = other
+            reason = f"{other} step {times[other] * 1e3:.1f} ms vs {current} {times[current] * 1e3:.1f} ms " \
+                     f"({gain:.1%} faster, > {self.margin:.0%} margin)"
+        else:
+            choice = current
+            reason = f"{current} kept: {other} step {times[other] * 1e3:.1f} ms vs {current} " \
+                     f"{times[current] * 1e3:.1f} ms ({gain:+.1%}, needs > {self.margin:.0%})"
+        decision = AutoDecision(choice, reason, self.step, none_seconds, dedup_seconds)
+        self.decisions.append(decision)
+        self.choice = choice
+        self._reference = times[choice]
+        self._reference_fraction = distinct_fraction
+        self._recent = []
+        self._start("steady")
+        return decision
+
+    def check_due(self) -> bool:
+        """Whether this step is a drift check point (the same steps on every rank)."""
+        return self.phase == "steady" and (self.step - self._phase_start) % self.check_every == 0 \
+            and self.step > self._phase_start
+
+    def local_drift(self, distinct_fraction: float | None = None) -> bool:
+        """This rank's view: has the chosen path's step time or distinct fraction moved by > `drift`?"""
+        if self.step - self._phase_start < self.min_dwell or self._reference is None:
+            return False
+        if len(self._recent) >= 8:
+            now = statistics.median(self._recent)
+            if abs(now - self._reference) > self.drift * self._reference:
+                return True
+        if distinct_fraction is not None and self._reference_fraction is not None:
+            return abs(distinct_fraction - self._reference_fraction) > self.drift * self._reference_fraction
+        return False
+
+    def reprobe(self) -> None:
+        """Some rank saw drift (agreed by the caller): probe both paths again."""
+        self._start("probe")
+
+    def table_choices(self, distinct_fraction: dict[str, float]) -> dict[str, str]:
+        """Under `dedup`: `none` for tables whose (agreed) distinct fraction leaves almost nothing to save."""
+        return {t: "none" if f >= self.table_keep_fraction else "dedup" for t, f in distinct_fraction.items()}

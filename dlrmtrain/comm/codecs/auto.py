@@ -1,0 +1,205 @@
+"""`auto`: lossless; per all-to-all (and per table) `none` or `dedup`, whichever measures faster.
+
+`AutoDist` holds TorchRec's stock dist and a `DedupDist` for the same tables
+and sends each training step through one of them, as `AutoPolicy`
+(comm/auto_policy.py) says: both alternate while it probes, then the faster
+one stays. Every choice is agreed over ranks with one small all-reduce, so
+both ends of every block always use the same path. Evaluation batches use the
+current choice (`none` while probing) and are not timed. Lossless either way:
+both paths give bitwise the same forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
+from torchrec.distributed.types import Awaitable
+
+from dlrmtrain.comm.auto_policy import AutoPolicy
+from dlrmtrain.comm.codec import EmbeddingCommCodec
+from dlrmtrain.comm.codecs.dedup import DedupCodec
+from dlrmtrain.comm.layout import Layout
+from dlrmtrain.comm.stats import DistCommStats, TableCommStats
+from dlrmtrain.comm.stock_bytes import count_stock_step
+
+logger = logging.getLogger(__name__)
+
+
+class AutoCodec(EmbeddingCommCodec):
+    name = "auto"
+    lossless = True
+    needs_ids = True  # its dedup path reads both ends' ids
+
+    def __init__(self, policy: AutoPolicy | None = None) -> None:
+        self._dedup = DedupCodec()
+        self._policy = policy or AutoPolicy()
+
+    def supports(self, sharding_type: str) -> bool:
+        return self._dedup.supports(sharding_type)
+
+    def make_output_dist(self, stock_dist: nn.Module, layout: Layout | None, tables: set[str],
+                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
+        dedup = self._dedup.make_output_dist(stock_dist, layout, tables, pg, sharding_type)
+        return AutoDist(stock_dist, dedup, layout, tables, pg, sharding_type,
+                        dataclasses.replace(self._policy))  # fresh state per dist
+
+
+class AutoDist(nn.Module):
+    """Drop-in output dist that routes each step through the stock dist or dedup's."""
+
+    def __init__(self, stock_dist: nn.Module, dedup_dist: nn.Module, layout: Layout, tables: set[str],
+                 pg: dist.ProcessGroup, sharding_type: str, policy: AutoPolicy) -> None:
+        super().__init__()
+        self.stock_dist = stock_dist
+        self.dedup_dist = dedup_dist
+        self.layout = layout
+        self.tables = set(tables)
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        self.sharding_type = sharding_type
+        self.policy = policy
+        self.table_choice = {t: "dedup" for t in sorted(self.tables)}
+        self.none_stats = DistCommStats(codec="none", sharding_type=sharding_type)
+        self._step_started: float | None = None  # perf_counter of the running training step
+        self._untimed = False                    # something else ran inside the current period
+        self._probe_base: dict[str, TableCommStats] | None = None  # dedup's counters when the probe began
+        self._say(f"comm auto ({sharding_type} tables {sorted(self.tables)}): probing none vs dedup "
+                  f"over the first {policy.warmup_steps + 2 * policy.probe_steps} training steps; dedup "
+                  f"is kept only if its step is > {policy.margin:.0%} faster")
+
+    # ------------------------------------------------------------- forward
+    def forward(self, local_embs: torch.Tensor,
+                sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
+        training = torch.is_grad_enabled() and local_embs.requires_grad
+        if not training:
+            self._untimed = True
+            path = self.policy.choice if self.policy.phase == "steady" else "none"
+            return self._run(path, local_embs, sharding_ctx)
+        now = time.perf_counter()
+        if self._step_started is not None:
+            if self._untimed:
+                self.policy.skip()
+            else:
+                self.policy.observe(now - self._step_started)
+        self._step_started, self._untimed = now, False
+        if self.policy.phase == "probe" and self._probe_base is None:
+            self._probe_base = self._dedup_tables_snapshot()
+            self._set_dedup_tables(self.tables)
+        if self.policy.needs_decision():
+            self._decide(local_embs.device)
+        elif self.policy.check_due():
+            self._check_drift(local_embs.device)
+        return self._run(self.policy.path(), local_embs, sharding_ctx)
+
+    def _run(self, path: str, local_embs: torch.Tensor, sharding_ctx) -> Awaitable[torch.Tensor]:
+        if path == "dedup":
+            return self.dedup_dist(local_embs, sharding_ctx)
+        W = self.layout.world_size
+        sizes = list(getattr(sharding_ctx, "batch_size_per_rank", None) or [])
+        if not sizes:  # TorchRec leaves it empty when every rank has the same batch
+            sizes = [local_embs.shape[0] // W] * W
+        count_stock_step(self.none_stats, self.layout, self.rank, sizes, local_embs.element_size())
+        return self.stock_dist(local_embs, sharding_ctx)
+
+    # ------------------------------------------------------------ decisions
+    def _agree(self, values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op, group=self.pg)
+        return t.tolist()
+
+    def _decide(self, device: torch.device) -> None:
+        W = self.layout.world_size
+        names = sorted(self.tables)
+        now = self._dedup_tables_snapshot()
+        counts = []
+        for t in names:
+            base = (self._probe_base or {}).get(t, TableCommStats())
+            cur = now.get(t, TableCommStats())
+            counts += [cur.bags - base.bags, cur.unique_bags - base.unique_bags]
+        agreed = self._agree([*self.policy.local_medians(), *counts], device)
+        none_s, dedup_s = agreed[0] / W, agreed[1] / W
+        fractions = {t: (agreed[3 + 2 * i] / agreed[2 + 2 * i]) if agreed[2 + 2 * i] else 1.0
+                     for i, t in enumerate(names)}
+        bags = sum(agreed[2::2])
+        overall = sum(agreed[3::2]) / bags if bags else None
+        decision = self.policy.decide(none_s, dedup_s, overall)
+        self._probe_base = None
+        reason = decision.reason
+        if decision.choice == "dedup" and hasattr(self.dedup_dist.planner, "dedup_tables"):
+            self.table_choice = self.policy.table_choices(fractions)
+            coded = {t for t, c in self.table_choice.items() if c == "dedup"}
+            if coded:
+                self._set_dedup_tables(coded)
+                plain = sorted(self.tables - coded)
+                if plain:
+                    reason += f"; tables {plain} uncompressed (distinct fraction >= " \
+                              f"{self.policy.table_keep_fraction})"
+            else:
+                self.policy.choice = decision.choice = "none"
+                reason += "; but every table's distinct fraction is >= " \
+                          f"{self.policy.table_keep_fraction}: none"
+        if decision.choice == "none":
+            self.table_choice = {t: "none" for t in names}
+        elif not hasattr(self.dedup_dist.planner, "dedup_tables"):
+            self.table_choice = {t: "dedup" for t in names}
+        decision.reason = reason
+        fr = ", ".join(f"{t} {f:.2f}" for t, f in fractions.items())
+        line = f"step {decision.step}: {decision.choice} ({reason}; distinct fractions {fr})"
+        self.none_stats.decisions.append(line)
+        self._say(f"comm auto ({self.sharding_type}): {line}")
+
+    def _check_drift(self, device: torch.device) -> None:
+        frac = None
+        if self.policy.choice == "dedup":
+            tot = self.dedup_dist.comm_stats.tables.values()
+            bags = sum(t.bags for t in tot)
+            frac = sum(t.unique_bags for t in tot) / bags if bags else None
+        drifted, = self._agree([float(self.policy.local_drift(frac))], device, op=dist.ReduceOp.MAX)
+        if drifted:
+            self._say(f"comm auto ({self.sharding_type}): step time or distinct fraction drifted at step "
+                      f"{self.policy.step}; probing again")
+            self.policy.reprobe()
+
+    def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:
+        return {t: dataclasses.replace(s) for t, s in self.dedup_dist.comm_stats.tables.items()}
+
+    def _set_dedup_tables(self, tables: set[str]) -> None:
+        planner = self.dedup_dist.planner
+        if hasattr(planner, "dedup_tables"):
+            planner.dedup_tables = set(tables)
+
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            print(text, flush=True)
+        logger.info(text)
+
+    # ---------------------------------------------------------------- stats
+    @property
+    def comm_stats(self) -> DistCommStats:
+        """Both paths' counters as one codec dist's (read by `collect_comm_stats`)."""
+        d = self.dedup_dist.comm_stats
+        tables: dict[str, TableCommStats] = {}
+        for src in (d.tables, self.none_stats.tables):
+            for name, t in src.items():
+                tables.setdefault(name, TableCommStats()).add(t)
+        return DistCommStats(
+            codec="auto", sharding_type=self.sharding_type, tables=tables,
+            table_codecs={t: f"auto:{self.table_choice.get(t, 'none')}" for t in tables},
+            steps=d.steps + self.none_stats.steps, codec_seconds=d.codec_seconds,
+            transfer_seconds=d.transfer_seconds, extra_syncs=d.extra_syncs, fallback_steps=d.fallback_steps,
+            decisions=list(self.none_stats.decisions))
+
+    @comm_stats.setter
+    def comm_stats(self, value: DistCommStats) -> None:
+        """Restart the counters from `value` (tests count training steps only)."""
+        d = self.dedup_dist.comm_stats
+        self.dedup_dist.comm_stats = dataclasses.replace(value, codec=d.codec, table_codecs=d.table_codecs,
+                                                         decisions=[])
+        self.none_stats = DistCommStats(codec="none", sharding_type=self.sharding_type,
+                                        decisions=list(self.none_stats.decisions))

@@ -1,0 +1,77 @@
+"""What TorchRec's stock output dist moves, counted from the wire layout and the batch sizes.
+
+Codec `none` keeps TorchRec's dist untouched; these counters only read the
+layout and the step's batch sizes, so `none` (and `auto` on its `none`
+path) report the same per-table bytes as `dedup`'s `uncompressed_*` figures.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+import torch.nn as nn
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout, layout_for
+from dlrmtrain.comm.stats import DistCommStats
+
+
+def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: list[int], elem: int) -> None:
+    """Add one pass of the stock dist (batch `sizes` per sample rank, `elem`-byte values) to `stats`."""
+    W = layout.world_size
+    B = sizes[rank]
+    if isinstance(layout, DistLayout):
+        for entry in layout.entries_per_rank[rank]:
+            for n in sizes:
+                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=n, stock_sent=n)
+        for entry in layout.all_entries():
+            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=B, stock_received=B, bags=B)
+    elif isinstance(layout, RowWiseLayout):
+        # the reduce-scatter: partial sums of every sample rank's bags out, W partial sums of its own in
+        for entry in layout.entries:
+            t = stats.table(entry.table)
+            for n in sizes:
+                t.add_rows(entry.dim, elem, elem, sent=n, stock_sent=n)
+            t.add_rows(entry.dim, elem, elem, received=W * B, stock_received=W * B, bags=B, distinct=B)
+    stats.steps += 1
+
+
+class StockDistCounter:
+    """Counts one stock output dist's passes; a forward pre-hook, so the dist itself is unchanged."""
+
+    def __init__(self, layout: Layout, rank: int, sharding_type: str) -> None:
+        self.layout, self.rank = layout, rank
+        tables = [e.table for e in (layout.all_entries() if isinstance(layout, DistLayout) else layout.entries)]
+        self.comm_stats = DistCommStats(codec="none", sharding_type=sharding_type,
+                                        table_codecs={t: "none" for t in tables})
+
+    def __call__(self, _module: nn.Module, args: tuple) -> None:
+        local_embs, ctx = args[0], (args[1] if len(args) > 1 else None)
+        W = self.layout.world_size
+        sizes = list(getattr(ctx, "batch_size_per_rank", None) or []) or [local_embs.shape[0] // W] * W
+        count_stock_step(self.comm_stats, self.layout, self.rank, sizes, local_embs.element_size())
+
+
+def count_stock_dists(model: nn.Module) -> int:
+    """Attach a `StockDistCounter` to every stock output dist left in `model` (codec `none`).
+
+    Codec dists count themselves; the counters land in each sharded EBC's
+    `stock_counters`, which `collect_comm_stats` reads. Returns how many were attached.
+    """
+    attached = 0
+    for m in model.modules():
+        if not isinstance(m, ShardedEmbeddingBagCollection) or getattr(m, "stock_counters", None):
+            continue
+        coded = {id(d) for d in getattr(m, "codec_dists", [])}
+        env = hooks.sharding_env(m)
+        counters = []
+        for (sharding_type, sharding), out_dist in zip(hooks.shardings(m), hooks.output_dists(m)):
+            layout = layout_for(sharding_type, sharding, env.world_size)
+            if id(out_dist) in coded or layout is None or hooks.qcomm_codecs(out_dist) is not None:
+                continue  # counted by the codec, no layout, or quantized by TorchRec's qcomms
+            counter = StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type)
+            out_dist.register_forward_pre_hook(counter)
+            counters.append(counter)
+        m.stock_counters = counters
+        attached += len(counters)
+    return attached

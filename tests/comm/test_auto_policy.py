@@ -1,0 +1,111 @@
+"""`auto`'s decision logic with injected step times (no ranks, no clock)."""
+
+from __future__ import annotations
+
+from dlrmtrain.comm.auto_policy import AutoPolicy
+
+
+def run(policy: AutoPolicy, step_seconds: dict[str, float], steps: int,
+        fraction: float | None = None) -> list[str]:
+    """Feed `steps` steps whose time depends only on the path taken; agree with yourself (one rank).
+
+    Returns the path of every step.
+    """
+    paths = []
+    for _ in range(steps):
+        if policy.needs_decision():
+            policy.decide(*policy.local_medians(), fraction)
+        elif policy.check_due() and policy.local_drift(fraction):
+            policy.reprobe()
+        path = policy.path()
+        paths.append(path)
+        policy.observe(step_seconds(path) if callable(step_seconds) else step_seconds[path])
+    return paths
+
+
+def small() -> AutoPolicy:
+    return AutoPolicy(warmup_steps=2, probe_steps=4, check_every=10, min_dwell=20)
+
+
+def test_none_when_dedup_cannot_pay():
+    p = small()
+    paths = run(p, {"none": 0.010, "dedup": 0.0137}, 200)
+    assert [d.choice for d in p.decisions] == ["none"]
+    assert set(paths[2 + 8:]) == {"none"}
+    assert "none kept" in p.decisions[0].reason
+
+
+def test_none_when_dedup_gains_less_than_the_margin():
+    p = small()
+    run(p, {"none": 0.010, "dedup": 0.0099}, 100)  # 1% faster: not worth the risk
+    assert [d.choice for d in p.decisions] == ["none"]
+
+
+def test_dedup_when_it_clearly_pays():
+    p = small()
+    paths = run(p, {"none": 0.010, "dedup": 0.006}, 200)
+    assert [d.choice for d in p.decisions] == ["dedup"]
+    assert set(paths[2 + 8:]) == {"dedup"}
+    assert "40.0% faster" in p.decisions[0].reason
+
+
+def test_no_flapping_when_paths_are_close_and_noisy():
+    """Times within the margin of each other, with noise: one decision, never a switch."""
+    p = small()
+    noise = iter([0.0, 0.0001, -0.0001, 0.00005, -0.00008, 0.00002] * 1000)  # ±1%: below the margin
+    paths = run(p, lambda path: {"none": 0.010, "dedup": 0.0101}[path] + next(noise), 1000)
+    assert all(d.choice == "none" for d in p.decisions)
+    steady = paths[2 + 8:]
+    switches = sum(a != b for a, b in zip(steady, steady[1:]))
+    assert switches == 0
+
+
+def test_drift_reprobes_after_min_dwell_and_switches_back():
+    """dedup pays, then the data turns distinct (dedup gets slow): auto re-probes and goes to none."""
+    p = small()
+    times = {"none": 0.010, "dedup": 0.006}
+    run(p, times, 50, fraction=0.2)
+    assert p.choice == "dedup"
+    times["dedup"] = 0.014
+    paths = run(p, times, 200, fraction=0.95)
+    assert [d.choice for d in p.decisions] == ["dedup", "none"]
+    assert paths[-1] == "none"
+    # after switching, it stays put: no further decisions without new drift
+    run(p, times, 300, fraction=0.95)
+    assert len(p.decisions) == 2
+
+
+def test_no_reprobe_before_min_dwell():
+    p = AutoPolicy(warmup_steps=2, probe_steps=4, check_every=10, min_dwell=1000)
+    times = {"none": 0.010, "dedup": 0.006}
+    run(p, times, 20)
+    times["dedup"] = 0.05
+    run(p, times, 500)
+    assert len(p.decisions) == 1 and p.choice == "dedup"
+
+
+def test_skipped_steps_are_not_timed():
+    """An evaluation inside a step period must not count as that path's time."""
+    p = small()
+    for _ in range(p.warmup_steps):
+        p.observe(0.01)
+    p.skip()  # this dedup step's period held an evaluation (10 s): not a sample
+    while not p.needs_decision():
+        p.observe({"none": 0.010, "dedup": 0.006}[p.path()])
+    assert max(p.local_medians()) < 1.0
+    assert p.decide(*p.local_medians()).choice == "dedup"
+
+
+def test_table_choices_leave_all_distinct_tables_uncompressed():
+    p = small()
+    assert p.table_choices({"t_cat_0": 0.3, "t_cat_1": 0.97}) == {"t_cat_0": "dedup", "t_cat_1": "none"}
+
+
+def test_a_copied_policy_shares_no_state():
+    """Each all-to-all gets `dataclasses.replace(template)`: settings copied, state fresh."""
+    import dataclasses
+    template = small()
+    run(template, {"none": 0.010, "dedup": 0.006}, 30)
+    copy = dataclasses.replace(template)
+    assert copy.probe_steps == template.probe_steps and copy.phase == "warmup" and copy.decisions == []
+    assert copy._samples is not template._samples
