@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MLPerf time-to-train reproduction, codec none and dedup side by side (2 CPU ranks, Gloo).
+# MLPerf time-to-train reproduction, codecs none, dedup and auto side by side (2 CPU ranks, Gloo).
 # Seeded runs (5 dlrm / 10 dlrm_dcnv2 per codec) → results/ + systems/, checked, scored, ratio,
 # and plots of every run in <out>/report/.
 #   bash scripts/mlperf_run.sh [--data /path/to/criteo_kaggle_sample.tsv.gz]
@@ -7,7 +7,7 @@
 #       $DLRMTRAIN_SHARED_DATA/criteo_kaggle_sample.tsv.gz; preprocessed once into
 #       data/criteo_kaggle_sample. Without either it says where Criteo's data comes from
 #       and runs the same flow on the calibrated synthetic `kaggle` profile.
-#   bash scripts/mlperf_run.sh --config C --out D [--codecs none,dedup] [--runs N] [key=value ...]
+#   bash scripts/mlperf_run.sh --config C --out D [--codecs none,dedup,auto] [--runs N] [key=value ...]
 #       anything else goes to `dlrmtrain mlperf` as is.
 set -euo pipefail
 cd "$(dirname "$0")/.."

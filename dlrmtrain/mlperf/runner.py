@@ -1,7 +1,7 @@
 """MLPerf time-to-train reproduction: N seeded runs per codec, checked and scored.
 
     python -m dlrmtrain.mlperf.runner --config configs/mini_mlperf.yaml \\
-        --out runs/mlperf_mini [--codecs none,dedup] [--runs N] [--nproc 2]
+        --out runs/mlperf_mini [--codecs none,dedup,auto] [--runs N] [--nproc 2]
         [--link-gbit G [--link-latency-ms L]] [key=value ...]
 
 For each run index i (seed = run.seed + i) and each codec, in interleaved
@@ -228,11 +228,10 @@ def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
         times = ", ".join("not converged" if r.minutes is None else f"{r.minutes:.3f}"
                           for r in o.score.runs)
         lines += [f"  codec {o.codec:<6} {o.score.summary()}", f"    run times (min): {times}"]
-    ratio = speedup(outcomes)
-    if ratio is not None:
-        first, second = outcomes[0].codec, outcomes[1].codec
-        lines.append(f"  ratio {first} / {second} = {ratio:.3f} "
-                     f"({'>1: ' + second + ' is faster' if ratio > 1 else '<=1: no gain from ' + second})")
+    first = outcomes[0].codec if outcomes else None
+    for other, ratio in ratios_to_first(outcomes).items():
+        lines.append(f"  ratio {first} / {other} = {ratio:.3f} "
+                     f"({'>1: ' + other + ' is faster' if ratio > 1 else '<=1: no gain from ' + other})")
     if outcomes and outcomes[0].checks:
         lines.append(f"  check one yourself: {outcomes[0].checks[0].command}")
     lines.append("=" * 72)
@@ -241,9 +240,17 @@ def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
 
 def speedup(outcomes: list[CodecOutcome]) -> float | None:
     """Score of the first codec over the second's (None unless both scored)."""
-    if len(outcomes) < 2 or None in (outcomes[0].score.minutes, outcomes[1].score.minutes):
+    if len(outcomes) < 2:
         return None
-    return outcomes[0].score.minutes / outcomes[1].score.minutes
+    return ratios_to_first(outcomes[:2]).get(outcomes[1].codec)
+
+
+def ratios_to_first(outcomes: list[CodecOutcome]) -> dict[str, float]:
+    """Score of the first codec (the baseline, e.g. none) over each other scored codec's."""
+    if not outcomes or outcomes[0].score.minutes is None:
+        return {}
+    base = outcomes[0].score.minutes
+    return {o.codec: base / o.score.minutes for o in outcomes[1:] if o.score.minutes is not None}
 
 
 def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
@@ -260,6 +267,7 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
             "failed_rules": [sorted(str(k) for k in c.failed_keys) for c in o.checks],
         } for o in outcomes},
         "ratio_first_over_second": speedup(outcomes),
+        "ratios_to_first": ratios_to_first(outcomes),
     }
     path = plan.out / "summary.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
@@ -270,7 +278,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrmtrain mlperf", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, required=True, help="run config (YAML)")
     p.add_argument("--out", type=Path, required=True, help="submission tree to write")
-    p.add_argument("--codecs", default="none,dedup", help="comma-separated (default: none,dedup)")
+    p.add_argument("--codecs", default="none,dedup,auto",
+                   help="comma-separated, the first is the baseline of the ratios "
+                        "(default: none,dedup,auto)")
     p.add_argument("--runs", type=int, default=None, help="runs per codec (default: MLPerf's)")
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (default: 2)")
     p.add_argument("--ruleset", default=None, help="default: 2.1.0 (dlrm), 6.0.0 (dlrm_dcnv2)")

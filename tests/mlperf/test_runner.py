@@ -10,7 +10,7 @@ import pytest
 from dlrmtrain.config.loader import dump_config
 from dlrmtrain.mlperf.compliance import ComplianceResult
 from dlrmtrain.mlperf.scoring import RunTime, olympic_score
-from dlrmtrain.mlperf.runner import CodecOutcome, main, speedup
+from dlrmtrain.mlperf.runner import CodecOutcome, main, ratios_to_first, speedup
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 
@@ -86,6 +86,9 @@ def test_ratio_is_first_codec_score_over_second():
     assert speedup([none, dedup]) == pytest.approx(1.5)
     failed = _outcome("dedup", 7.0, None, None, 10.0, 6.0)   # two non-converged: no score
     assert speedup([none, failed]) is None
+    auto = _outcome("auto", 5.0, 6.0, 6.0, 6.0, 7.0)        # score 6
+    assert ratios_to_first([none, dedup, failed, auto]) == pytest.approx({"dedup": 1.5, "auto": 2.0})
+    assert ratios_to_first([failed, none]) == {}              # no baseline score: no ratio
 
 
 def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
