@@ -107,7 +107,9 @@ def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
     plan = plan_from_args(args)
     cmd = run_command(plan, "dedup", 0)
     assert cmd[:3] == ["unshare", "--net", "--"]
-    assert cmd[cmd.index("--gbit") + 1] == "1.0" and "dlrmtrain.train" in cmd
+    assert cmd[cmd.index("--gbit") + 1] == "1.0"
+    behind_link = cmd[cmd.index("--", 3) + 1:]  # what runs inside the shaped namespace
+    assert behind_link[1:4] == ["-m", "dlrmtrain", "train"]
     assert plan.system("dedup") == "cpu2_gloo_link-1gbit_codec-dedup"
     unshaped = plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o2")]))
     assert run_command(unshaped, "none", 0)[0] != "unshare"
