@@ -25,6 +25,7 @@ from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.sharding import shard_model
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
 from dlrmtrain.errors import SetupError
+from dlrmtrain.features import TABLE_NAMES
 from dlrmtrain.metrics.run_records import (RunClaim, checkpoint_dir_of, claim_run_dir,
                                            open_run_records)
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
@@ -160,7 +161,7 @@ class Trainer:
         rows = table_rows(self.cfg)
         model = build_model(self.cfg, rows, self.env.device)
         dmp, plan_text = shard_model(model, self.cfg, self.env.device, self.env.world_size)
-        init_embeddings(dmp, {f"t_cat_{i}": n for i, n in enumerate(rows)}, self.cfg.run.seed)
+        init_embeddings(dmp, dict(zip(TABLE_NAMES, rows)), self.cfg.run.seed)
         return dmp, plan_text
 
     def _print(self, text: str) -> None:

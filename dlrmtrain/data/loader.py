@@ -36,7 +36,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.features import CAT_KEYS
+from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
 from dlrmtrain.data.parts import Part, RowBlock, concat_blocks
 
 LAST_BATCH_POLICIES = ("drop", "partial", "pad")
@@ -60,7 +60,7 @@ def check_ids_in_range(block: RowBlock, table_rows: Sequence[int], first_row: in
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= table_rows[t]):
             bad = int(ids.max()) if ids.max() >= table_rows[t] else int(ids.min())
-            raise ValueError(f"table t_cat_{t}: id {bad} in rows {first_row}..{first_row + len(block) - 1} "
+            raise ValueError(f"table {TABLE_NAMES[t]}: id {bad} in rows {first_row}..{first_row + len(block) - 1} "
                              f"is outside its {table_rows[t]} rows (corrupt data, or data.table_sizes "
                              f"smaller than the data's vocabulary)")
 
