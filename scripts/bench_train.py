@@ -24,6 +24,12 @@ overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`. The plain
 TorchRec contender (TorchRec's `DLRM` for `dlrm_v1`, `DLRM_DCN` for `dlrm_dcnv2`)
 runs too unless `--no-plain`. Ratios are printed against the first contender
 (dlrmtrain with the shape's config) and against plain TorchRec; `--json` writes them.
+
+It also prints, on rank 0, each codec's own time on the step's critical path
+(its kernels, plan and launches: the comm stats' codec time over the timed
+blocks) next to the first contender's embedding all-to-all time (Gloo's
+all_to_all durations under the torch profiler, one extra block): the issue's
+goal is codec time ≤ 20% of `none`'s all-to-all time at MLPerf's shape.
 """
 
 from __future__ import annotations
@@ -83,6 +89,29 @@ def loopback_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def codec_seconds_so_far(trainer) -> float:
+    """This rank's codec time so far (all of the model's codec all-to-alls)."""
+    from dlrmtrain.comm.stats import collect_comm_stats
+    stats = collect_comm_stats(trainer.model)
+    return stats["codec_seconds_per_step"] * stats["steps"]
+
+
+def all_to_all_seconds(step, block) -> float:
+    """Per step, the time Gloo's all_to_all ops of `step` took on this rank (torch profiler)."""
+    import torch.distributed as dist
+    from torch.profiler import profile
+
+    from dlrmtrain.metrics.step_breakdown import collective_category
+    dist.barrier()
+    with profile() as prof:
+        for b in block:
+            step(b)
+    dist.barrier()
+    us = sum(e.cpu_time_total for e in prof.events()
+             if collective_category(e.name) == "all_to_all (embeddings)")
+    return us / 1e6 / len(block)
 
 
 def relaunch_under_torchrun(args: argparse.Namespace) -> None:
@@ -197,10 +226,13 @@ def main() -> None:
         epoch += 1
 
     link_bytes: dict[str, list[float]] = {n: [] for n in steppers}
+    trainers = {"dlrmtrain": trainer, **{f"dlrmtrain {vs}": t for vs, t in zip(args.vs, others)}}
+    codec_seconds = {n: 0.0 for n in trainers}
 
     def timed(step, block, name=None) -> float:
         dist.barrier()
         sent0 = loopback_bytes()
+        codec0 = codec_seconds_so_far(trainers[name]) if name in trainers else 0.0
         t0 = time.perf_counter()
         for b in block:
             step(b)
@@ -208,6 +240,8 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         if name and sent0 is not None:
             link_bytes[name].append((loopback_bytes() - sent0) / len(block))
+        if name in trainers:
+            codec_seconds[name] += codec_seconds_so_far(trainers[name]) - codec0
         return seconds / len(block)
 
     names = list(steppers)
@@ -218,6 +252,8 @@ def main() -> None:
         block = batches[args.steps * (r + 1): args.steps * (r + 2)]
         for name in (names if r % 2 == 0 else names[::-1]):
             blocks[name].append(timed(steppers[name], block, name))
+
+    base_all_to_all = all_to_all_seconds(steppers[names[0]], batches[:args.steps])
 
     if env.is_main:
         gbs = cfg.run.global_batch_size
@@ -241,6 +277,14 @@ def main() -> None:
                 goal = "  (goal ≤ 1.02)" if name == base else ""
                 print(f"  ratio ({name}) / plain step time: "
                       f"{median[name] / median['plain TorchRec DMP']:.3f}{goal}")
+        steps_timed = args.steps * args.rounds
+        print(f"  codec time on the critical path vs ({base})'s embedding all-to-all, rank 0 "
+              f"(goal ≤ 20% at MLPerf's shape): all-to-all {1000 * base_all_to_all:.1f} ms/step")
+        for name in trainers:
+            ms = 1000 * codec_seconds[name] / steps_timed
+            if ms > 0:
+                print(f"    {name:<{width}} codec {ms:7.1f} ms/step = "
+                      f"{100 * ms / max(1000 * base_all_to_all, 1e-9):.0f}% of it")
         if all(link_bytes.values()):
             print("  bytes through lo per step (all ranks, both directions; exact only inside "
                   "shaped_link's private namespace): "
@@ -254,6 +298,8 @@ def main() -> None:
                 "blocks_ms": {n: [1000 * x for x in b] for n, b in blocks.items()},
                 "loopback_mb_per_step": {n: statistics.median(b) / 1e6
                                          for n, b in link_bytes.items() if b},
+                "codec_ms_per_step": {n: 1000 * s / steps_timed for n, s in codec_seconds.items()},
+                "base_all_to_all_ms_per_step": 1000 * base_all_to_all,
             }, indent=2) + "\n")
     del steppers
     trainer.close()

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 scripts/profile_dedup.py [--steps 40] [overrides...]
 
-Runs dlrmtrain's own training loop (configs/quickstart.yaml plus overrides,
+Runs dlrmtrain's own training loop (configs/quickstart.yaml or --config, plus overrides,
 codec dedup unless overridden) with timers wrapped around the functions
 training calls: the table-wise planner's stages and the four row kernels.
 Rank 0 prints ms per step for each, after the first 5 steps (warm-up).
@@ -39,8 +39,11 @@ def timed(owner, name: str, label: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--config", default=str(REPO / "configs/quickstart.yaml"),
+                   help="run config (default: configs/quickstart.yaml)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    from dlrmtrain.comm import buffers
     from dlrmtrain.comm.codecs import dedup_comm, dedup_tw
     from dlrmtrain.comm.codecs.dedup_dist import DedupDist
     from dlrmtrain.config import load_config
@@ -51,15 +54,18 @@ def main() -> None:
     for name in ("_uniques", "_read_counts", "_build_plan", "_account"):
         timed(P, name, f"plan.{name}")
     timed(P, "plan", "plan (total)")
-    for name in ("gather_rows", "expand_rows", "segment_sum_rows", "scatter_rows"):
+    for name in ("gather_rows", "expand_rows", "segment_sum_rows"):
         timed(dedup_comm, name, f"kernel.{name}")
+    timed(buffers, "scatter_rows", "kernel.scatter_rows")
+    timed(buffers.BufferPool, "scattered", "grad buffer (reset + scatter)")
     timed(dedup_comm, "_timed_wait", "transfer wait")
     timed(DedupDist, "forward", "dist.forward (plan + launch)")
 
     overrides = ["comm.codec=dedup", "eval.enabled=false", f"run.max_steps={args.steps}",
-                 "run.name=profile_dedup", "run.output_dir=/tmp/dlrmtrain_profile", "logging.progress_bar=false",
+                 "run.name=profile_dedup", "run.output_dir=/tmp/dlrmtrain_profile", "run.overwrite=true",
+                 "logging.progress_bar=false",
                  *args.overrides]
-    cfg = load_config(str(REPO / "configs/quickstart.yaml"), overrides)
+    cfg = load_config(args.config, overrides)
     env = init_distributed(cfg.run.device)
     trainer = Trainer(cfg, env)
     trainer.train()

@@ -27,7 +27,8 @@ _COLLECTIVE = re.compile(r"(gloo|nccl)[:_].*?(all_?to_?all|reduce_?scatter|all_?
                          re.IGNORECASE)
 
 
-def _category(name: str) -> str | None:
+def collective_category(name: str) -> str | None:
+    """The collective a profiler event is (by its backend's name for it), or None."""
     m = _COLLECTIVE.search(name)
     if not m:
         return None
@@ -86,7 +87,7 @@ class StepBreakdown:
         prof, self._profiler = self._profiler, None
         prof.__exit__(None, None, None)
         for event in prof.events():
-            cat = _category(event.name)
+            cat = collective_category(event.name)
             if cat is None:
                 continue
             us = event.device_time_total if self.device.type == "cuda" else event.cpu_time_total

@@ -35,3 +35,36 @@ def test_zeroed_and_grown_on_demand() -> None:
     del a
     b = pool.get((3, 3), torch.float32, torch.device("cpu"), zero=True)
     assert b.shape == (3, 3) and torch.equal(b, torch.zeros(3, 3))
+
+
+def _scatter_into_zeros(shape, index, rows):
+    return torch.zeros(shape).index_copy_(0, index, rows)
+
+
+def test_scattered_clears_what_the_last_scatter_wrote() -> None:
+    """A reused gradient buffer is reset at last step's rows only: every other
+    row must still read zero, whatever get() or another shape did in between."""
+    pool = BufferPool(slots=1)
+    g = torch.Generator().manual_seed(0)
+    shape = (50, 4)
+    for step in range(6):
+        index = torch.randperm(50, generator=g)[: 5 + 7 * step % 40]
+        rows = torch.randn(index.numel(), 4, generator=g)
+        out = pool.scattered(shape, index, rows)
+        assert torch.equal(out, _scatter_into_zeros(shape, index, rows)), step
+        ptr = out.data_ptr()
+        del out
+        if step == 2:  # someone else writes the whole slot: the next scatter must clear it all
+            pool.get((200,), torch.float32, torch.device("cpu")).fill_(3.0)
+        if step == 4:  # another shape over the same storage
+            pool.scattered((25, 8), torch.tensor([1]), torch.ones(1, 8))
+    assert pool.scattered(shape, index, rows).data_ptr() == ptr  # it did reuse the storage
+
+
+def test_scattered_while_the_last_one_is_held_gives_fresh_zeros() -> None:
+    pool = BufferPool(slots=1)
+    held = pool.scattered((6, 2), torch.tensor([0, 5]), torch.ones(2, 2))
+    other = pool.scattered((6, 2), torch.tensor([3]), torch.full((1, 2), 2.0))
+    assert other.data_ptr() != held.data_ptr()
+    assert torch.equal(other, _scatter_into_zeros((6, 2), torch.tensor([3]), torch.full((1, 2), 2.0)))
+    assert torch.equal(held, _scatter_into_zeros((6, 2), torch.tensor([0, 5]), torch.ones(2, 2)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dlrmtrain.comm.codecs import dedup_kernels
 from dlrmtrain.comm.codecs.dedup_kernels import (
     block_unique,
     expand_rows,
@@ -76,6 +77,20 @@ def test_expand_and_segment_sum_are_adjoint() -> None:
     assert torch.equal(summed[1], torch.zeros(3))
 
 
+@pytest.mark.parametrize("width", [1, 3, 16, 128])
+def test_segment_sum_is_bitwise_index_add(width: int) -> None:
+    """The fused path must add each segment's rows in the same order as index_add_."""
+    g = torch.Generator().manual_seed(width)
+    index = torch.randint(0, 50, (4000,), generator=g) ** 2 // 50  # skewed: long and empty segments
+    rows = torch.randn(4000, width, generator=g) * torch.logspace(-6, 6, 4000).unsqueeze(1)
+    want = torch.zeros(60, width).index_add_(0, index, rows)
+    assert torch.equal(segment_sum_rows(rows, index, 60), want)
+    assert torch.equal(segment_sum_rows(rows[:0], index[:0], 5), torch.zeros(5, width))
+    half = rows.to(torch.bfloat16)
+    assert torch.equal(segment_sum_rows(half, index, 60),
+                       torch.zeros(60, width, dtype=torch.bfloat16).index_add_(0, index, half))
+
+
 def test_batched_one_hot_blocks_equal_block_by_block() -> None:
     g = torch.Generator().manual_seed(3)
     bags = [[i] if i < 5 else [] for i in torch.randint(0, 7, (60,), generator=g).tolist()]
@@ -94,6 +109,29 @@ def test_batched_one_hot_blocks_equal_block_by_block() -> None:
     values, offsets, lengths = _kjt_parts([[1], [9], [2]])
     assert [bool(u.bad_ids) for u in one_hot_blocks_unique(values, offsets, lengths, [0, 1], [1, 2], [5, 5])] \
         == [False, True]
+
+
+def test_equal_contiguous_blocks_match_block_by_block() -> None:
+    """The table-wise owner's layout (equal blocks tiling a range) takes the
+    broadcast path; it must give what block_unique gives per block, bitwise."""
+    g = torch.Generator().manual_seed(5)
+    bags = [[i] if i < 9 else [] for i in torch.randint(0, 11, (3 + 4 * 16,), generator=g).tolist()]
+    bags[3 + 16 + 2] = [4, 1]   # overflow in block 1 only
+    bags[3 + 2 * 16 + 5] = [7]  # 7 >= 6: a bad id in block 2 only
+    values, offsets, lengths = _kjt_parts(bags)
+    starts, nums = [3, 19, 35, 51], [9, 9, 6, 9]
+    assert dedup_kernels._equal_contiguous(starts, [16] * 4)
+    batched = one_hot_blocks_unique(values, offsets, lengths, starts, [16] * 4, nums)
+    for s, num, got in zip(starts, nums, batched):
+        want = block_unique(values, offsets[s:s + 16], lengths[s:s + 16], 1, num)
+        assert bool(got.overflow) == bool(want.overflow) and bool(got.bad_ids) == bool(want.bad_ids)
+        if not bool(want.overflow) and not bool(want.bad_ids):
+            c = int(want.count)
+            assert int(got.count) == c
+            assert torch.equal(got.inverse, want.inverse)
+            assert torch.equal(got.first[:c], want.first[:c])
+    assert [bool(u.overflow) for u in batched] == [False, True, False, False]
+    assert [bool(u.bad_ids) for u in batched] == [False, False, True, False]
 
 
 def test_int32_lengths_and_offsets_as_the_data_loader_builds_them() -> None:

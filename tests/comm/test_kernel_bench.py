@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = "dlrmtrain.comm.codecs.dedup_kernels"
 TRAINING = ["dlrmtrain/comm/codecs/dedup_comm.py", "dlrmtrain/comm/codecs/dedup_tw.py",
-            "dlrmtrain/comm/codecs/dedup_rw.py"]
+            "dlrmtrain/comm/codecs/dedup_rw.py", "dlrmtrain/comm/buffers.py"]
 
 
 def kernels_called(path: Path) -> set[str]:

@@ -33,7 +33,7 @@ from torchrec.distributed import comm_ops
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.buffers import BufferPool
-from dlrmtrain.comm.codecs.dedup_kernels import expand_rows, gather_rows, scatter_rows, segment_sum_rows
+from dlrmtrain.comm.codecs.dedup_kernels import expand_rows, gather_rows, segment_sum_rows
 from dlrmtrain.comm.stats import DistCommStats
 
 
@@ -139,8 +139,8 @@ class _DedupStart(torch.autograd.Function):
         if comm_ops.get_gradient_division():  # as TorchRec's all-to-all backward
             grad_send = grad_send / owner.world_size
         numel = math.prod(req.local_shape)
-        grad_local = owner.grad_pool.get((numel // plan.unit, plan.unit), req.dtype, grad_send.device, zero=True)
-        scatter_rows(grad_local, plan.send_index, grad_send.view(-1, plan.unit))
+        grad_local = owner.grad_pool.scattered((numel // plan.unit, plan.unit), plan.send_index,
+                                               grad_send.view(-1, plan.unit))
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = None
         return grad_local.view(req.local_shape), None
