@@ -13,7 +13,8 @@ def run(policy: AutoPolicy, step_seconds: dict[str, float], steps: int,
     """
     paths = []
     for _ in range(steps):
-        if policy.needs_decision():
+        if policy.needs_decision() or (policy.early_check_due()
+                                       and policy.clear_cut(policy.local_extremes())):
             policy.decide(*policy.local_medians(), fraction)
         elif policy.check_due() and policy.local_drift(fraction):
             policy.reprobe()
@@ -109,3 +110,34 @@ def test_a_copied_policy_shares_no_state():
     copy = dataclasses.replace(template)
     assert copy.probe_steps == template.probe_steps and copy.phase == "warmup" and copy.decisions == []
     assert copy._samples is not template._samples
+
+
+def test_a_clear_cut_probe_ends_after_min_probe_steps():
+    """1.7x apart with a little noise: decided after 2 steps per path, not 4."""
+    for times, want in (({"none": 0.017, "dedup": 0.010}, "dedup"), ({"none": 0.010, "dedup": 0.017}, "none")):
+        p = small()
+        noise = iter([0.0, 0.0003, -0.0002, 0.0001] * 100)
+        paths = run(p, lambda path: times[path] + next(noise), 40)
+        assert [d.choice for d in p.decisions] == [want]
+        assert p.decisions[0].step == 2 + 2 * 2
+        assert set(paths[2 + 4:]) == {want}
+
+
+def test_no_early_end_when_samples_overlap_or_gap_is_small():
+    # 8% apart: a clear winner by the margin, but not by clear_margin: the full probe runs
+    p = small()
+    run(p, {"none": 0.0108, "dedup": 0.010}, 40)
+    assert [d.choice for d in p.decisions] == ["dedup"] and p.decisions[0].step == 2 + 2 * 4
+    # 1.7x apart in the medians, but one slow dedup step (a load spike) overlaps none's
+    p = small()
+    spikes = iter([0.010, 0.030] + [0.010] * 100)  # warm-up step, then a slow probe step
+    run(p, lambda path: 0.017 if path == "none" else next(spikes), 40)
+    assert [d.choice for d in p.decisions] == ["dedup"] and p.decisions[0].step == 2 + 2 * 4
+
+
+def test_clear_cut_uses_every_ranks_extremes():
+    p = AutoPolicy()
+    one_rank = [0.020, -0.019, 0.011, -0.010]       # clear on this rank alone
+    slow_rank = [0.021, -0.019, 0.0185, -0.0105]    # another rank's slowest dedup step
+    agreed = [max(a, b) for a, b in zip(one_rank, slow_rank)]
+    assert p.clear_cut(one_rank) and not p.clear_cut(agreed)

@@ -70,7 +70,8 @@ class AutoDist(nn.Module):
         self._untimed = False                    # something else ran inside the current period
         self._probe_base: dict[str, TableCommStats] | None = None  # dedup's counters when the probe began
         self._say(f"comm auto ({sharding_type} tables {sorted(self.tables)}): probing none vs dedup "
-                  f"over the first {policy.warmup_steps + 2 * policy.probe_steps} training steps; dedup "
+                  f"over the first {policy.warmup_steps + 2 * policy.min_probe_steps}-"
+                  f"{policy.warmup_steps + 2 * policy.probe_steps} training steps; dedup "
                   f"is kept only if its step is > {policy.margin:.0%} faster")
 
     # ------------------------------------------------------------- forward
@@ -91,7 +92,9 @@ class AutoDist(nn.Module):
         if self.policy.phase == "probe" and self._probe_base is None:
             self._probe_base = self._dedup_tables_snapshot()
             self._set_dedup_tables(self.tables)
-        if self.policy.needs_decision():
+        if self.policy.needs_decision() or (
+                self.policy.early_check_due() and self.policy.clear_cut(
+                    self._agree(self.policy.local_extremes(), local_embs.device, op=dist.ReduceOp.MAX))):
             self._decide(local_embs.device)
         elif self.policy.check_due():
             self._check_drift(local_embs.device)
