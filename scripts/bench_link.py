@@ -8,7 +8,7 @@ shape it runs scripts/bench_train.py once behind that link
 block per contender is kept. Prints the ratios per bandwidth and saves a plot.
 
     python scripts/bench_link.py [--shapes mlperf quickstart] [--gbit 10 5 2 1 0.5]
-        [--codecs dedup] [--steps 5] [--rounds 3] [--out /tmp/bench_link]
+        [--codecs dedup auto] [--steps 5] [--warmup-steps 8] [--rounds 3] [--out /tmp/bench_link]
 
 The link is ONE loopback shared by both ranks and both directions (see
 shaped_link.py): at B Gbit/s the two ranks together move B Gbit/s.
@@ -37,9 +37,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bench_train.py shapes (default: mlperf quickstart)")
     p.add_argument("--gbit", nargs="+", type=float, default=[10, 5, 2, 1, 0.5],
                    help="shaped bandwidths, Gbit/s (an unshaped run always comes first)")
-    p.add_argument("--codecs", nargs="+", default=["dedup"], help="codecs compared with none")
+    p.add_argument("--codecs", nargs="+", default=["dedup", "auto"], help="codecs compared with none")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=3, help="timed blocks per contender")
+    p.add_argument("--warmup-steps", type=int, default=8,
+                   help="untimed steps per contender first (auto decides after 6 when the gap is clear)")
     p.add_argument("--no-plain", action="store_true", help="leave out plain TorchRec")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench_link"))
     p.add_argument("--timeout-min", type=float, default=30.0, help="per bench_train run")
@@ -52,6 +54,7 @@ def run_point(shape: str, link: LinkSpec | None, args: argparse.Namespace) -> di
     result = args.out / f"{shape}_{tag}.json"
     cmd = [sys.executable, str(REPO / "scripts/bench_train.py"), "--shape", shape,
            "--steps", str(args.steps), "--rounds", str(args.rounds), "--json", str(result),
+           "--warmup-steps", str(args.warmup_steps),
            "comm.codec=none", *(f"--vs=comm.codec={c}" for c in args.codecs)]
     if args.no_plain:
         cmd.append("--no-plain")

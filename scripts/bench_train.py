@@ -60,6 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=30, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=3, help="alternating blocks per contender")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="untimed steps per contender first (default: --steps); comm.codec=auto "
+                        "decides within 6-14 steps")
     p.add_argument("--shape", choices=sorted(SHAPES), default="quickstart")
     p.add_argument("--config", default=None, help="instead of the shape's config")
     p.add_argument("--vs", action="append", default=[], metavar="OVERRIDES",
@@ -218,7 +221,8 @@ def main() -> None:
             plain_opt.step()
         steppers["plain TorchRec DMP"] = plain_step
 
-    needed = args.steps * args.rounds + args.steps  # + one warm-up block each
+    warmup = args.steps if args.warmup_steps is None else args.warmup_steps
+    needed = args.steps * args.rounds + max(warmup, 1)
     batches = []
     epoch = 0
     while len(batches) < needed:
@@ -245,11 +249,13 @@ def main() -> None:
         return seconds / len(block)
 
     names = list(steppers)
-    for name in names:
-        timed(steppers[name], batches[:args.steps])
+    for name in names:  # warm-up: untimed, over batches the timed blocks never see
+        for first in range(0, warmup, max(args.steps, 1)):
+            timed(steppers[name], batches[first:min(first + args.steps, warmup)])
+    timed_batches = batches[warmup:]
     blocks: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
-        block = batches[args.steps * (r + 1): args.steps * (r + 2)]
+        block = timed_batches[args.steps * r: args.steps * (r + 1)]
         for name in (names if r % 2 == 0 else names[::-1]):
             blocks[name].append(timed(steppers[name], block, name))
 

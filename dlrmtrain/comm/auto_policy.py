@@ -5,8 +5,10 @@ the training step itself: dedup's kernels, the bytes it saves, the link and
 the overlap all land in it. So the policy times whole steps (the period
 between two training passes through one all-to-all) under each path:
 
-1. warm-up: the paths alternate for `warmup_steps` steps (first-call costs,
-   learned key widths, buffer pools), not timed;
+1. warm-up: `warmup_steps` steps, not timed, paths alternating from dedup
+   (whose first step learns key widths and fills its buffer pools; one step
+   is enough: a first-call cost left in a probe sample only delays a
+   clear-cut end, and the stock path has none worth a step);
 2. probe: the paths alternate for `probe_steps` steps each; the median step
    time per path is this rank's measurement. A clear-cut probe ends early:
    once each path has `min_probe_steps` samples, if every step of one path
@@ -51,7 +53,7 @@ class AutoDecision:
 
 @dataclass
 class AutoPolicy:
-    warmup_steps: int = 2
+    warmup_steps: int = 1
     probe_steps: int = 6
     """timed steps per path in one probe"""
     min_probe_steps: int = 2
