@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             r = ratios(point, args.codecs)
             sweep[shape].append({
                 "link": label, "ms_per_step": point["ms_per_step"], "ratios": r,
-                "blocks_ms": point["blocks_ms"],
+                "blocks_ms": point["blocks_ms"], "codec_ms_per_step": point.get("codec_ms_per_step"),
                 "loopback_mb_per_step": point.get("loopback_mb_per_step") if link else None,
                 "shape_text": f"{point['arch']}, global batch {point['global_batch_size']}"})
             print(f"[{shape}] {label:>9}: " + "  ".join(
