@@ -70,6 +70,10 @@ class RunConfig:
     pipeline: bool = False
     """Overlap the next batch's sparse input all-to-all with this batch's compute
     (TorchRec TrainPipelineSparseDist); same numbers as the plain loop."""
+    ddp_bucket_mb: int = 25
+    """Size of the dense gradients' all-reduce buckets (DDP `bucket_cap_mb`; TorchRec's
+    default 25). A bucket is reduced as soon as its gradients are ready, so smaller
+    buckets start the all-reduce earlier in the backward pass."""
     overwrite: bool = False
     """A new run refuses a run directory (or checkpoint dir) that holds another run;
     true: delete that run's records and checkpoints first."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.sharder import make_ebc_sharder
@@ -39,6 +39,8 @@ def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
     sharded model and a printable description of the plan."""
     sharder = build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type), device.type)
     plan = build_sharding_plan(model, cfg.sharding, world_size, device.type, sharder)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
+                                   data_parallel_wrapper=DefaultDataParallelWrapper(
+                                       bucket_cap_mb=cfg.run.ddp_bucket_mb))
     count_stock_dists(dmp)  # bytes of the all-to-alls left to TorchRec's stock dist (codec none)
     return dmp, describe_plan(plan)

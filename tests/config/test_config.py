@@ -97,6 +97,7 @@ def test_missing_config_file_is_named(tmp_path):
     (["model.bottom_mlp=[64, 32]"], 2, r"model\.bottom_mlp: the last width must equal"),
     (["model.top_mlp=[64, 2]"], 2, r"model\.top_mlp: the last width must be 1"),
     (["optim.lr=0"], 2, r"optim\.lr: must be positive"),
+    (["run.ddp_bucket_mb=0"], 2, r"run\.ddp_bucket_mb: must be positive"),
     (["data.multi_hot_sizes=[1, 2]"], 2, r"data\.multi_hot_sizes: 2 entries for 26 tables"),
     (["eval.target_auc=1.5"], 2, r"eval\.target_auc"),
     (["sharding.table_ranks={t_cat_0: 2}"], 2, r"sharding\.table_ranks\.t_cat_0: rank 2 is outside"),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dlrmtrain.config import load_config
 from tests.common import tiny_overrides, train_on_rank
 from tests.multiproc import run_ranks
 
@@ -49,3 +50,24 @@ def test_step_breakdown_on_request(tmp_path):
     # Table-wise embeddings cross ranks by all-to-all; dense grads by all-reduce.
     assert report["collective_ms_per_step"]["all_to_all (embeddings)"] > 0
     assert report["collective_ms_per_step"]["all_reduce (dense grads)"] > 0
+
+
+def _ddp_bucket_bytes(rank: int, world_size: int, out_dir: str, bucket_mb: int) -> int:
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import validate_config
+
+    cfg = load_config(None, tiny_overrides(out_dir, f"run.ddp_bucket_mb={bucket_mb}", f"run.name=b{bucket_mb}"))
+    validate_config(cfg, world_size)
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    ddp = trainer.model._dmp_wrapped_module  # DMP wraps the dense part in DDP
+    cap = ddp.bucket_bytes_cap
+    trainer.close()
+    del trainer, ddp
+    return cap
+
+
+def test_ddp_bucket_size_reaches_the_dense_all_reduce(tmp_path):
+    for mb in (2, 25):
+        caps = run_ranks(_ddp_bucket_bytes, 2, str(tmp_path), mb, timeout=120)
+        assert caps == [mb * 1024 * 1024] * 2
