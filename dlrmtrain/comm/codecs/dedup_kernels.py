@@ -135,7 +135,9 @@ def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int)
         out.index_add_(0, index, rows)
         return out
     order = torch.sort(index, stable=True).indices
-    sizes = torch.bincount(index, minlength=num_segments)
+    # counted by scatter, not bincount: bincount reads the max back to the host (a CUDA sync)
+    sizes = torch.zeros(num_segments, dtype=torch.int64, device=index.device).scatter_add_(
+        0, index.long(), torch.ones_like(index, dtype=torch.int64))
     return torch.nn.functional.embedding_bag(order, rows, torch.cumsum(sizes, 0) - sizes, mode="sum")
 
 
@@ -208,7 +210,10 @@ def _equal_contiguous_blocks_unique(values: torch.Tensor, offsets: torch.Tensor,
 
     Every per-block quantity is a row of an (nblocks, size) view, so the
     general path's per-bag gathers (block index, limits, group offsets) become
-    broadcasts; the sort and its result are the same, bitwise.
+    broadcasts; the sort and its result are the same, bitwise — except in a
+    block with ids outside [0, num_embeddings), whose ids are clamped into the
+    key range (its `bad_ids` is exact, and the plan raises on it before any
+    count or index is used).
     """
     device = lengths.device
     total = nblocks * size
