@@ -229,7 +229,8 @@ def _equal_contiguous_blocks_unique(values: torch.Tensor, offsets: torch.Tensor,
     radix = max(num_embeddings) + 1
     # ids clamped into the key's range so that each block keeps its own slice of
     # the sort even with bad ids (reported above; the plan raises on them)
-    key = torch.arange(nblocks, device=device).unsqueeze(1) * radix + (ids.clamp(-1, radix - 2) + 1)
+    block = torch.arange(nblocks, device=device).unsqueeze(1)
+    key = block * radix + (ids.clamp(-1, radix - 2) + 1)
     # the block index is the key's high part, so sorted positions
     # [j * size, (j + 1) * size) are block j's bags: per-block work is per row
     sorted_key, perm = torch.sort(key.view(-1), stable=True)
@@ -240,7 +241,7 @@ def _equal_contiguous_blocks_unique(values: torch.Tensor, offsets: torch.Tensor,
     inverse = torch.empty(total, dtype=torch.int64, device=device)
     inverse[perm] = local_group.view(-1)
     # the stable sort keeps equal ids in bag order: the smallest bag per group is its first
-    row_start = torch.arange(nblocks, device=device).unsqueeze(1) * size
+    row_start = block * size
     first = torch.full((nblocks, size), size, dtype=torch.int64, device=device)
     bag_in_block = perm.view(nblocks, size) - row_start
     first.view(-1).scatter_reduce_(0, (row_start + local_group).view(-1), bag_in_block.view(-1),
