@@ -1,0 +1,124 @@
+"""The DLRMv4 (HSTU on Yambda) feature layout every layer shares: feature and table
+names, table sizes, the batch the data yields and the model reads.
+
+Mirrors the MLPerf reference (mlcommons/training `recommendation_v4`,
+`dlrm_v4/configs.py` for `yambda-5b` and `dlrm_v4/datasets/dataset.py`'s `Samples`),
+so a batch here means what a batch there means. A leaf module (torch and
+torchrec's KJT only): the data path, the model and the scripts import this one
+definition without importing each other.
+
+A batch holds, per sample, its user-interaction history (UIH: one row per past
+event, oldest first, preceded by the contextual features) and its candidate
+(one item to score). Jagged features have one value per history position;
+contextual features (`uid` and the hashed crosses) one value per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+EMBEDDING_DIM = 512
+"""Width of every table in the full-size model (reference HSTU_EMBEDDING_DIM)."""
+
+# (name, keys hashed together, rows, salt): the reference's YAMBDA_5B_CROSS_SPECS.
+CROSS_SPECS: list[tuple[str, tuple[str, ...], int, int]] = [
+    ("user_x_artist", ("uid", "artist_id"), 100_000_000, 0),
+    ("user_x_album", ("uid", "album_id"), 40_000_000, 0),
+    ("user_x_hour", ("uid", "hour_of_day"), 24_000_000, 0),
+    ("item_x_hour", ("item_id", "hour_of_day"), 40_000_000, 0),
+    ("artist_x_hour", ("artist_id", "hour_of_day"), 32_000_000, 0),
+    ("user_x_is_organic", ("uid", "is_organic"), 2_000_000, 0),
+    ("user_x_artist_x_hour", ("uid", "artist_id", "hour_of_day"), 40_000_000, 0),
+]
+CROSS_NAMES: list[str] = [name for name, _keys, _rows, _salt in CROSS_SPECS]
+
+CONTEXTUAL_FEATURES: list[str] = ["uid", *CROSS_NAMES]
+"""One value per sample, placed before the history in the model's sequence."""
+
+UIH_FEATURES: list[str] = [
+    *CONTEXTUAL_FEATURES,
+    "item_id", "artist_id", "album_id",        # embedded, one per history event
+    "action_weight",                           # bits: 1 listen_plus, 2 like, 4 skip
+    "action_timestamp",                        # seconds
+    "dummy_watch_time",                        # zeros (the reference keeps the slot)
+]
+"""Keys of `SequenceBatch.uih`, in this order."""
+
+CANDIDATE_FEATURES: list[str] = [
+    "item_candidate_id", "item_candidate_artist_id", "item_candidate_album_id",
+    "item_query_time",                         # the candidate event's timestamp
+    "item_action_weight",                      # its action bits: the label source
+    "item_dummy_watchtime",
+]
+"""Keys of `SequenceBatch.candidates`, in this order (one value per sample each)."""
+
+UIH_TO_CANDIDATE: list[tuple[str, str]] = [
+    ("item_id", "item_candidate_id"),
+    ("artist_id", "item_candidate_artist_id"),
+    ("album_id", "item_candidate_album_id"),
+    ("action_weight", "item_action_weight"),
+    ("action_timestamp", "item_query_time"),
+    ("dummy_watch_time", "item_dummy_watchtime"),
+]
+"""The reference's merge_uih_candidate_feature_mapping."""
+
+# Table → (rows in the full-size model, features that share it).
+TABLES: dict[str, tuple[int, list[str]]] = {
+    "item_id": (9_390_624, ["item_id", "item_candidate_id"]),
+    "artist_id": (1_293_395, ["artist_id", "item_candidate_artist_id"]),
+    "album_id": (3_367_692, ["album_id", "item_candidate_album_id"]),
+    "uid": (1_000_001, ["uid"]),
+    **{name: (rows, [name]) for name, _keys, rows, _salt in CROSS_SPECS},
+}
+EMBEDDED_FEATURES: list[str] = [f for _rows, features in TABLES.values() for f in features]
+
+LISTEN_PLUS_BIT = 1
+"""`item_action_weight & LISTEN_PLUS_BIT` is the label (task `listen_plus`, weight 1)."""
+
+
+@dataclass
+class SequenceBatch:
+    """One rank's DLRMv4 batch (the reference's `Samples`).
+
+    `sparse` is `uih` and `candidates` concatenated (keys uih + candidates), built on
+    the data side so the sharded EmbeddingCollection's input is a plain attribute
+    of the batch (a pipeline can then run its input all-to-all at prefetch).
+    """
+
+    uih: KeyedJaggedTensor
+    candidates: KeyedJaggedTensor
+    sparse: KeyedJaggedTensor
+
+    @classmethod
+    def of(cls, uih: KeyedJaggedTensor, candidates: KeyedJaggedTensor) -> "SequenceBatch":
+        sparse = KeyedJaggedTensor.from_lengths_sync(
+            keys=uih.keys() + candidates.keys(),
+            values=torch.cat([uih.values(), candidates.values()]),
+            lengths=torch.cat([uih.lengths(), candidates.lengths()]),
+        )
+        return cls(uih, candidates, sparse)
+
+    @property
+    def batch_size(self) -> int:
+        return self.uih.stride()
+
+    def labels(self) -> torch.Tensor:
+        """float32 [B]: the candidate's listen_plus bit."""
+        bits = self.candidates["item_action_weight"].values()
+        return (bits.to(torch.int64) & LISTEN_PLUS_BIT).ne(0).to(torch.float32)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "SequenceBatch":
+        return SequenceBatch(self.uih.to(device, non_blocking=non_blocking),
+                             self.candidates.to(device, non_blocking=non_blocking),
+                             self.sparse.to(device, non_blocking=non_blocking))
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for kjt in (self.uih, self.candidates, self.sparse):
+            kjt.record_stream(stream)
+
+    def pin_memory(self) -> "SequenceBatch":
+        return SequenceBatch(self.uih.pin_memory(), self.candidates.pin_memory(),
+                             self.sparse.pin_memory())
