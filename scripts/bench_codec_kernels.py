@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python scripts/bench_codec_kernels.py --batch-size 4096 --tables 26 --dim 128
 
-Exactly the functions training runs (dlrmtrain/comm/codecs/dedup_kernels.py;
+Exactly the functions training runs (dlrmtrain/comm/dedup/kernels.py;
 tests/comm/test_kernel_bench.py checks that the two sets agree), importing
 torch alone (no TorchRec, no fbgemm), on one rank's worth of one-hot blocks: `--tables` features of `--batch-size` bags
 whose ids repeat so that about `--distinct` of them are distinct (the real
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from dlrmtrain.comm.codecs.dedup_kernels import (
+from dlrmtrain.comm.dedup.kernels import (
     block_unique,
     expand_rows,
     gather_rows,

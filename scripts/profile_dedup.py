@@ -43,22 +43,21 @@ def main() -> None:
                    help="run config (default: configs/quickstart.yaml)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
-    from dlrmtrain.comm import buffers
-    from dlrmtrain.comm.codecs import dedup_comm, dedup_tw
-    from dlrmtrain.comm.codecs.dedup_dist import DedupDist
+    from dlrmtrain.comm.dedup import buffers, table_wise, transport
+    from dlrmtrain.comm.dedup.dist import DedupDist
     from dlrmtrain.config import load_config
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer
 
-    P = dedup_tw.TableWisePlanner
+    P = table_wise.TableWisePlanner
     for name in ("_uniques", "_read_counts", "_build_plan", "_account"):
         timed(P, name, f"plan.{name}")
     timed(P, "plan", "plan (total)")
     for name in ("gather_rows", "expand_rows", "segment_sum_rows"):
-        timed(dedup_comm, name, f"kernel.{name}")
+        timed(transport, name, f"kernel.{name}")
     timed(buffers, "scatter_rows", "kernel.scatter_rows")
     timed(buffers.BufferPool, "scattered", "grad buffer (reset + scatter)")
-    timed(dedup_comm, "_timed_wait", "transfer wait")
+    timed(transport, "_timed_wait", "transfer wait")
     timed(DedupDist, "forward", "dist.forward (plan + launch)")
 
     overrides = ["comm.codec=dedup", "eval.enabled=false", f"run.max_steps={args.steps}",

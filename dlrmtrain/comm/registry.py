@@ -14,10 +14,10 @@ import torch
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 
 from dlrmtrain.comm.codec import EmbeddingCommCodec
-from dlrmtrain.comm.codecs.auto import AutoCodec
-from dlrmtrain.comm.codecs.dedup import DedupCodec
+from dlrmtrain.comm.auto.codec import AutoCodec
 from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
+from dlrmtrain.comm.dedup.codec import DedupCodec
 
 _CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
     NoneCodec(),

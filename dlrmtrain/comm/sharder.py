@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn as nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -23,6 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.layout import layout_for
 from dlrmtrain.comm.registry import codecs_per_table, get_codec, validate_codec_choice
+from dlrmtrain.comm.stats import CountsCommBytes
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
 
     def __init__(self, *args: Any, table_codecs: Mapping[str, str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.codec_dists: list[nn.Module] = []
+        # the codec dists installed below (`stats.COUNTERS_ATTR`; count_stock_dists appends none's counters)
+        self.comm_counters: list[CountsCommBytes] = []
         env = hooks.sharding_env(self)
         for i, (sharding_type, sharding) in enumerate(hooks.shardings(self)):
             by_codec: dict[str, set[str]] = {}
@@ -57,7 +58,7 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
             new_dist = codec.make_output_dist(stock, layout, coded, env.process_group, sharding_type)
             if new_dist is not stock:
                 hooks.replace_output_dist(self, i, new_dist)
-                self.codec_dists.append(new_dist)
+                self.comm_counters.append(new_dist)
                 logger.info("comm codec %r%s carries %s tables %s", name, "" if codec.lossless else " (LOSSY)",
                             sharding_type, sorted(coded))
 

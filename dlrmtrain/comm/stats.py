@@ -1,9 +1,10 @@
 """Byte and time counters of the embedding all-to-all, per table, and their summary.
 
 Codec dists add to a `DistCommStats` each step (host integers only: the counts
-come from the one host sync the all-to-all needs anyway). `collect_comm_stats`
-gathers every codec dist in a model into one JSON-serialisable dict for the
-run directory; `format_comm_summary` renders it for the end-of-run log.
+come from the one host sync the all-to-all needs anyway). Every counter of an
+all-to-all (the codec dists, `none`'s stock counters) is a `CountsCommBytes`,
+listed by its sharded module in `comm_counters`; `collect_comm_stats` gathers
+them into one JSON-serialisable dict for the run directory; `format_comm_summary` renders it for the end-of-run log.
 All figures are this rank's: bytes it put into / took out of the collectives
 (its own block included, as the all-to-all split sizes include it).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, fields
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -91,12 +93,26 @@ class DistCommStats:
         return self.tables.setdefault(name, TableCommStats())
 
 
-def _codec_dists(model: nn.Module) -> list[DistCommStats]:
-    # codec dists live in a plain list of the sharded module (like TorchRec's own
-    # dists), so they are found through the module that holds them; `none`'s counters
-    # (stock_bytes.count_stock_dists) likewise
-    return [d.comm_stats for m in model.modules()
-            for d in [*getattr(m, "codec_dists", []), *getattr(m, "stock_counters", [])]]
+@runtime_checkable
+class CountsCommBytes(Protocol):
+    """The counters of one embedding all-to-all: every codec dist, and `none`'s `StockDistCounter`."""
+
+    def counted_bytes(self) -> DistCommStats:
+        """This rank's counters so far."""
+        ...
+
+
+COUNTERS_ATTR = "comm_counters"
+"""a sharded EBC's list of its all-to-alls' `CountsCommBytes` (codec dists first, then stock counters)"""
+
+
+def comm_counters(module: nn.Module) -> list[CountsCommBytes]:
+    """Every all-to-all counter in `module`.
+
+    Codec dists live in a plain list of the sharded module (like TorchRec's own
+    dists, not submodules), so they are found through the module that lists them.
+    """
+    return [c for m in module.modules() for c in getattr(m, COUNTERS_ATTR, ())]
 
 
 def _sum_over_ranks(per_table: dict[str, TableCommStats], seconds: list[float],
@@ -130,7 +146,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     codec_s = transfer_s = 0.0
     extra_syncs = fallback_steps = 0
     decisions: list[str] = []
-    for d in _codec_dists(model):
+    for d in (c.counted_bytes() for c in comm_counters(model)):
         decisions += [f"{d.sharding_type} {line}" for line in d.decisions]
         for name, t in d.tables.items():
             per_table.setdefault(name, TableCommStats()).add(t)

@@ -13,7 +13,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout, layout_for
-from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.stats import COUNTERS_ATTR, CountsCommBytes, DistCommStats
 
 
 def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: list[int], elem: int) -> None:
@@ -51,27 +51,34 @@ class StockDistCounter:
         sizes = list(getattr(ctx, "batch_size_per_rank", None) or []) or [local_embs.shape[0] // W] * W
         count_stock_step(self.comm_stats, self.layout, self.rank, sizes, local_embs.element_size())
 
+    def counted_bytes(self) -> DistCommStats:
+        """`stats.CountsCommBytes`"""
+        return self.comm_stats
+
 
 def count_stock_dists(model: nn.Module) -> int:
     """Attach a `StockDistCounter` to every stock output dist left in `model` (codec `none`).
 
-    Codec dists count themselves; the counters land in each sharded EBC's
-    `stock_counters`, which `collect_comm_stats` reads. Returns how many were attached.
+    Codec dists count themselves; the counters join the codec dists in each
+    sharded EBC's `comm_counters` (`stats.COUNTERS_ATTR`), which
+    `collect_comm_stats` reads. Returns how many were attached.
     """
     attached = 0
     for m in model.modules():
-        if not isinstance(m, ShardedEmbeddingBagCollection) or getattr(m, "stock_counters", None):
+        listed = getattr(m, COUNTERS_ATTR, [])
+        if not isinstance(m, ShardedEmbeddingBagCollection) or any(isinstance(c, StockDistCounter)
+                                                                   for c in listed):
             continue
-        coded = {id(d) for d in getattr(m, "codec_dists", [])}
         env = hooks.sharding_env(m)
         counters = []
         for (sharding_type, sharding), out_dist in zip(hooks.shardings(m), hooks.output_dists(m)):
             layout = layout_for(sharding_type, sharding, env.world_size)
-            if id(out_dist) in coded or layout is None or hooks.qcomm_codecs(out_dist) is not None:
+            if (isinstance(out_dist, CountsCommBytes) or layout is None
+                    or hooks.qcomm_codecs(out_dist) is not None):
                 continue  # counted by the codec, no layout, or quantized by TorchRec's qcomms
             counter = StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type)
             out_dist.register_forward_pre_hook(counter)
             counters.append(counter)
-        m.stock_counters = counters
+        setattr(m, COUNTERS_ATTR, [*listed, *counters])
         attached += len(counters)
     return attached

@@ -182,7 +182,7 @@ class CommConfig:
     """Codec on the embedding all-to-all for every table. Lossless: `none` (TorchRec's stock
     dist), `dedup` (only the distinct rows of each block cross the wire) or `auto` (per
     all-to-all and table, `none` or `dedup`, whichever measures the faster step over the first
-    training steps; re-checked on drift; see dlrmtrain/comm/auto_policy.py). LOSSY baselines
+    training steps; re-checked on drift; see dlrmtrain/comm/auto/policy.py). LOSSY baselines
     (training differs from `none`): TorchRec's quantized comms `fp16`, `bf16`, `int8`, `fp8`
     (GPU only; run-wide, no per-table overrides), and `dedup+fp16` / `dedup+bf16` (dedup,
     then each unique row rounded on the wire)."""

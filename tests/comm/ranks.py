@@ -30,7 +30,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrmtrain.comm.sharder import make_ebc_sharder
-from dlrmtrain.comm.stats import collect_comm_stats, format_comm_summary
+from dlrmtrain.comm.stats import collect_comm_stats, comm_counters, format_comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 
 
@@ -207,7 +207,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
         dist_input = sebc.input_dist(ctx, kjt0).wait().wait()
         split = sebc.output_dist(ctx, sebc.compute(ctx, dist_input)).wait().to_dict()
     split_path_pooled = torch.cat([split[f] for f in dmp.module.features], dim=1)
-    for d in [*getattr(sebc, "codec_dists", []), *getattr(sebc, "stock_counters", [])]:  # training steps only
+    for d in comm_counters(sebc):  # training steps only
         d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0, fallback_steps=0,
                                            transfer_seconds=0.0)
 
@@ -263,7 +263,7 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str) -> di
         for a in awaitables:
             a.wait()
     result = {"per_step": per_step, "awaitables": kinds, "works": works,
-              "dists": len(getattr(sebc, "codec_dists", []))}
+              "dists": len(comm_counters(sebc))}  # codec dists only: no stock counters attached here
     del dmp, dense_opt, sebc
     return result
 

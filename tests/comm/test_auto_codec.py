@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.comm.auto_policy import AutoPolicy
+from dlrmtrain.comm.auto.policy import AutoPolicy
 from tests.comm.ranks import Scenario, Table, compare_counted
 from tests.comm.test_dedup_training import LOSS_RTOL
 from tests.multiproc import run_ranks

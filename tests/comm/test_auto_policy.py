@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlrmtrain.comm.auto_policy import AutoPolicy
+from dlrmtrain.comm.auto.policy import AutoPolicy
 
 
 def run(policy: AutoPolicy, step_seconds: dict[str, float], steps: int,

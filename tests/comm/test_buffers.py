@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dlrmtrain.comm.buffers import BufferPool
+from dlrmtrain.comm.dedup.buffers import BufferPool
 
 
 def test_reuses_a_released_buffer() -> None:

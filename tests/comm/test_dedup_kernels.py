@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrmtrain.comm.codecs import dedup_kernels
-from dlrmtrain.comm.codecs.dedup_kernels import (
+from dlrmtrain.comm.dedup import kernels
+from dlrmtrain.comm.dedup.kernels import (
     block_unique,
     expand_rows,
     one_hot_blocks_unique,
@@ -120,7 +120,7 @@ def test_equal_contiguous_blocks_match_block_by_block() -> None:
     bags[3 + 2 * 16 + 5] = [7]  # 7 >= 6: a bad id in block 2 only
     values, offsets, lengths = _kjt_parts(bags)
     starts, nums = [3, 19, 35, 51], [9, 9, 6, 9]
-    assert dedup_kernels._equal_contiguous(starts, [16] * 4)
+    assert kernels._equal_contiguous(starts, [16] * 4)
     batched = one_hot_blocks_unique(values, offsets, lengths, starts, [16] * 4, nums)
     for s, num, got in zip(starts, nums, batched):
         want = block_unique(values, offsets[s:s + 16], lengths[s:s + 16], 1, num)

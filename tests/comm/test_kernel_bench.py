@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-KERNELS = "dlrmtrain.comm.codecs.dedup_kernels"
-TRAINING = ["dlrmtrain/comm/codecs/dedup_comm.py", "dlrmtrain/comm/codecs/dedup_tw.py",
-            "dlrmtrain/comm/codecs/dedup_rw.py", "dlrmtrain/comm/buffers.py"]
+KERNELS = "dlrmtrain.comm.dedup.kernels"
+TRAINING = ["dlrmtrain/comm/dedup/transport.py", "dlrmtrain/comm/dedup/table_wise.py",
+            "dlrmtrain/comm/dedup/row_wise.py", "dlrmtrain/comm/dedup/buffers.py"]
 
 
 def kernels_called(path: Path) -> set[str]:
@@ -23,7 +23,7 @@ def kernels_called(path: Path) -> set[str]:
 
 
 def test_bench_times_what_training_calls():
-    kernels_tree = ast.parse((REPO / "dlrmtrain/comm/codecs/dedup_kernels.py").read_text())
+    kernels_tree = ast.parse((REPO / "dlrmtrain/comm/dedup/kernels.py").read_text())
     public = {n.name for n in kernels_tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
     training = set().union(*(kernels_called(REPO / p) for p in TRAINING))
     timed = kernels_called(REPO / "scripts/bench_codec_kernels.py")

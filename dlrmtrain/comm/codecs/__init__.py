@@ -1,1 +1,4 @@
-"""One module per codec; registry.py maps their names to instances."""
+"""The single-module codecs: `none` and the LOSSY qcomms (`lossy.py`).
+
+`dedup` and `auto` have grown several modules each: comm/dedup/, comm/auto/.
+"""

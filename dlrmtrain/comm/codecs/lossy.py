@@ -139,3 +139,7 @@ class CountingLossyDist(nn.Module):
             stats.table(entry.table).add_rows(entry.dim, wire, elem, received=B, stock_received=B, bags=B)
         stats.steps += 1
         return self.inner(local_embs, sharding_ctx)
+
+    def counted_bytes(self) -> DistCommStats:
+        """`stats.CountsCommBytes`"""
+        return self.comm_stats

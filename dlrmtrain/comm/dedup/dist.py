@@ -4,43 +4,31 @@ The dist owns what every sharding type shares: the constructor (process
 group, wire precision, buffer pools, counters), the forward checks (both
 ends' ids present, no variable batch per feature), the plan loop (time it,
 count the step, or fall back to TorchRec's stock dist when the planner
-declines) and the asynchronous all-to-all (dedup_comm.py). A planner
-(dedup_tw.py, dedup_rw.py) knows its sharding's wire layout: it deduplicates
-the ids of both ends, reads their counts in the step's one host sync, builds
-the `DedupPlan` and counts the step's bytes with `TableCommStats.add_rows`.
+declines) and the asynchronous all-to-all (transport.py). A planner
+(table_wise.py, row_wise.py) knows its sharding's wire layout: given the
+step's `DedupStep` (plan.py), it deduplicates the ids of both ends, reads their
+counts in the step's one host sync, builds the `DedupPlan` and counts the
+step's bytes with `TableCommStats.add_rows`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.buffers import BufferPool
-from dlrmtrain.comm.codecs.dedup_comm import DedupPlan, start_dedup_all_to_all
+from dlrmtrain.comm.dedup.buffers import BufferPool
+from dlrmtrain.comm.dedup.plan import DedupPlanner, DedupStep
+from dlrmtrain.comm.dedup.transport import start_dedup_all_to_all
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.torchrec_hooks import dist_callbacks, ids_of_both_ends
 
 logger = logging.getLogger(__name__)
-
-
-class DedupPlanner(Protocol):
-    """The sharding-specific part of a dedup dist."""
-
-    fallback_warning: str
-    """logged once when `plan` first declines a step"""
-
-    def plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor, sizes: list[int],
-             local_embs: torch.Tensor, stats: DistCommStats, wire_bytes: int) -> DedupPlan | None:
-        """This step's plan, with its bytes added to `stats`; None: run the stock dist this step."""
-        ...
 
 
 class DedupDist(nn.Module):
@@ -53,6 +41,7 @@ class DedupDist(nn.Module):
         self.stock_dist = stock_dist  # the fallback
         self.planner = planner
         self.pg = pg
+        self.rank = dist.get_rank(pg)
         self.world_size = dist.get_world_size(pg)
         self.wire_dtype = wire_dtype
         # column-wise sharding reorders shards with a callback; keep it (it is differentiable)
@@ -75,7 +64,8 @@ class DedupDist(nn.Module):
         t0 = time.perf_counter()
         wire_bytes = torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype \
             else local_embs.element_size()
-        plan = self.planner.plan(owner_kjt, sample_kjt, sizes, local_embs, self.comm_stats, wire_bytes)
+        plan = self.planner.plan(DedupStep(owner_kjt, sample_kjt, sizes, self.rank, local_embs.device,
+                                           local_embs.element_size(), wire_bytes, self.comm_stats))
         if plan is None:
             if not self.comm_stats.fallback_steps:
                 logger.warning(self.planner.fallback_warning)
@@ -86,3 +76,7 @@ class DedupDist(nn.Module):
         awaitable = start_dedup_all_to_all(local_embs, plan, self)
         awaitable.callbacks.extend(self.output_callbacks)
         return awaitable
+
+    def counted_bytes(self) -> DistCommStats:
+        """This dist's counters (`stats.CountsCommBytes`)."""
+        return self.comm_stats

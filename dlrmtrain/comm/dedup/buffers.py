@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dlrmtrain.comm.codecs.dedup_kernels import scatter_rows
+from dlrmtrain.comm.dedup.kernels import scatter_rows
 from dlrmtrain.comm.torchrec_hooks import storage_use_count as _storage_users
 
 

@@ -1,6 +1,6 @@
 """dedup for row-wise sharding: an all-to-all of unique rows instead of a reduce-scatter.
 
-The planner of `DedupDist` (dedup_dist.py) for row-wise tables.
+The planner of `DedupDist` (dist.py) for row-wise tables.
 
 TorchRec's row-wise dist reduce-scatters [B_global, D] partial sums: each rank
 looked up the ids in its row block and contributes zeros for the others. With
@@ -20,15 +20,31 @@ TorchRec's stock reduce-scatter (logged once, by `DedupDist`), so a result is ne
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.codecs.dedup_comm import DedupPlan
-from dlrmtrain.comm.codecs.dedup_kernels import host_to_device, sorted_unique_one_hot
+from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
+from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
 from dlrmtrain.comm.layout import RowWiseLayout
-from dlrmtrain.comm.stats import DistCommStats
+
+
+@dataclass
+class _Uniques:
+    """One step's distinct rows of both ends, ranked by the same sort, and their counts per group."""
+
+    o_first: torch.Tensor
+    """owner: per unique row (key (dest rank, feature, id)), its first bag (feature-major)"""
+    s_uid: torch.Tensor
+    """sample rank: per bag (feature-major), its unique row (key (row shard, feature, id in shard))"""
+    s_group: torch.Tensor
+    """sample rank: per bag, its group shard·F + feature"""
+    send_counts: list[int]
+    """owner: unique rows per (dest rank, feature)"""
+    recv_counts: list[int]
+    """sample rank: unique rows per (row shard, feature)"""
 
 
 class RowWisePlanner:
@@ -56,11 +72,10 @@ class RowWisePlanner:
         ids = values[offsets.clamp(max=values.numel() - 1)].to(torch.int64)
         return ids, lengths == 1, lengths > 1
 
-    def plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor, sizes: list[int],
-             local_embs: torch.Tensor, stats: DistCommStats, wire_bytes: int) -> DedupPlan | None:
-        W, F, rank = self.world_size, len(self.entries), self.rank
-        B, B_global = sizes[rank], sum(sizes)
-        device = local_embs.device
+    def plan(self, step: DedupStep) -> DedupPlan | None:
+        W, F = self.world_size, len(self.entries)
+        owner_kjt, sample_kjt, sizes = step.owner_kjt, step.sample_kjt, step.sizes
+        B, B_global, device = step.batch, step.global_batch, step.device
         blocks = host_to_device(self.block_sizes, device)
         # owner: bags of all ranks, ids local to this rank's row block; key (dest rank, feature, id)
         o_ids, o_valid, o_multi = self._bag_ids(owner_kjt)
@@ -90,14 +105,16 @@ class RowWisePlanner:
                              f"ids outside their table reached the codec")
         if multi:
             return None
-        send_counts, recv_counts = host[2:2 + W * F], host[2 + W * F:]
-        plan = self._build(o_first, s_uid, s_group, send_counts, recv_counts, B, B_global, device)
-        self._account(stats, send_counts, recv_counts, sizes, wire_bytes, local_embs.element_size(),
-                      owner_kjt, sample_kjt)
+        uniques = _Uniques(o_first, s_uid, s_group, send_counts=host[2:2 + W * F], recv_counts=host[2 + W * F:])
+        plan = self._build(step, uniques)
+        self._account(step, uniques)
         return plan
 
-    def _build(self, o_first, s_uid, s_group, send_counts, recv_counts, B, B_global, device) -> DedupPlan:
+    def _build(self, step: DedupStep, uniques: _Uniques) -> DedupPlan:
         W, F, unit = self.world_size, len(self.entries), self.unit
+        B, B_global, device = step.batch, step.global_batch, step.device
+        o_first, s_uid, s_group = uniques.o_first, uniques.s_uid, uniques.s_group
+        send_counts, recv_counts = uniques.send_counts, uniques.recv_counts
         d_units = [e.dim // unit for e in self.entries]
         local_units = sum(d_units)
         col_units = [sum(d_units[:i]) for i in range(F)]
@@ -141,12 +158,14 @@ class RowWisePlanner:
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits,
                          (B, local_units * unit), pad_units=max(d_units, default=0))
 
-    def _account(self, stats, send_counts, recv_counts, sizes, wire, elem, owner_kjt, sample_kjt) -> None:
+    def _account(self, step: DedupStep, uniques: _Uniques) -> None:
         """This step's bytes per table (host integers only)."""
         W, F = self.world_size, len(self.entries)
+        stats, wire, elem, sizes, B = step.stats, step.wire_bytes, step.elem_bytes, step.sizes, step.batch
+        send_counts, recv_counts = uniques.send_counts, uniques.recv_counts
+        owner_kjt, sample_kjt = step.owner_kjt, step.sample_kjt
         owner_values = owner_kjt.length_per_key()
         sample_values = sample_kjt.length_per_key()
-        B = sizes[self.rank]
         for i, e in enumerate(self.entries):
             t = stats.table(e.table)
             for r in range(W):

@@ -1,8 +1,8 @@
 """Every pure-torch kernel of the dedup codec: bag keys, unique, gather, expand, segment-sum, scatter.
 
-Training calls exactly these functions (dedup_comm.py, dedup_tw.py,
-dedup_rw.py), and scripts/bench_codec_kernels.py times them; this module
-imports torch only, so the benchmark runs without TorchRec or fbgemm.
+Training calls exactly these functions (transport.py, table_wise.py,
+row_wise.py, buffers.py), and scripts/bench_codec_kernels.py times them; this
+module imports torch only, so the benchmark runs without TorchRec or fbgemm.
 
 Everything here has fixed output sizes (upper bound: the block's bag count) so
 that no kernel needs the number of unique bags on the host; the caller reads

@@ -2,7 +2,7 @@
 
 `AutoDist` holds TorchRec's stock dist and a `DedupDist` for the same tables
 and sends each training step through one of them, as `AutoPolicy`
-(comm/auto_policy.py) says: both alternate while it probes, then the faster
+(policy.py) says: both alternate while it probes, then the faster
 one stays. Every choice is agreed over ranks with one small all-reduce, so
 both ends of every block always use the same path. Evaluation batches use the
 current choice (`none` while probing) and are not timed. Lossless either way:
@@ -21,9 +21,9 @@ import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 
-from dlrmtrain.comm.auto_policy import AutoPolicy
+from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import EmbeddingCommCodec
-from dlrmtrain.comm.codecs.dedup import DedupCodec
+from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.layout import Layout
 from dlrmtrain.comm.stats import DistCommStats, TableCommStats
 from dlrmtrain.comm.stock_bytes import count_stock_step
@@ -183,9 +183,13 @@ class AutoDist(nn.Module):
         logger.info(text)
 
     # ---------------------------------------------------------------- stats
+    def counted_bytes(self) -> DistCommStats:
+        """Both paths' counters as one codec dist's (`stats.CountsCommBytes`)."""
+        return self.comm_stats
+
     @property
     def comm_stats(self) -> DistCommStats:
-        """Both paths' counters as one codec dist's (read by `collect_comm_stats`)."""
+        """Both paths' counters as one codec dist's."""
         d = self.dedup_dist.comm_stats
         tables: dict[str, TableCommStats] = {}
         for src in (d.tables, self.none_stats.tables):

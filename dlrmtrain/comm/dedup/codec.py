@@ -1,9 +1,9 @@
 """The lossless `dedup` codec: only distinct pooled rows cross the all-to-all.
 
-One output dist (`DedupDist`, dedup_dist.py) for every sharding type it
+One output dist (`DedupDist`, dist.py) for every sharding type it
 carries, with a planner per wire layout: table- and column-wise
-(`TableWisePlanner`, dedup_tw.py, replacing TorchRec's all-to-all) and
-row-wise (`RowWisePlanner`, dedup_rw.py, replacing its reduce-scatter).
+(`TableWisePlanner`, table_wise.py, replacing TorchRec's all-to-all) and
+row-wise (`RowWisePlanner`, row_wise.py, replacing its reduce-scatter).
 Table-row-wise is not supported (the sharder falls back to `none`).
 
 Stacked with a lossy wire precision (`dedup+fp16`, `dedup+bf16`, LOSSY): the
@@ -19,9 +19,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlrmtrain.comm.codec import EmbeddingCommCodec
-from dlrmtrain.comm.codecs.dedup_dist import DedupDist, DedupPlanner
-from dlrmtrain.comm.codecs.dedup_rw import RowWisePlanner
-from dlrmtrain.comm.codecs.dedup_tw import TableWisePlanner
+from dlrmtrain.comm.dedup.dist import DedupDist
+from dlrmtrain.comm.dedup.plan import DedupPlanner
+from dlrmtrain.comm.dedup.row_wise import RowWisePlanner
+from dlrmtrain.comm.dedup.table_wise import TableWisePlanner
 from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout
 
 

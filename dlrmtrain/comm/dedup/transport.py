@@ -32,22 +32,10 @@ from fbgemm_gpu.quantize_utils import (
 from torchrec.distributed import comm_ops
 from torchrec.distributed.types import Awaitable
 
-from dlrmtrain.comm.buffers import BufferPool
-from dlrmtrain.comm.codecs.dedup_kernels import expand_rows, gather_rows, segment_sum_rows
+from dlrmtrain.comm.dedup.buffers import BufferPool
+from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
+from dlrmtrain.comm.dedup.plan import DedupPlan
 from dlrmtrain.comm.stats import DistCommStats
-
-
-@dataclass
-class DedupPlan:
-    """Everything one step's forward and backward need, in units of `unit` columns."""
-
-    unit: int
-    send_index: torch.Tensor   # unit rows of local_embs, in message order
-    recv_index: torch.Tensor   # per output unit row: its unit row in the receive buffer
-    send_splits: list[int]     # elements per destination rank
-    recv_splits: list[int]     # elements per source rank
-    out_shape: tuple[int, int]
-    pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
 
 
 class DedupDistState(Protocol):

@@ -1,4 +1,4 @@
-"""dedup for table- and column-wise sharding: the planner of `DedupDist` (dedup_dist.py).
+"""dedup for table- and column-wise sharding: the planner of `DedupDist` (dist.py).
 
 For every (feature, sample-rank) block, the owner (ids from the input
 all-to-all) and the sample rank (its own ids) compute the same unique bags
@@ -17,14 +17,33 @@ plus one more only when a bag is longer than the key width learned so far.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.codecs.dedup_comm import DedupPlan
-from dlrmtrain.comm.codecs.dedup_kernels import BlockUnique, block_unique, one_hot_blocks_unique
+from dlrmtrain.comm.dedup.kernels import BlockUnique, block_unique, one_hot_blocks_unique
+from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
-from dlrmtrain.comm.stats import DistCommStats
+
+Grid = list[list[BlockUnique | None]]
+"""BlockUnique per (entry, block); None for a table sent in full"""
+
+
+@dataclass
+class _Blocks:
+    """One step's unique bags of both ends and, after the host sync, their counts."""
+
+    owner: Grid
+    """[local entry][sample rank]: the bags this rank sends rows for"""
+    sample: Grid
+    """[entry of the all-to-all][0]: this rank's own bags"""
+    counts: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """(id(grid), entry, block) -> unique bags"""
+
+    def count(self, grid: Grid, i: int, b: int, size: int) -> int:
+        """Rows block (i, b) of `grid` puts on the wire: its unique bags, or all `size` bags sent in full."""
+        return size if grid[i][b] is None else self.counts[(id(grid), i, b)]
 
 
 class TableWisePlanner:
@@ -52,14 +71,14 @@ class TableWisePlanner:
 
     # --------------------------------------------------------------------- plan
     def _uniques(self, kjt: KeyedJaggedTensor, entries: list[FeatureEntry], stride: int,
-                 starts: list[int], sizes: list[int], widths: list[list[int]]) -> list[list[BlockUnique | None]]:
+                 starts: list[int], sizes: list[int], widths: list[list[int]]) -> Grid:
         """BlockUnique per (entry, block); None for tables sent in full.
 
         Blocks whose key width is 1 (one-hot so far) share one batched sort;
         wider (multi-hot) blocks are keyed one by one.
         """
         lengths, offsets, values = kjt.lengths(), kjt.offsets(), kjt.values()
-        result: list[list[BlockUnique | None]] = [[None] * len(starts) for _ in entries]
+        result: Grid = [[None] * len(starts) for _ in entries]
         batched = []
         for i, entry in enumerate(entries):
             if entry.table not in self.dedup_tables:
@@ -86,15 +105,14 @@ class TableWisePlanner:
         counts, overflow, bad = zip(*flat.tolist())
         return list(counts), [bool(o) for o in overflow], [bool(x) for x in bad]
 
-    def plan(self, owner_kjt: KeyedJaggedTensor, sample_kjt: KeyedJaggedTensor, batch_size_per_rank: list[int],
-             local_embs: torch.Tensor, stats: DistCommStats, wire_bytes: int) -> DedupPlan:
-        W, B = self.world_size, batch_size_per_rank[self.rank]
-        starts = [sum(batch_size_per_rank[:s]) for s in range(W)]
-        owner_stride = sum(batch_size_per_rank)
-        sample_widths = [[w] for w in self._sample_widths]
-        owner = self._uniques(owner_kjt, self.local_entries, owner_stride, starts,
-                              batch_size_per_rank, self._owner_widths)
-        sample = self._uniques(sample_kjt, self.all_entries, B, [0], [B], sample_widths)
+    def plan(self, step: DedupStep) -> DedupPlan:
+        sizes, B, starts = step.sizes, step.batch, step.starts
+        blocks = _Blocks(
+            owner=self._uniques(step.owner_kjt, self.local_entries, step.global_batch, starts, sizes,
+                                self._owner_widths),
+            sample=self._uniques(step.sample_kjt, self.all_entries, B, [0], [B],
+                                 [[w] for w in self._sample_widths]))
+        owner, sample = blocks.owner, blocks.sample
 
         # one host sync for every block of both ends; a retry only if a bag outgrew its key width
         for attempt in range(2):
@@ -109,42 +127,41 @@ class TableWisePlanner:
             if not any(overflow):
                 break
             assert attempt == 0, "key width still too small after widening"
-            stats.extra_syncs += 1
-            self._widen(owner, sample, slots, overflow, owner_kjt, sample_kjt, owner_stride, starts,
-                        batch_size_per_rank, B, sample_widths)
-        count_of = {(id(grid), i, b): c for (grid, i, b), c in zip(slots, counts)}
+            step.stats.extra_syncs += 1
+            self._widen(step, blocks, slots, overflow)
+        blocks.counts = {(id(grid), i, b): c for (grid, i, b), c in zip(slots, counts)}
 
-        def count(grid, i, b, size):
-            return size if grid[i][b] is None else count_of[(id(grid), i, b)]
-
-        plan = self._build_plan(owner, sample, count, batch_size_per_rank, B, starts)
-        self._account(stats, owner, sample, count, owner_kjt, sample_kjt, batch_size_per_rank, B,
-                      wire_bytes, local_embs.element_size())
+        plan = self._build_plan(step, blocks)
+        self._account(step, blocks)
         return plan
 
-    def _widen(self, owner, sample, slots, overflow, owner_kjt, sample_kjt, owner_stride, starts,
-               sizes, B, sample_widths) -> None:
+    def _widen(self, step: DedupStep, blocks: _Blocks, slots: list[tuple[Grid, int, int]],
+               overflow: list[bool]) -> None:
         """Grow the key width of overflowing blocks to their longest bag and redo them."""
         todo = []
+        starts, B = step.starts, step.batch
         for (grid, i, b), over in zip(slots, overflow):
             if not over:
                 continue
-            if grid is owner:
-                todo.append((grid, i, b, owner_kjt, i * owner_stride + starts[b], sizes[b], self.local_entries[i]))
+            if grid is blocks.owner:
+                todo.append((grid, i, b, step.owner_kjt, i * step.global_batch + starts[b], step.sizes[b],
+                             self.local_entries[i]))
             else:
-                todo.append((grid, i, b, sample_kjt, i * B, B, self.all_entries[i]))
+                todo.append((grid, i, b, step.sample_kjt, i * B, B, self.all_entries[i]))
         # the extra host sync (counted in extra_syncs): every overflowing block's longest bag at once
         longest = torch.stack([kjt.lengths()[g0:g0 + n].max() for _, _, _, kjt, g0, n, _ in todo]).tolist()
         for (grid, i, b, kjt, g0, n, entry), width in zip(todo, longest):
-            if grid is owner:
+            if grid is blocks.owner:
                 self._owner_widths[i][b] = width
             else:
-                self._sample_widths[i] = sample_widths[i][0] = width
+                self._sample_widths[i] = width
             grid[i][b] = block_unique(kjt.values(), kjt.offsets()[g0:g0 + n], kjt.lengths()[g0:g0 + n],
                                       width, entry.num_embeddings)
 
-    def _build_plan(self, owner, sample, count, sizes, B, starts) -> DedupPlan:
+    def _build_plan(self, step: DedupStep, blocks: _Blocks) -> DedupPlan:
         unit, W = self.unit, self.world_size
+        owner, sample, count = blocks.owner, blocks.sample, blocks.count
+        sizes, B, starts = step.sizes, step.batch, step.starts
         device = self.pg_device(owner, sample)
         # owner: message to rank s = its local entries in order, unique rows of each
         local_units = sum(e.dim for e in self.local_entries) // unit
@@ -185,7 +202,7 @@ class TableWisePlanner:
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits, (B, out_dim))
 
     @staticmethod
-    def pg_device(owner, sample) -> torch.device:
+    def pg_device(owner: Grid, sample: Grid) -> torch.device:
         for grid in (owner, sample):
             for row in grid:
                 for u in row:
@@ -193,12 +210,15 @@ class TableWisePlanner:
                         return u.inverse.device
         return torch.device("cpu")
 
-    def _account(self, stats, owner, sample, count, owner_kjt, sample_kjt, sizes, B, wire, elem) -> None:
+    def _account(self, step: DedupStep, blocks: _Blocks) -> None:
         """Add this step's bytes to the per-table counters (host integers only).
 
         `elem` is the embedding's element size (what `none` sends); the payload
         travels at `wire` bytes per value.
         """
+        stats, wire, elem = step.stats, step.wire_bytes, step.elem_bytes
+        owner, sample, count = blocks.owner, blocks.sample, blocks.count
+        owner_kjt, sample_kjt, sizes, B = step.owner_kjt, step.sample_kjt, step.sizes, step.batch
         owner_lengths = owner_kjt.length_per_key() if self.local_entries else []
         for i, entry in enumerate(self.local_entries):
             t = stats.table(entry.table)

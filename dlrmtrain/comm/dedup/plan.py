@@ -1,0 +1,76 @@
+"""What a dedup dist and its planner hand each other, once per step.
+
+`DedupDist` (dist.py) wraps the step's inputs in a `DedupStep`; the planner of
+its sharding type (table_wise.py, row_wise.py) deduplicates the ids of both
+ends, adds the step's bytes to `DedupStep.stats` and returns a `DedupPlan`,
+which the transport (transport.py) carries out forward and backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm.stats import DistCommStats
+
+
+@dataclass
+class DedupStep:
+    """One forward pass through a dedup dist: the planner's input."""
+
+    owner_kjt: KeyedJaggedTensor
+    """the ids this rank looked up, for every sample rank's bags (from the id all-to-all)"""
+    sample_kjt: KeyedJaggedTensor
+    """this rank's own batch: the bags whose pooled rows it receives"""
+    sizes: list[int]
+    """batch size per sample rank"""
+    rank: int
+    device: torch.device
+    """where the embeddings (and so the plan's indices) live"""
+    elem_bytes: int
+    """bytes per embedding value: what `none` sends"""
+    wire_bytes: int
+    """bytes per value on the wire (2 under the LOSSY dedup+fp16/bf16)"""
+    stats: DistCommStats
+    """the dist's counters; the planner adds this step's bytes"""
+
+    @property
+    def batch(self) -> int:
+        """this rank's batch size"""
+        return self.sizes[self.rank]
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def starts(self) -> list[int]:
+        """first global bag of each sample rank"""
+        return [sum(self.sizes[:s]) for s in range(len(self.sizes))]
+
+
+@dataclass
+class DedupPlan:
+    """Everything one step's forward and backward transfers need, in units of `unit` columns."""
+
+    unit: int
+    send_index: torch.Tensor   # unit rows of local_embs, in message order
+    recv_index: torch.Tensor   # per output unit row: its unit row in the receive buffer
+    send_splits: list[int]     # elements per destination rank
+    recv_splits: list[int]     # elements per source rank
+    out_shape: tuple[int, int]
+    pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
+
+
+class DedupPlanner(Protocol):
+    """The sharding-specific part of a dedup dist."""
+
+    fallback_warning: str
+    """logged once when `plan` first declines a step"""
+
+    def plan(self, step: DedupStep) -> DedupPlan | None:
+        """This step's plan, with its bytes added to `step.stats`; None: run the stock dist this step."""
+        ...
