@@ -1,16 +1,17 @@
 """Jagged sequences: a batch's rows stored back to back, `values[offsets[b]:offsets[b+1]]`
 being sample b's sequence.
 
-The padded conversions are fbgemm's (they have CPU and GPU kernels and autograd);
-concatenating and splitting two jagged batches per sample is an index permutation
-in plain torch (no padding, so no [B, N, D] buffer).
+Plain torch index arithmetic (any dtype, CPU and GPU, autograd): fbgemm's CPU
+`jagged_to_padded_dense` has no float64 kernel, which the exactness tests use.
+Concatenating and splitting two jagged batches per sample is an index permutation,
+so no [B, N, D] buffer is made for it.
 """
 
 from __future__ import annotations
 
 import torch
 
-# fbgemm's jagged operators (torch.ops.fbgemm.*) are registered on import.
+# fbgemm's operators (torch.ops.fbgemm.*) are registered on import.
 import fbgemm_gpu  # noqa: F401
 
 
@@ -19,16 +20,26 @@ def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
     return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
 
 
+def _padded_index(offsets: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Jagged row → (sample, position in the sample)."""
+    lengths = offsets[1:] - offsets[:-1]
+    sample = _segment_ids(lengths, total)
+    return sample, torch.arange(total, device=offsets.device) - offsets[:-1][sample]
+
+
 def to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int,
               padding_value: float = 0.0) -> torch.Tensor:
-    """[L, D] jagged → [B, max_len, D], zero past each sample's length."""
-    return torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [max_len], padding_value)
+    """[L, ...] jagged → [B, max_len, ...], `padding_value` past each sample's length
+    (the reference's fbgemm `jagged_to_padded_dense`; rows past max_len must not exist)."""
+    sample, position = _padded_index(offsets, values.shape[0])
+    padded = values.new_full((offsets.shape[0] - 1, max_len, *values.shape[1:]), padding_value)
+    return padded.index_put((sample, position), values)
 
 
 def to_jagged(padded: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
-    """[B, N, D] padded → [total, D]: each sample's first length rows, back to back
+    """[B, N, ...] padded → [total, ...]: each sample's first length rows, back to back
     (`total` = offsets[-1], passed in so that no host sync is needed)."""
-    return torch.ops.fbgemm.dense_to_jagged(padded, [offsets], total)[0]
+    return padded[_padded_index(offsets, total)]
 
 
 def _segment_ids(lengths: torch.Tensor, total: int) -> torch.Tensor:

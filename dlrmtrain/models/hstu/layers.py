@@ -12,6 +12,11 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 → fp32; fp32 and fp64 unchanged."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 class SwishLayerNorm(nn.Module):
     """x · sigmoid(LayerNorm(x)): the reference's gated normalisation."""
 
@@ -22,8 +27,9 @@ class SwishLayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = F.layer_norm(x32, (x32.shape[-1],), self.weight.float(), self.bias.float(), self.eps)
+        x32 = at_least_fp32(x)
+        normed = F.layer_norm(x32, (x32.shape[-1],), self.weight.to(x32.dtype),
+                              self.bias.to(x32.dtype), self.eps)
         return (x32 * torch.sigmoid(normed)).to(x.dtype)
 
 
@@ -31,8 +37,9 @@ class LayerNorm32(nn.LayerNorm):
     """nn.LayerNorm computed in fp32 and returned in the input's dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(),
-                            self.bias.float(), self.eps).to(x.dtype)
+        x32 = at_least_fp32(x)
+        return F.layer_norm(x32, self.normalized_shape, self.weight.to(x32.dtype),
+                            self.bias.to(x32.dtype), self.eps).to(x.dtype)
 
 
 def init_xavier_uniform_zero_bias(module: nn.Module) -> None:

@@ -3,9 +3,9 @@ its PyTorch kernel `pytorch_add_timestamp_positional_embeddings`, sqrt buckets).
 
     x · sqrt(D) + position_table[pos] + time_table[bucket]
 
-pos: contextual tokens 0..C-1; history rows count back from the last history event
-(so the most recent event has the same position in every sample), offset by C and
-capped at the table; candidates share the last history row's position.
+pos: contextual tokens 0..C-1; the first candidate C, and history rows count up from
+it going back in time (the most recent event C + 1, ...; the same positions in every
+sample whatever its length), capped at the table's last row; every candidate gets C.
 bucket: floor(sqrt((query_time - t) / 60 s)), capped at the table; query_time is the
 sample's last row (its candidate's timestamp).
 """

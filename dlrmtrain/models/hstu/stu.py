@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dlrmtrain.models.hstu.attention import silu_attention
+from dlrmtrain.models.hstu.layers import at_least_fp32
 
 NORM_EPS = 1e-6
 """Both STU layer norms (the reference passes norm_eps=1e-6)."""
@@ -44,16 +45,18 @@ class STULayer(nn.Module):
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                 num_targets: torch.Tensor, max_len: int) -> torch.Tensor:
         h, dqk, dv = self.num_heads, self.qk_dim, self.linear_dim
-        normed = F.layer_norm(x.float(), (x.shape[-1],), self.input_norm_weight.float(),
-                              self.input_norm_bias.float(), NORM_EPS).to(x.dtype)
+        x32 = at_least_fp32(x)
+        normed = F.layer_norm(x32, (x.shape[-1],), self.input_norm_weight.to(x32.dtype),
+                              self.input_norm_bias.to(x32.dtype), NORM_EPS).to(x.dtype)
         uvqk = torch.addmm(self.uvqk_bias.to(x.dtype), normed, self.uvqk_weight.to(x.dtype))
         u, v, q, k = torch.split(uvqk, [h * dv, h * dv, h * dqk, h * dqk], dim=1)
         u = F.silu(u)
         attn = silu_attention(q.reshape(-1, h, dqk), k.reshape(-1, h, dqk), v.reshape(-1, h, dv),
                               offsets, lengths, num_targets, max_len, self.alpha)
-        u32, attn32 = u.float(), attn.float()
-        gated = u32 * F.layer_norm(attn32, (attn32.shape[-1],), self.output_norm_weight.float(),
-                                   self.output_norm_bias.float(), NORM_EPS)
+        u32, attn32 = at_least_fp32(u), at_least_fp32(attn)
+        gated = u32 * F.layer_norm(attn32, (attn32.shape[-1],),
+                                   self.output_norm_weight.to(attn32.dtype),
+                                   self.output_norm_bias.to(attn32.dtype), NORM_EPS)
         y = F.dropout(torch.cat([u32, attn32, gated], dim=1), p=self.dropout,
                       training=self.training).to(x.dtype)
         return torch.addmm(x, y, self.output_weight.to(x.dtype))
