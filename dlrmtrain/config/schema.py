@@ -106,7 +106,8 @@ class SyntheticDataConfig:
 @dataclass
 class DataConfig:
     source: DataSource = "synthetic"
-    """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path)."""
+    """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path);
+    for model.arch dlrmv4_hstu `synthetic_yambda` or `yambda` (sequence data, dlrmtrain/data/yambda/)."""
     table_sizes: Optional[list[int]] = None
     """Cardinality of each categorical column (ids are in [0, size)); one entry per table.
     null: a preprocessed dataset's own sizes (its dataset.json); synthetic data: the profile's,
