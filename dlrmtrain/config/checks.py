@@ -15,6 +15,11 @@ from dlrmtrain.features import TABLE_NAMES
 
 def table_names(cfg: Config) -> list[str]:
     """The embedding tables of this config, in feature order."""
+    if cfg.model.arch == "dlrmv4_hstu":
+        # imported here: the sequence layout brings torch, which DLRM configs never need
+        from dlrmtrain.sequence_features import TABLES
+
+        return list(TABLES)
     return TABLE_NAMES[:len(cfg.data.table_sizes)]
 
 
@@ -40,13 +45,41 @@ def check_run(cfg: Config, world_size: int) -> None:
 
 def check_model(cfg: Config) -> None:
     model = cfg.model
+    if model.max_table_rows is not None and model.max_table_rows < 1:
+        raise ConfigError("model.max_table_rows: must be positive or null")
+    if model.arch == "dlrmv4_hstu":
+        check_hstu_model(cfg)
+        return
     if model.bottom_mlp[-1:] != [model.embedding_dim]:
         raise ConfigError(f"model.bottom_mlp: the last width must equal model.embedding_dim "
                           f"({model.embedding_dim}), got {model.bottom_mlp}")
     if model.top_mlp[-1:] != [1]:
         raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), got {model.top_mlp}")
-    if model.max_table_rows is not None and model.max_table_rows < 1:
-        raise ConfigError("model.max_table_rows: must be positive or null")
+
+
+def check_hstu_model(cfg: Config) -> None:
+    """model.hstu (arch dlrmv4_hstu): sizes, rates, and room for a history in max_seq_len."""
+    h = cfg.model.hstu
+    if cfg.model.embedding_dim < 1:
+        raise ConfigError(f"model.embedding_dim: must be positive, got {cfg.model.embedding_dim}")
+    for key in ("dim", "num_layers", "num_heads", "attn_qk_dim", "attn_linear_dim",
+                "preprocessor_hidden_dim", "item_mlp_hidden_dim", "head_hidden_dim",
+                "action_embedding_dim", "num_position_buckets", "num_time_buckets"):
+        if getattr(h, key) < 1:
+            raise ConfigError(f"model.hstu.{key}: must be positive, got {getattr(h, key)}")
+    for key in ("input_dropout", "linear_dropout"):
+        if not 0.0 <= getattr(h, key) < 1.0:
+            raise ConfigError(f"model.hstu.{key}: must be in [0, 1), got {getattr(h, key)}")
+    for key in ("loss_weight", "action_embedding_init_std"):
+        if getattr(h, key) <= 0:
+            raise ConfigError(f"model.hstu.{key}: must be positive, got {getattr(h, key)}")
+    from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES  # torch: see table_names
+
+    least = len(CONTEXTUAL_FEATURES) + 2  # contextual tokens, one history event, the candidate
+    if h.max_seq_len < least:
+        raise ConfigError(f"model.hstu.max_seq_len: {h.max_seq_len} leaves no room for a history "
+                          f"(the {len(CONTEXTUAL_FEATURES)} contextual tokens and the candidate "
+                          f"take {least - 1}); at least {least}")
 
 
 def check_table_keys(cfg: Config) -> None:

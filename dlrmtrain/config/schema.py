@@ -26,12 +26,13 @@ class Refused:
 
 
 Device = Literal["auto", "cpu", "cuda"]
-DataSource = Literal["synthetic", "criteo"]
+DataSource = Literal["synthetic", "criteo", "synthetic_yambda", "yambda"]
 DataFormat = Literal["auto", "dlrmtrain", "torchrec", "torchrec_multi_hot", "facebook_bin"]
 SplitKind = Literal["mlperf", "names", "fraction"]
 SyntheticProfile = Literal["custom", "kaggle", "terabyte"]
 TerabyteTables = Literal["v1", "dcnv2"]
-ModelArch = Literal["dlrm_v1", "dlrm_dcnv2"]
+ModelArch = Literal["dlrm_v1", "dlrm_dcnv2", "dlrmv4_hstu"]
+HSTUPostprocessor = Literal["timestamp_layer_norm", "layer_norm", "l2_norm"]
 Planner = Literal["manual", "torchrec"]
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
 OptimizerName = Literal["sgd", "adagrad"]
@@ -105,7 +106,8 @@ class SyntheticDataConfig:
 @dataclass
 class DataConfig:
     source: DataSource = "synthetic"
-    """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path)."""
+    """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path);
+    for model.arch dlrmv4_hstu `synthetic_yambda` or `yambda` (sequence data, dlrmtrain/data/yambda/)."""
     table_sizes: Optional[list[int]] = None
     """Cardinality of each categorical column (ids are in [0, size)); one entry per table.
     null: a preprocessed dataset's own sizes (its dataset.json); synthetic data: the profile's,
@@ -146,9 +148,50 @@ class DataConfig:
 
 
 @dataclass
+class HSTUConfig:
+    """The DLRMv4 HSTU model (MLPerf reference defaults for yambda-5b)."""
+
+    max_seq_len: int = 4096
+    """Longest sequence the model accepts: contextual tokens + history + candidates."""
+    dim: int = 512
+    """Width of the sequence the STU layers transform (reference hstu_transducer_embedding_dim)."""
+    num_layers: int = 3
+    """STU layers (reference hstu_attn_num_layers; its yambda gin sets 3)."""
+    num_heads: int = 4
+    """Attention heads per STU layer."""
+    attn_qk_dim: int = 128
+    """Query/key width per head; attention logits are scaled by 1/sqrt of it."""
+    attn_linear_dim: int = 128
+    """Value/gate (u, v) width per head."""
+    preprocessor_hidden_dim: int = 256
+    """Hidden width of the preprocessor's content, additional and action MLPs."""
+    item_mlp_hidden_dim: int = 512
+    """Hidden width of the candidate item MLP."""
+    head_hidden_dim: int = 512
+    """Hidden width of the prediction MLP on user ⊙ item."""
+    action_embedding_dim: int = 8
+    """Width of each action bit's embedding (listen_plus, like, skip)."""
+    action_embedding_init_std: float = 0.1
+    """Std of the action embeddings' normal init."""
+    input_dropout: float = 0.2
+    """Dropout on the encoded sequence before the first STU layer."""
+    linear_dropout: float = 0.1
+    """Dropout inside each STU layer, before its output projection."""
+    num_position_buckets: int = 8192
+    """Rows of the position-embedding table (positions past it share the last row)."""
+    num_time_buckets: int = 2048
+    """Time buckets, floor(sqrt(seconds before the candidate / 60)), capped at this."""
+    postprocessor: HSTUPostprocessor = "timestamp_layer_norm"
+    """Last step of the user embedding: `timestamp_layer_norm` (reference yambda), `layer_norm`, `l2_norm`."""
+    loss_weight: float = 0.2
+    """The listen_plus BCE is multiplied by this (reference causal_multitask_weights)."""
+
+
+@dataclass
 class ModelConfig:
     arch: ModelArch = "dlrm_v1"
-    """`dlrm_v1` (dot interaction, MLPerf v0.7–v2.1) or `dlrm_dcnv2` (low-rank cross net, v3.0+)."""
+    """`dlrm_v1` (dot interaction, MLPerf v0.7–v2.1), `dlrm_dcnv2` (low-rank cross net, v3.0+)
+    or `dlrmv4_hstu` (HSTU generative recommender on Yambda, v6.1+; see `hstu`)."""
     embedding_dim: int = 128
     """Width of every embedding row (and of the bottom MLP's output)."""
     bottom_mlp: list[int] = field(default_factory=lambda: [512, 256, 128])
@@ -161,6 +204,8 @@ class ModelConfig:
     """DCNv2 only: rank of each cross layer's weight factorisation."""
     max_table_rows: Optional[int] = None
     """Cap each table at this many rows; larger vocabularies are folded by `id mod cap` (scaled-down runs)."""
+    hstu: HSTUConfig = field(default_factory=HSTUConfig)
+    """`dlrmv4_hstu` only: the HSTU dimensions (bottom_mlp, top_mlp and dcn_* do not apply)."""
 
 
 @dataclass
