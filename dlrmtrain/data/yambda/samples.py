@@ -1,0 +1,164 @@
+"""Samples of a prepared Yambda dataset: anchors, their daily windows and their features.
+
+Mirrors mlcommons/training recommendation_v4 (PR #889), `dlrm_v4/datasets/yambda.py`
+(`DLRMv4YambdaDataset`): the anchors are LISTEN events with enough earlier events
+(history.py); the streaming order cuts them into windows of `window_seconds` by the
+anchor's timestamp (window 0 starts at the first anchor), in user-major order inside a
+window, optionally partly shuffled (`shuffle_fraction`, the reference's
+STREAMING_SHUFFLE_FRACTION) and with a user holdout (`train_fraction` < 1: users whose
+uid hash is at or above it are never trained). A sample's features: the history's
+item / artist / album / pool bits / timestamps, the candidate (the anchor's item, its
+artist and album, the last history timestamp as query time, the listen_plus bit as its
+action weight) and the 7 crosses hashed from the anchor (cross_hash.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from dlrmtrain.data.yambda.batch import SampleColumns
+from dlrmtrain.data.yambda.cross_hash import cross_ids, hour_of_day, unit_hash
+from dlrmtrain.data.yambda.events import LISTEN_TYPE, LP_BIT, LISTEN_PLUS_THRESHOLD, action_bits, pool_flags
+from dlrmtrain.data.yambda.history import HistoryRule, uih_budget
+from dlrmtrain.data.yambda.store import EventStore
+from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES
+
+CrossSpec = tuple[str, Sequence[str], int, int]
+"""(name, keys, table rows, salt), as sequence_features.CROSS_SPECS."""
+
+_ANCHOR_CHUNK = 1 << 26  # events per pass when finding anchors (bounded memory on 5b)
+
+
+def find_anchors(store: EventStore, min_history: int) -> np.ndarray:
+    """Flat positions of the anchors, in chunks of users so 5b needs no full-length temporaries."""
+    uid, types = store.events["uid"], store.events["event_type"]
+    out, lo = [], 0
+    while lo < store.num_events:
+        hi = min(store.num_events, lo + _ANCHOR_CHUNK)
+        u = np.asarray(uid[lo:hi]).astype(np.int64)
+        offset = np.arange(lo, hi, dtype=np.int64) - store.user_start[u]
+        out.append(np.flatnonzero((offset >= min_history) & (np.asarray(types[lo:hi]) == LISTEN_TYPE)) + lo)
+        lo = hi
+    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class SampleRule:
+    """What a sample holds (the reference's dataset and model settings)."""
+
+    history: HistoryRule = HistoryRule()
+    min_history: int = 4086
+    """Earlier events (any type) a LISTEN needs to be an anchor."""
+    max_seq_len: int = 4096
+    """Model sequence budget: history is cut to max_seq_len - 1 candidate - 8 contextual."""
+    window_seconds: int = 86_400
+    shuffle_fraction: float = 0.0
+    shuffle_seed: int = 0
+    train_fraction: float = 1.0
+    """Share of users trained; the rest (by uid hash) are only evaluated. 1.0: no holdout."""
+    split_salt: int = 0
+
+
+class YambdaSamples:
+    """Anchor-indexed samples of a prepared dataset. Index i means the i-th anchor in user-major order."""
+
+    def __init__(self, store: EventStore | str | Path, rule: SampleRule, crosses: Sequence[CrossSpec]) -> None:
+        self.store = store if isinstance(store, EventStore) else EventStore(store)
+        self.rule, self.crosses = rule, [(n, tuple(k), int(r), int(s)) for n, k, r, s in crosses]
+        self.anchors = self._cached_anchors()
+        self.anchor_ts = np.asarray(self.store.events["timestamp"][self.anchors], dtype=np.int64)
+        self.t_min = int(self.anchor_ts.min()) if len(self.anchors) else 0
+        self.num_windows = (int(self.anchor_ts.max()) - self.t_min) // rule.window_seconds + 1 \
+            if len(self.anchors) else 0
+
+    def _cached_anchors(self) -> np.ndarray:
+        path = self.store.dir / f"anchors_min{self.rule.min_history}.npy"
+        if path.is_file():
+            return np.load(path, mmap_mode="r")
+        anchors = find_anchors(self.store, self.rule.min_history)
+        try:  # a read-only dataset directory just recomputes next time
+            tmp = path.with_suffix(f".tmp{np.random.randint(1 << 30)}.npy")
+            np.save(tmp, anchors)
+            tmp.replace(path)
+        except OSError:
+            pass
+        return anchors
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+    # ---- which anchors, in which order ----
+    def window_indices(self, ts: int) -> np.ndarray:
+        """Anchor indices in window `ts` ([t_min + ts*W, t_min + (ts+1)*W)), user-major."""
+        lo = self.t_min + ts * self.rule.window_seconds
+        return np.flatnonzero((self.anchor_ts >= lo) & (self.anchor_ts < lo + self.rule.window_seconds))
+
+    def _held_out(self, idx: np.ndarray) -> np.ndarray:
+        uids = np.asarray(self.store.events["uid"][self.anchors[idx]])
+        return unit_hash(uids, self.rule.split_salt) >= self.rule.train_fraction
+
+    def _shuffle(self, idx: np.ndarray, ts: int) -> np.ndarray:
+        """The reference's in-window shuffle: a pure function of (seed, ts)."""
+        frac = self.rule.shuffle_fraction
+        if idx.size <= 1 or frac <= 0.0:
+            return idx
+        rng = np.random.default_rng(self.rule.shuffle_seed + ts)
+        if frac >= 1.0:
+            return idx[rng.permutation(idx.size)]
+        k = max(1, int(round(frac * idx.size)))
+        seg = np.arange(idx.size, dtype=np.int64) // k
+        return idx[np.lexsort((rng.random(idx.size), seg))]
+
+    def train_indices(self, ts: int) -> np.ndarray:
+        idx = self.window_indices(ts)
+        if self.rule.train_fraction < 1.0:
+            idx = idx[~self._held_out(idx)]
+        return self._shuffle(idx, ts)
+
+    def eval_indices(self, start_ts: int, num_windows: int = 1) -> np.ndarray:
+        """The fixed eval set: the held-out users' anchors (all anchors without a holdout)."""
+        parts = [self.window_indices(ts) for ts in range(start_ts, start_ts + max(1, num_windows))]
+        idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return idx[self._held_out(idx)] if self.rule.train_fraction < 1.0 else idx
+
+    # ---- features ----
+    def columns(self, indices: np.ndarray) -> SampleColumns:
+        """The features of anchors `indices`, as the reference's `_build_sample` builds them."""
+        st, ev = self.store, self.store.events
+        budget = uih_budget(self.rule.max_seq_len, 1, len(CONTEXTUAL_FEATURES))
+        pos = self.anchors[np.asarray(indices, dtype=np.int64)]
+        hist_pos, lengths = [], np.zeros(len(pos), np.int64)
+        for i, p in enumerate(pos):
+            lo, hi = self.rule.history.scan_range(p, st.user_start[int(ev["uid"][p])])
+            flags = pool_flags(ev["event_type"][lo:hi], ev["played_ratio_pct"][lo:hi])
+            keep = self.rule.history.select(*flags)[-budget:] + lo if hi > lo else np.zeros(0, np.int64)
+            hist_pos.append(keep)
+            lengths[i] = len(keep)
+        h = np.concatenate(hist_pos) if hist_pos else np.zeros(0, np.int64)
+        items = np.asarray(ev["item_id"][h], dtype=np.int64)
+        bits = action_bits(*pool_flags(ev["event_type"][h], ev["played_ratio_pct"][h]))
+        h_ts = np.asarray(ev["timestamp"][h], dtype=np.int64)
+
+        uid = np.asarray(ev["uid"][pos], dtype=np.int64)
+        target = np.asarray(ev["item_id"][pos], dtype=np.int64)
+        target_ts = np.asarray(ev["timestamp"][pos], dtype=np.int64)
+        is_lp = (np.asarray(ev["event_type"][pos]) == LISTEN_TYPE) & \
+            (np.asarray(ev["played_ratio_pct"][pos]) >= LISTEN_PLUS_THRESHOLD)
+        last = np.cumsum(lengths) - 1
+        query_time = np.where(lengths > 0, h_ts[np.maximum(last, 0)] if len(h_ts) else 0, target_ts)
+        anchor = {"uid": uid, "item_id": target, "artist_id": st.candidate_artist(target),
+                  "album_id": st.candidate_album(target), "hour_of_day": hour_of_day(target_ts),
+                  "is_organic": np.asarray(ev["is_organic"][pos], dtype=np.int64)}
+        return SampleColumns(
+            uid=uid,
+            crosses={name: cross_ids(anchor, keys, rows, salt) for name, keys, rows, salt in self.crosses},
+            history_lengths=lengths,
+            history={"item_id": items, "artist_id": st.artists_of(items), "album_id": st.albums_of(items),
+                     "action_weight": bits, "action_timestamp": h_ts},
+            candidate={"item_candidate_id": target, "item_candidate_artist_id": anchor["artist_id"],
+                       "item_candidate_album_id": anchor["album_id"], "item_query_time": query_time,
+                       "item_action_weight": np.where(is_lp, LP_BIT, 0).astype(np.int64)})
