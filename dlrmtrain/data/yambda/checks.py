@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import DataConfig
-from dlrmtrain.sequence_features import CROSS_NAMES
+from dlrmtrain.data.yambda.history import uih_budget
+from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES, CROSS_NAMES
 
 
 def check_yambda_data(data: DataConfig, global_batch_size: int, world_size: int = 1) -> None:
@@ -16,7 +17,7 @@ def check_yambda_data(data: DataConfig, global_batch_size: int, world_size: int 
                 "eval_num_windows"):
         if getattr(y, key) < 1:
             raise ConfigError(f"data.yambda.{key}: must be at least 1, got {getattr(y, key)}")
-    if y.max_seq_len <= 1 + len(CROSS_NAMES) + 1:
+    if uih_budget(y.max_seq_len, 1, len(CONTEXTUAL_FEATURES)) < 1:
         raise ConfigError(f"data.yambda.max_seq_len: {y.max_seq_len} leaves no room for history "
                           "beside the candidate and the 8 contextual features")
     for key in ("shuffle_fraction", "train_fraction"):
@@ -38,6 +39,11 @@ def check_yambda_data(data: DataConfig, global_batch_size: int, world_size: int 
     if not 0.0 < syn.min_history_fraction <= 1.0:
         raise ConfigError(f"data.yambda.synthetic.min_history_fraction: must be in (0, 1], "
                           f"got {syn.min_history_fraction}")
+    room = uih_budget(y.max_seq_len, 1, len(CONTEXTUAL_FEATURES))
+    if syn.history_length > room:
+        raise ConfigError(f"data.yambda.synthetic.history_length: {syn.history_length} events do not fit "
+                          f"data.yambda.max_seq_len {y.max_seq_len} (at most {room} beside the candidate "
+                          "and the 8 contextual features)")
     if syn.num_users * syn.anchors_per_user < global_batch_size:
         raise ConfigError(f"data.yambda.synthetic: {syn.num_users} users x {syn.anchors_per_user} anchors "
                           f"is less than one global batch ({global_batch_size})")

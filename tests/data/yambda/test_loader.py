@@ -104,7 +104,8 @@ def test_the_batch_layout_is_the_contract():
     assert batch.uih["dummy_watch_time"].values().abs().sum() == 0
     assert batch.candidates["item_dummy_watchtime"].values().tolist() == [1] * 8
     assert batch.labels().tolist() == (cols.candidate["item_action_weight"] == 1).astype(float).tolist()
-    assert torch.equal(batch.sparse["item_candidate_id"].values(), torch.from_numpy(cols.candidate["item_candidate_id"]))
+    assert torch.equal(batch.sparse["item_candidate_id"].values(),
+                       torch.from_numpy(cols.candidate["item_candidate_id"]))
 
 
 def test_bad_settings_name_their_key():
@@ -120,3 +121,20 @@ def test_bad_settings_name_their_key():
     cfg.data.source = "yambda"
     with pytest.raises(ConfigError, match="data.yambda.path"):
         build_yambda_loaders(cfg.data, 0, 1, 8, 8)
+
+
+def test_the_mini_data_config_keeps_the_reference_rates_at_its_shape():
+    from dlrmtrain.config import load_config
+    from dlrmtrain.data.yambda.calibration import REFERENCE_UNIQUE_RATES
+    from tests.data.raw_rows import REPO_ROOT
+    cfg = load_config(REPO_ROOT / "configs" / "data" / "synthetic_yambda_mini.yaml")
+    loaders = build_yambda_loaders(cfg.data, 1, 2, 256, 256)          # calibrate: true, per-rank batch 128
+    batch = next(loaders.train.batches_from(5))
+    for key, target in REFERENCE_UNIQUE_RATES.items():
+        ids = batch.uih[key].values()
+        assert abs(len(torch.unique(ids)) / len(ids) / target - 1) < 0.15, key
+    assert loaders.table_rows["item_id"] == 2000 * 6 * 4 and loaders.table_rows["user_x_artist"] == 50_000
+    cfg.data.yambda.max_seq_len = 100
+    from dlrmtrain.config.loader import ConfigError
+    with pytest.raises(ConfigError, match="synthetic.history_length: 128 events do not fit"):
+        build_yambda_loaders(cfg.data, 0, 2, 256, 256)
