@@ -20,30 +20,16 @@ from typing import Sequence
 
 import numpy as np
 
+from dlrmtrain.data.yambda.anchor_index import load_anchor_index
 from dlrmtrain.data.yambda.batch import SampleColumns
 from dlrmtrain.data.yambda.cross_hash import cross_ids, hour_of_day, unit_hash
-from dlrmtrain.data.yambda.events import LISTEN_TYPE, LP_BIT, LISTEN_PLUS_THRESHOLD, action_bits, pool_flags
+from dlrmtrain.data.yambda.events import LISTEN_PLUS_THRESHOLD, LISTEN_TYPE, LP_BIT, action_bits, pool_flags
 from dlrmtrain.data.yambda.history import HistoryRule, uih_budget
 from dlrmtrain.data.yambda.store import EventStore
 from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES
 
 CrossSpec = tuple[str, Sequence[str], int, int]
 """(name, keys, table rows, salt), as sequence_features.CROSS_SPECS."""
-
-_ANCHOR_CHUNK = 1 << 26  # events per pass when finding anchors (bounded memory on 5b)
-
-
-def find_anchors(store: EventStore, min_history: int) -> np.ndarray:
-    """Flat positions of the anchors, in chunks of users so 5b needs no full-length temporaries."""
-    uid, types = store.events["uid"], store.events["event_type"]
-    out, lo = [], 0
-    while lo < store.num_events:
-        hi = min(store.num_events, lo + _ANCHOR_CHUNK)
-        u = np.asarray(uid[lo:hi]).astype(np.int64)
-        offset = np.arange(lo, hi, dtype=np.int64) - store.user_start[u]
-        out.append(np.flatnonzero((offset >= min_history) & (np.asarray(types[lo:hi]) == LISTEN_TYPE)) + lo)
-        lo = hi
-    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -69,24 +55,8 @@ class YambdaSamples:
     def __init__(self, store: EventStore | str | Path, rule: SampleRule, crosses: Sequence[CrossSpec]) -> None:
         self.store = store if isinstance(store, EventStore) else EventStore(store)
         self.rule, self.crosses = rule, [(n, tuple(k), int(r), int(s)) for n, k, r, s in crosses]
-        self.anchors = self._cached_anchors()
-        self.anchor_ts = np.asarray(self.store.events["timestamp"][self.anchors], dtype=np.int64)
-        self.t_min = int(self.anchor_ts.min()) if len(self.anchors) else 0
-        self.num_windows = (int(self.anchor_ts.max()) - self.t_min) // rule.window_seconds + 1 \
-            if len(self.anchors) else 0
-
-    def _cached_anchors(self) -> np.ndarray:
-        path = self.store.dir / f"anchors_min{self.rule.min_history}.npy"
-        if path.is_file():
-            return np.load(path, mmap_mode="r")
-        anchors = find_anchors(self.store, self.rule.min_history)
-        try:  # a read-only dataset directory just recomputes next time
-            tmp = path.with_suffix(f".tmp{np.random.randint(1 << 30)}.npy")
-            np.save(tmp, anchors)
-            tmp.replace(path)
-        except OSError:
-            pass
-        return anchors
+        self.index = load_anchor_index(self.store, rule.min_history, rule.window_seconds)
+        self.anchors, self.t_min, self.num_windows = self.index.anchors, self.index.t_min, self.index.num_windows
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -94,8 +64,7 @@ class YambdaSamples:
     # ---- which anchors, in which order ----
     def window_indices(self, ts: int) -> np.ndarray:
         """Anchor indices in window `ts` ([t_min + ts*W, t_min + (ts+1)*W)), user-major."""
-        lo = self.t_min + ts * self.rule.window_seconds
-        return np.flatnonzero((self.anchor_ts >= lo) & (self.anchor_ts < lo + self.rule.window_seconds))
+        return self.index.window(ts)
 
     def _held_out(self, idx: np.ndarray) -> np.ndarray:
         uids = np.asarray(self.store.events["uid"][self.anchors[idx]])
