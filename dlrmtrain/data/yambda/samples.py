@@ -30,6 +30,7 @@ from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES
 
 CrossSpec = tuple[str, Sequence[str], int, int]
 """(name, keys, table rows, salt), as sequence_features.CROSS_SPECS."""
+HISTORY_KEYS = ("item_id", "action_weight", "action_timestamp")
 
 
 @dataclass(frozen=True)
@@ -95,23 +96,42 @@ class YambdaSamples:
         return idx[self._held_out(idx)] if self.rule.train_fraction < 1.0 else idx
 
     # ---- features ----
+    def _histories(self, pos: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(history lengths, item_id / action_weight / action_timestamp of the history events, sample after
+        sample) of anchors `pos`. Scan ranges that overlap (a user's anchors: user-major order) form one
+        segment, read from the store and classified into pools once."""
+        ev, rule = self.store.events, self.rule.history
+        budget = uih_budget(self.rule.max_seq_len, 1, len(CONTEXTUAL_FEATURES))
+        lo = np.maximum(self.store.user_start[np.asarray(ev["uid"][pos], dtype=np.int64)], pos - rule.scan_window)
+        by_lo = np.argsort(lo, kind="stable")
+        reach = np.maximum.accumulate(pos[by_lo])                  # a range ends at its anchor
+        segment = np.concatenate([[0], np.cumsum(lo[by_lo][1:] > reach[:-1])]) if len(pos) else by_lo
+        empty = np.zeros(0, np.int64)
+        per_sample: list[dict[str, np.ndarray]] = [dict.fromkeys(HISTORY_KEYS, empty)] * len(pos)
+        for members in np.split(by_lo, np.flatnonzero(np.diff(segment)) + 1) if len(pos) else []:
+            s_lo, s_hi = int(lo[members].min()), int(pos[members].max())
+            if s_hi <= s_lo:
+                continue
+            flags = pool_flags(np.asarray(ev["event_type"][s_lo:s_hi]), np.asarray(ev["played_ratio_pct"][s_lo:s_hi]))
+            cols = {"item_id": np.asarray(ev["item_id"][s_lo:s_hi], dtype=np.int64),
+                    "action_weight": action_bits(*flags),
+                    "action_timestamp": np.asarray(ev["timestamp"][s_lo:s_hi], dtype=np.int64)}
+            for i in members:
+                a, b = int(lo[i]) - s_lo, int(pos[i]) - s_lo
+                if b > a:
+                    keep = rule.select(flags[0][a:b], flags[1][a:b], flags[2][a:b])[-budget:] + a
+                    per_sample[i] = {k: v[keep] for k, v in cols.items()}
+        lengths = np.array([len(h["item_id"]) for h in per_sample], dtype=np.int64)
+        return lengths, {k: np.concatenate([h[k] for h in per_sample]) if len(pos) else empty
+                         for k in HISTORY_KEYS}
+
+    # ---- features ----
     def columns(self, indices: np.ndarray) -> SampleColumns:
         """The features of anchors `indices`, as the reference's `_build_sample` builds them."""
         st, ev = self.store, self.store.events
-        budget = uih_budget(self.rule.max_seq_len, 1, len(CONTEXTUAL_FEATURES))
-        pos = self.anchors[np.asarray(indices, dtype=np.int64)]
-        hist_pos, lengths = [], np.zeros(len(pos), np.int64)
-        for i, p in enumerate(pos):
-            lo, hi = self.rule.history.scan_range(p, st.user_start[int(ev["uid"][p])])
-            flags = pool_flags(ev["event_type"][lo:hi], ev["played_ratio_pct"][lo:hi])
-            keep = self.rule.history.select(*flags)[-budget:] + lo if hi > lo else np.zeros(0, np.int64)
-            hist_pos.append(keep)
-            lengths[i] = len(keep)
-        h = np.concatenate(hist_pos) if hist_pos else np.zeros(0, np.int64)
-        items = np.asarray(ev["item_id"][h], dtype=np.int64)
-        bits = action_bits(*pool_flags(ev["event_type"][h], ev["played_ratio_pct"][h]))
-        h_ts = np.asarray(ev["timestamp"][h], dtype=np.int64)
-
+        pos = np.asarray(self.anchors[np.asarray(indices, dtype=np.int64)], dtype=np.int64)
+        lengths, hist = self._histories(pos)
+        items, h_ts = hist["item_id"], hist["action_timestamp"]
         uid = np.asarray(ev["uid"][pos], dtype=np.int64)
         target = np.asarray(ev["item_id"][pos], dtype=np.int64)
         target_ts = np.asarray(ev["timestamp"][pos], dtype=np.int64)
@@ -127,7 +147,7 @@ class YambdaSamples:
             crosses={name: cross_ids(anchor, keys, rows, salt) for name, keys, rows, salt in self.crosses},
             history_lengths=lengths,
             history={"item_id": items, "artist_id": st.artists_of(items), "album_id": st.albums_of(items),
-                     "action_weight": bits, "action_timestamp": h_ts},
+                     "action_weight": hist["action_weight"], "action_timestamp": h_ts},
             candidate={"item_candidate_id": target, "item_candidate_artist_id": anchor["artist_id"],
                        "item_candidate_album_id": anchor["album_id"], "item_query_time": query_time,
                        "item_action_weight": np.where(is_lp, LP_BIT, 0).astype(np.int64)})

@@ -67,10 +67,10 @@ class EventStore:
 
     def artists_of(self, items: np.ndarray) -> np.ndarray:
         """History items' artists as the reference maps them (ids past the map clip to its last row)."""
-        return np.asarray(self.item_to_artist[np.clip(items, 0, self.num_items - 1)], dtype=np.int64)
+        return np.asarray(self.item_to_artist[np.minimum(items, self.num_items - 1)], dtype=np.int64)
 
     def albums_of(self, items: np.ndarray) -> np.ndarray:
-        return np.asarray(self.item_to_album[np.clip(items, 0, self.num_items - 1)], dtype=np.int64)
+        return np.asarray(self.item_to_album[np.minimum(items, self.num_items - 1)], dtype=np.int64)
 
     def candidate_artist(self, items: np.ndarray) -> np.ndarray:
         """Candidates' artists as the reference maps them (0 for ids past the map)."""
