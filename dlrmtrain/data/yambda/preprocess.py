@@ -70,7 +70,8 @@ def preprocess_yambda(events: str | Path, artists: str | Path, albums: str | Pat
                       session_gap_seconds: int = 1800, bucket_events: int = 200_000_000,
                       batch_rows: int = 4_000_000) -> dict:
     """Prepare `out` from the raw files; returns the store.json record. `bucket_events` bounds
-    pass 3's memory (about 60 bytes per event of one bucket)."""
+    pass 3's memory (about 60 bytes per event of one bucket); disk holds the raw file, the
+    bucket spill and the store, the spill shrinking as the store fills (26 bytes per event each)."""
     events, out = Path(events), Path(out)
     rows, t_max, uid_max = _scan_extent(events, batch_rows)
     split = TemporalSplit.from_last_timestamp(t_max, train_days, gap_minutes, test_days)
@@ -139,6 +140,8 @@ def preprocess_yambda(events: str | Path, artists: str | Path, albums: str | Pat
         user_end[users] = at + np.append(first[1:], m)
         at += m
         del part, order, uid_sorted
+        for c in RAW_COLUMNS:  # the spill shrinks as the store grows: disk peak ~ one copy
+            (spill / f"{b}_{c}.bin").unlink()
     for arr in cols_out.values():
         arr.flush()
     shutil.rmtree(spill)
