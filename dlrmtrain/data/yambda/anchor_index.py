@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from dlrmtrain.data.yambda.events import LISTEN_TYPE
+from dlrmtrain.data.yambda.history import is_anchor
 from dlrmtrain.data.yambda.store import EventStore
 
 CHUNK = 1 << 26
@@ -29,13 +29,13 @@ CHUNK = 1 << 26
 
 
 def find_anchors(store: EventStore, min_history: int) -> np.ndarray:
-    """Flat positions of the LISTEN events with >= min_history earlier events of their user."""
+    """Flat positions of the anchors (history.is_anchor), a chunk of events at a time."""
     uid, types = store.events["uid"], store.events["event_type"]
     out = []
     for lo in range(0, store.num_events, CHUNK):
         hi = min(store.num_events, lo + CHUNK)
         offset = np.arange(lo, hi, dtype=np.int64) - store.user_start[np.asarray(uid[lo:hi], dtype=np.int64)]
-        out.append(np.flatnonzero((offset >= min_history) & (np.asarray(types[lo:hi]) == LISTEN_TYPE)) + lo)
+        out.append(np.flatnonzero(is_anchor(offset, types[lo:hi], min_history)) + lo)
     return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
 

@@ -37,12 +37,16 @@ def user_runs(flat_uid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.append(starts[1:], len(flat_uid)).astype(np.int64)
 
 
+def is_anchor(offset_in_user: np.ndarray, event_types: np.ndarray, min_history: int) -> np.ndarray:
+    """The anchor rule per event: a LISTEN with >= min_history earlier events (any type) of its user."""
+    return (offset_in_user >= min_history) & (np.asarray(event_types) == LISTEN_TYPE)
+
+
 def anchor_positions(flat_uid: np.ndarray, event_types: np.ndarray, min_history: int) -> np.ndarray:
-    """Flat positions of the anchors: LISTEN events with >= min_history earlier events of their user."""
+    """Flat positions of the anchors in user-major events."""
     starts, ends = user_runs(flat_uid)
     offset_in_user = np.arange(len(flat_uid), dtype=np.int64) - np.repeat(starts, ends - starts)
-    keep = (offset_in_user >= min_history) & (np.asarray(event_types) == LISTEN_TYPE)
-    return np.flatnonzero(keep).astype(np.int64)
+    return np.flatnonzero(is_anchor(offset_in_user, event_types, min_history)).astype(np.int64)
 
 
 @dataclass(frozen=True)
