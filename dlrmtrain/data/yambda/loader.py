@@ -53,6 +53,14 @@ class SequenceBatchLoader:
     def num_batches(self) -> int:
         return int(self._first_batch[-1])
 
+    @property
+    def num_real_samples(self) -> int:
+        """Samples a full pass yields over all ranks (train: the dropped remainders excluded;
+        eval: every sample once), e.g. MLPerf's train / eval sample counts."""
+        if self.last_batch == "pad":
+            return self.num_samples
+        return self.num_batches * self.global_batch
+
     def rank_sample_ids(self, position: int) -> tuple[np.ndarray, int]:
         """(sample ids of this rank's batch at `position`, how many of them are real; the rest pad)."""
         if not 0 <= position < self.num_batches:

@@ -4,13 +4,14 @@ Each user u is generated from its own random stream (seed, u), so any sample is 
 without generating the ones before it (rank slices and resumption are free). A user:
 
 - picks ~`artists_per_user` favourite artists from the catalog (global Zipf popularity,
-  exponent `artist_zipf`) and an affinity per favourite, plus a user bias;
+  exponent `artist_zipf`), an affinity per favourite and a user bias;
 - listens `history_length + anchors + eval_anchors` times: artist among the favourites
   (Zipf `user_zipf` over them), album of that artist (Zipf `album_zipf`), track of the
   album (Zipf `track_zipf`); item popularity is thus Zipf-like and items group under
   albums and artists (item = (artist * albums_per_artist + album) * tracks_per_album + track);
 - each event is a like (probability `like_share`) or a listen, listen_plus with probability
-  sigmoid(0.6 + 1.5 affinity + quality(item) + 0.5 bias + 0.3 (2 organic - 1)), else a skip:
+  sigmoid(0.6 + 1.5 affinity + quality(item) + bias + 0.3 (2 organic - 1)), else a skip
+  (affinity ~ N(0, 1), quality uniform with unit variance, bias ~ N(0, 0.5^2)), so
   the label depends on user-artist affinity that the history reveals (the model can learn
   it), on a fixed per-item quality and on the user;
 - timestamps advance by exponential gaps (mean 3 minutes) from a per-user start, so the

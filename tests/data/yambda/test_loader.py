@@ -86,6 +86,8 @@ def test_eval_pads_with_weight_zero():
         assert all(b.batch_size == len(w) for b, w in weighted)
         counts.append(sum(float(w.sum()) for _b, w in weighted))
     assert sum(counts) == 30                                            # 30 users x 1 eval anchor
+    loaders = build_yambda_loaders(cfg.data, 0, 3, 12, 12)
+    assert (loaders.eval.num_real_samples, loaders.train.num_real_samples) == (30, 120 // 12 * 12)
 
 
 def test_the_batch_layout_is_the_contract():

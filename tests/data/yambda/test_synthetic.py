@@ -90,3 +90,14 @@ def test_the_label_is_learnable_from_the_history():
     n = np.bincount(owner, weights=listens, minlength=len(c.uid))
     score = (lp + 0.6) / (n + 1.0)                                 # smoothed toward the overall rate
     assert auc(score, c.candidate["item_action_weight"] == LP_BIT) > 0.65
+
+
+def test_the_reference_shape_config_fits_the_full_size_tables():
+    from dlrmtrain.config import load_config
+    from dlrmtrain.data.yambda.builder import cross_specs, synthetic_profile
+    from dlrmtrain.sequence_features import TABLES
+    from tests.data.raw_rows import REPO_ROOT
+    cfg = load_config(REPO_ROOT / "configs" / "data" / "synthetic_yambda.yaml")
+    rows = YambdaLikeGenerator(synthetic_profile(cfg.data), cross_specs(cfg.data)).table_rows()
+    assert set(rows) == set(TABLES)
+    assert all(rows[name] <= TABLES[name][0] for name in TABLES), rows
