@@ -17,7 +17,7 @@ from dlrmtrain.config.schema import DataConfig
 from dlrmtrain.data.yambda.calibration import REFERENCE_UNIQUE_RATES, calibrate
 from dlrmtrain.data.yambda.checks import check_yambda_data
 from dlrmtrain.data.yambda.history import HistoryRule
-from dlrmtrain.data.yambda.loader import SequenceBatchLoader
+from dlrmtrain.data.yambda.loader import SequenceBatchLoader, Windows
 from dlrmtrain.data.yambda.samples import CrossSpec, SampleRule, YambdaSamples
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
 from dlrmtrain.sequence_features import CROSS_SPECS
@@ -67,8 +67,9 @@ def _prepared(data: DataConfig, rank: int, world_size: int, global_batch: int, e
                       y.split_salt)
     train_samples = YambdaSamples(y.path, rule, cross_specs(data))
     eval_samples = YambdaSamples(train_samples.store, rule, cross_specs(data))  # its own thread's state
-    last = min(y.start_window + y.num_train_windows, train_samples.num_windows)
-    windows = [train_samples.train_indices(ts) for ts in range(y.start_window, last)]
+    train_windows = range(y.start_window, min(y.start_window + y.num_train_windows, train_samples.num_windows))
+    windows = Windows(train_samples.train_window_sizes(train_windows),
+                      lambda w: train_samples.train_indices(train_windows[w]))
     store = train_samples.store
     common = dict(rank=rank, world_size=world_size, slicing="round_robin", prefetch=prefetch)
     return YambdaLoaders(

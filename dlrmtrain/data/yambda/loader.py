@@ -1,7 +1,7 @@
 """Ordered samples → this rank's `SequenceBatch`es: rank slices, last-batch policy, resumption.
 
-The samples come as windows (lists of sample ids in streaming order; the synthetic
-source has one window). Each window is cut into global batches of
+The samples come as windows (lists of sample ids in streaming order, fetched one at a
+time: `Windows`; the synthetic source has one window). Each window is cut into global batches of
 `global_batch_size` consecutive samples; a rank's share of a global batch is
 - `round_robin`: every world_size-th sample from its rank (the reference's
   StreamingWindowSampler / DistributedSampler: all ranks on the same time front), or
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
@@ -32,22 +33,46 @@ RankSlicing = Literal["round_robin", "contiguous"]
 LastBatch = Literal["drop", "pad"]
 
 
+@dataclass
+class Windows:
+    """Windows fetched on demand (a 5b training pass holds ~2.3 G sample ids: never all at once)."""
+
+    sizes: list[int]
+    """Samples per window."""
+    get: Callable[[int], np.ndarray]
+    """Window number → its sample ids in streaming order (len == sizes[w])."""
+
+    @classmethod
+    def of(cls, arrays: Sequence[np.ndarray]) -> "Windows":
+        arrays = [np.asarray(a, dtype=np.int64) for a in arrays]
+        return cls([len(a) for a in arrays], arrays.__getitem__)
+
+
 class SequenceBatchLoader:
-    def __init__(self, windows: Sequence[np.ndarray], make_columns: Callable[[np.ndarray], SampleColumns],
+    def __init__(self, windows: Windows | Sequence[np.ndarray], make_columns: Callable[[np.ndarray], SampleColumns],
                  rank: int, world_size: int, global_batch_size: int, slicing: RankSlicing = "round_robin",
                  last_batch: LastBatch = "drop", prefetch: int = 0) -> None:
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} does not divide by the world size {world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
-        self.windows = [np.asarray(w, dtype=np.int64) for w in windows]
+        self.windows = windows if isinstance(windows, Windows) else Windows.of(windows)
         self.make_columns, self.rank, self.world = make_columns, rank, world_size
         self.global_batch, self.local_batch = global_batch_size, global_batch_size // world_size
         self.slicing, self.last_batch, self.prefetch = slicing, last_batch, prefetch
-        per_window = [len(w) // global_batch_size if last_batch == "drop" else -(-len(w) // global_batch_size)
-                      for w in self.windows]
+        per_window = [n // global_batch_size if last_batch == "drop" else -(-n // global_batch_size)
+                      for n in self.windows.sizes]
         self._first_batch = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
-        self.num_samples = int(sum(len(w) for w in self.windows))
+        self.num_samples = int(sum(self.windows.sizes))
+        self._cached: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
+
+    def _window(self, w: int) -> np.ndarray:
+        if self._cached[0] != w:  # batches walk the windows in order: one window held at a time
+            ids = np.asarray(self.windows.get(w), dtype=np.int64)
+            if len(ids) != self.windows.sizes[w]:
+                raise RuntimeError(f"window {w}: {len(ids)} samples, {self.windows.sizes[w]} announced")
+            self._cached = (w, ids)
+        return self._cached[1]
 
     @property
     def num_batches(self) -> int:
@@ -67,7 +92,7 @@ class SequenceBatchLoader:
             raise IndexError(f"batch {position} outside 0..{self.num_batches - 1}")
         w = int(np.searchsorted(self._first_batch, position, side="right") - 1)
         j = position - int(self._first_batch[w])
-        part = self.windows[w][j * self.global_batch:(j + 1) * self.global_batch]
+        part = self._window(w)[j * self.global_batch:(j + 1) * self.global_batch]
         if self.slicing == "round_robin":
             mine = part[self.rank::self.world]
         else:

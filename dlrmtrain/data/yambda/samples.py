@@ -89,6 +89,13 @@ class YambdaSamples:
             idx = idx[~self._held_out(idx)]
         return self._shuffle(idx, ts)
 
+    def train_window_sizes(self, windows: range) -> list[int]:
+        """Samples of train_indices(ts) per window, without holding them (one window at a time)."""
+        if self.rule.train_fraction >= 1.0:
+            return [len(self.index.order[self.index.offsets[ts]:self.index.offsets[ts + 1]])
+                    if 0 <= ts < self.num_windows else 0 for ts in windows]
+        return [int((~self._held_out(self.window_indices(ts))).sum()) for ts in windows]
+
     def eval_indices(self, start_ts: int, num_windows: int = 1) -> np.ndarray:
         """The fixed eval set: the held-out users' anchors (all anchors without a holdout)."""
         parts = [self.window_indices(ts) for ts in range(start_ts, start_ts + max(1, num_windows))]

@@ -167,3 +167,9 @@ def test_holdout_and_the_builder_stream_round_robin(tmp_path):
     uid_of = np.array([0, 0, 0, 0, 1, 1])
     assert held.train_indices(0).tolist() == [i for i in range(5) if not h[uid_of[i]]]
     assert held.eval_indices(0, 2).tolist() == [i for i in range(6) if h[uid_of[i]]]
+    assert held.train_window_sizes(range(3)) == [len(held.train_indices(w)) for w in range(3)]
+    y.train_fraction, y.num_train_windows = 0.5, 2
+    lazy = build_yambda_loaders(cfg.data, 0, 1, 1, 1).train                # windows fetched on demand
+    assert lazy.windows.sizes == held.train_window_sizes(range(2))
+    assert [lazy.rank_sample_ids(p)[0].tolist() for p in range(lazy.num_batches)] == \
+        [[i] for w in range(2) for i in held.train_indices(w).tolist()]
