@@ -16,6 +16,13 @@ One concept per module:
 - builder.py      build_yambda_loaders (what the trainer calls); checks.py the config rules
 """
 
-from dlrmtrain.data.yambda.builder import YambdaLoaders, build_yambda_loaders
 
 __all__ = ["YambdaLoaders", "build_yambda_loaders"]
+
+
+def __getattr__(name: str):
+    # Lazy, so `python -m dlrmtrain.data.yambda.<cli module>` does not import that module twice.
+    if name in __all__:
+        from dlrmtrain.data.yambda import builder
+        return getattr(builder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

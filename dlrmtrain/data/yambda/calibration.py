@@ -8,7 +8,8 @@ uih.item_id is ~2.4 % unique within a batch, uih.album_id ~1.5 % and uih.artist_
 ~0.6 %. A rate here is the same quantity: distinct ids / history positions of one
 rank's batch, per feature.
 
-`calibrate` tunes three knobs of a profile by fixed-point iteration on measured batches:
+`python -m dlrmtrain.data.yambda.calibration [--calibrate]` prints them. `calibrate` tunes
+three knobs of a profile by fixed-point iteration on measured batches:
 favourite artists per user (the artist rate), the album skew (albums per artist, hence
 the album rate) and the track skew (tracks per album, hence the item rate).
 """
@@ -75,3 +76,30 @@ def calibrate(profile: YambdaLikeProfile, crosses: Sequence[CrossSpec], batch_si
     raise ValueError(f"calibration did not reach {targets} within {tolerance:.0%} after {max_iterations} "
                      f"iterations (last rates {rates}, profile {profile}); a catalog with more albums per "
                      "artist or tracks per album gives the skews room")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the default profile's rates at the reference's batch (or re-fit them: --calibrate)."""
+    import argparse
+    from dataclasses import asdict
+
+    from dlrmtrain.sequence_features import CROSS_SPECS
+    p = argparse.ArgumentParser(description="In-batch unique rates of the synthetic Yambda-like source.")
+    p.add_argument("--batch-size", type=int, default=REFERENCE_BATCH_SIZE, help="per-rank batch")
+    p.add_argument("--history-length", type=int, default=REFERENCE_HISTORY_EVENTS)
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--calibrate", action="store_true", help="re-fit the profile first and print it")
+    a = p.parse_args(argv)
+    profile = replace(YambdaLikeProfile(), history_length=a.history_length)
+    if a.calibrate:
+        fit = calibrate(profile, CROSS_SPECS, a.batch_size, tolerance=0.02)
+        profile = fit.profile
+        knobs = {k: v for k, v in asdict(profile).items() if k in ("artists_per_user", "album_zipf", "track_zipf")}
+        print(f"calibrated in {fit.iterations} iterations: {knobs}")
+    rates = unique_rates(YambdaLikeGenerator(profile, CROSS_SPECS), a.batch_size, a.batches)
+    for key, target in REFERENCE_UNIQUE_RATES.items():
+        print(f"{key:10s} {rates[key]:.4%} unique (reference {target:.1%})")
+
+
+if __name__ == "__main__":
+    main()

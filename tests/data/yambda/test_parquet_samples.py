@@ -89,11 +89,12 @@ def test_preprocessing_splits_sorts_and_sessions(tmp_path):
     test = np.load(tmp_path / "prep" / "test_events.npz")
     assert test["uid"].tolist() == [0] and test["timestamp"].tolist() == [9 * D + 10]
     assert st.item_to_artist.tolist() == [ARTIST[i] for i in range(10)]
-    # the same store from one bucket and one record batch
-    one = tmp_path / "one"
-    one.mkdir()
-    prepare(one)
-    assert EventStore(one / "prep").events["item_id"].tolist() == ev["item_id"].tolist()
+    # the same store from one bucket and one record batch, through the command line
+    from dlrmtrain.data.yambda.preprocess import main
+    main(["--events", str(tmp_path / "multi_event.parquet"), "--out", str(tmp_path / "cli"), "--train-days", "2",
+          "--artists", str(tmp_path / "artist_item_mapping.parquet"),
+          "--albums", str(tmp_path / "album_item_mapping.parquet")])
+    assert EventStore(tmp_path / "cli").events["item_id"].tolist() == ev["item_id"].tolist()
 
 
 def test_samples_match_the_hand_built_histories(tmp_path):
