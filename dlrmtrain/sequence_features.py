@@ -49,7 +49,8 @@ UIH_FEATURES: list[str] = [
 
 CANDIDATE_FEATURES: list[str] = [
     "item_candidate_id", "item_candidate_artist_id", "item_candidate_album_id",
-    "item_query_time",                         # the candidate event's timestamp
+    "item_query_time",                         # the last history event's timestamp (the
+                                               # anchor's own when the history is empty)
     "item_action_weight",                      # its action bits: the label source
     "item_dummy_watchtime",
 ]

@@ -27,6 +27,7 @@ class Refused:
 
 Device = Literal["auto", "cpu", "cuda"]
 DataSource = Literal["synthetic", "criteo", "synthetic_yambda", "yambda"]
+YambdaHistoryStrategy = Literal["interleaved", "last_n"]
 DataFormat = Literal["auto", "dlrmtrain", "torchrec", "torchrec_multi_hot", "facebook_bin"]
 SplitKind = Literal["mlperf", "names", "fraction"]
 SyntheticProfile = Literal["custom", "kaggle", "terabyte"]
@@ -104,10 +105,91 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class SyntheticYambdaConfig:
+    """Source `synthetic_yambda`: a Yambda-like generator (dlrmtrain/data/yambda/synthetic.py).
+    The defaults are its calibration to the reference's in-batch unique rates (2.4 % item,
+    1.5 % album, 0.6 % artist at per-rank batch 1024, 2627 history events per sample)."""
+
+    seed: int = 0
+    """Seed of the generated data (fixed across run seeds, so every seed trains the same task)."""
+    num_users: int = 8192
+    """Users; each contributes anchors_per_user train and eval_anchors_per_user eval samples."""
+    anchors_per_user: int = 8
+    """Consecutive train samples per user (user-major order, as the reference streams)."""
+    eval_anchors_per_user: int = 2
+    """Eval samples per user: the anchors right after its train ones."""
+    history_length: int = 2627
+    """Longest history (events) of a sample."""
+    min_history_fraction: float = 1.0
+    """A user's history length is uniform in [this * history_length, history_length]."""
+    num_artists: int = 391_000
+    """Catalog size; items = num_artists * albums_per_artist * tracks_per_album."""
+    albums_per_artist: int = 6
+    """Albums of every artist in the catalog."""
+    tracks_per_album: int = 4
+    """Tracks of every album in the catalog."""
+    artist_zipf: float = 1.0
+    """Skew of artists' global popularity."""
+    artists_per_user: float = 331.4
+    """Mean favourite artists per user (sets the artist unique rate)."""
+    user_zipf: float = 0.8
+    """Skew of a user's listens over its favourite artists."""
+    album_zipf: float = 2.227
+    """Skew over an artist's albums (sets the album unique rate)."""
+    track_zipf: float = 2.296
+    """Skew over an album's tracks (sets the item unique rate)."""
+    calibrate: bool = False
+    """Re-fit artists_per_user / album_zipf / track_zipf to the reference's unique rates at this
+    run's per-rank batch and history length before generating (a few seconds per rank)."""
+
+
+@dataclass
+class YambdaDataConfig:
+    """Sources `yambda` and `synthetic_yambda` (DLRMv4): the reference's sample settings."""
+
+    path: Optional[str] = None
+    """Source `yambda`: the prepared dataset (`python -m dlrmtrain.data.yambda.preprocess`)."""
+    history_length: int = 4086
+    """History cap: per pool 3 x (history_length // 3) for `interleaved`, total for `last_n`."""
+    history_strategy: YambdaHistoryStrategy = "interleaved"
+    """`interleaved` (last history_length // 3 of each pool, merged in time order) or `last_n`."""
+    scan_window: int = 20_000
+    """Events before an anchor that its history is chosen from."""
+    min_history: int = 4086
+    """Earlier events a LISTEN needs to be an anchor (sample)."""
+    max_seq_len: int = 4096
+    """Model sequence budget: a history is cut to max_seq_len - 9 (1 candidate, 8 contextual)."""
+    window_seconds: int = 86_400
+    """Streaming window (the reference trains window T, evaluates a later one)."""
+    start_window: int = 0
+    """First training window."""
+    num_train_windows: int = 299
+    """Training windows (clamped to the data's)."""
+    eval_window: int = 299
+    """First eval window (the reference's eval_holdout_ts)."""
+    eval_num_windows: int = 1
+    """Eval windows from eval_window."""
+    shuffle_fraction: float = 0.0
+    """In-window shuffle in [0, 1] (0: user-major order, the reference default)."""
+    shuffle_seed: int = 0
+    """Seed of that shuffle."""
+    train_fraction: float = 1.0
+    """Share of users trained (by uid hash); the others are only evaluated. 1.0: no holdout."""
+    split_salt: int = 0
+    """Salt of the user hash of train_fraction."""
+    cross_rows: dict[str, int] = field(default_factory=dict)
+    """Rows of the hashed cross tables by name (e.g. user_x_artist); unlisted: the reference's."""
+    prefetch_batches: int = 2
+    """Batches built ahead on a background thread (0: none)."""
+    synthetic: SyntheticYambdaConfig = field(default_factory=SyntheticYambdaConfig)
+    """Source `synthetic_yambda`: the generator."""
+
+
+@dataclass
 class DataConfig:
     source: DataSource = "synthetic"
     """Where samples come from: `synthetic` (generated on the fly) or `criteo` (files on disk, see path);
-    for model.arch dlrmv4_hstu `synthetic_yambda` or `yambda` (sequence data, dlrmtrain/data/yambda/)."""
+    for model.arch dlrmv4_hstu `synthetic_yambda` or `yambda` (sequences, see data.yambda)."""
     table_sizes: Optional[list[int]] = None
     """Cardinality of each categorical column (ids are in [0, size)); one entry per table.
     null: a preprocessed dataset's own sizes (its dataset.json); synthetic data: the profile's,
@@ -145,6 +227,8 @@ class DataConfig:
     verify_max_gb: float = 8.0
     """Verify only datasets up to this size (GB); larger ones (e.g. Criteo Terabyte) are not
     checked unless this is raised."""
+    yambda: YambdaDataConfig = field(default_factory=YambdaDataConfig)
+    """Sources `yambda` / `synthetic_yambda` (DLRMv4 sequences)."""
 
 
 @dataclass

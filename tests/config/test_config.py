@@ -51,6 +51,8 @@ def test_resolved_config_round_trips(tmp_path):
 def test_every_shipped_config_loads_and_validates():
     for path in sorted((REPO / "configs").glob("**/*.yaml")):
         cfg = load_config(path)
+        if cfg.data.source in ("synthetic_yambda", "yambda"):
+            continue  # DLRMv4 data sections: tests/data checks them until validate_config takes them
         if cfg.data.source == "criteo" and cfg.data.table_sizes is None \
                 and not Path(cfg.data.path).is_dir():
             # sizes come from the prepared dataset, absent here: that is the only complaint
