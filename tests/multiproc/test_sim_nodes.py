@@ -115,3 +115,29 @@ def test_training_runs_across_two_simulated_nodes(tmp_path):
     assert "2 ranks on 2 nodes" in done.stdout
     summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
+
+
+def test_mlperf_runs_span_the_simulated_nodes(tmp_path):
+    """Each run is `dlrmtrain train --sim-nodes` (which builds the nodes), the system
+    name counts nodes x ranks; where nodes cannot be made the runner says why up front."""
+    from dlrmtrain.config.loader import dump_config
+    from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
+    from tests.common import tiny_config
+    from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
+
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    args = parse_args(["--config", str(config), "--out", str(tmp_path / "out"), "--nproc", "1",
+                       "--sim-nodes", "2", "--link-gbit", "1"])
+    if unavailable_reason(2):
+        with pytest.raises(SystemExit, match="--sim-nodes: "):
+            plan_from_args(args)
+        return
+    plan = plan_from_args(args)
+    cmd = run_command(plan, "dedup", 0)
+    assert cmd[1:4] == ["-m", "dlrmtrain", "train"]  # not wrapped: train builds the nodes
+    assert {"--nproc=1", "--sim-nodes=2", "--link-gbit=1.0"} <= set(cmd)
+    assert plan.system("dedup") == "cpu2x1_gloo_link-1gbit_codec-dedup"
+    with pytest.raises(SystemExit, match="--sim-nodes: simulated nodes must be 2"):
+        plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o2"),
+                                   "--sim-nodes", "1"]))
