@@ -26,6 +26,7 @@ timeout, which would measure the timer, not the link).
 Latency (`--latency-ms`) needs the kernel's netem qdisc, placed above tbf; on
 loopback it delays each packet once, so a round trip costs twice the latency.
 Needs root, `unshare` and `tc`; without them it says which is missing and stops.
+Several nodes where only the traffic between nodes is shaped: sim_nodes.py.
 """
 
 from __future__ import annotations

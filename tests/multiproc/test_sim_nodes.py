@@ -54,6 +54,8 @@ def test_nodes_meet_at_node_zero_and_use_loopback_addresses_only():
         SimNodes(1)
     with pytest.raises(ValueError, match="--nnodes"):
         node_launch_specs(LaunchSpec(nnodes=2, rdzv="127.0.0.1:1"), sim)
+    # A script instead of a module (bench_train.py runs itself on every rank).
+    assert torchrun_argv(LaunchSpec(script="bench.py", args=["--x"]))[-2:] == ["bench.py", "--x"]
 
 
 @pytest.mark.parametrize("args, message", [
