@@ -214,7 +214,8 @@ def launch_nodes(spec: LaunchSpec, sim: SimNodes) -> int:
 
     threads = spec.omp_threads or default_omp_threads(spec.nproc * sim.nodes)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
-    return subprocess.call(wrap_node_commands(torchrun_commands(spec, sim), sim), env=env)
+    return subprocess.call(wrap_node_commands(torchrun_commands(spec, sim), sim), env=env,
+                           preexec_fn=_die_with_parent)  # killed with us, it stops the nodes
 
 
 # ---- inside the private namespace ----
