@@ -254,26 +254,31 @@ def _die_with_parent() -> None:
 
 
 def run_nodes(sim: SimNodes, node_cmds: list[list[str]]) -> int:
-    """Start every node's command in its namespace; wait for all. When one fails, stop
-    the others and return its exit code."""
+    """Start every node's command in its namespace, each in a process group of its own;
+    wait for all. When one fails, stop the others and return its exit code. Whatever
+    is left in a node's group at the end is killed: nothing outlives the simulation."""
     procs = {}
     for i, cmd in enumerate(node_cmds):
         proc = subprocess.Popen(["ip", "netns", "exec", node_netns(i), *cmd],
                                 env={**os.environ, **sim.node_env(i)},
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with_parent, start_new_session=True)
         procs[proc.pid] = (i, proc)
 
+    def signal_nodes(sig: int) -> None:
+        for pid in procs:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def stop_all(*_) -> None:
-        for _, p in procs.values():
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-        killer = threading.Timer(STOP_GRACE_S, lambda: [p.kill() for _, p in procs.values()
-                                                        if p.returncode is None])
+        signal_nodes(signal.SIGTERM)
+        killer = threading.Timer(STOP_GRACE_S, signal_nodes, args=(signal.SIGKILL,))
         killer.daemon = True
         killer.start()
 
-    signal.signal(signal.SIGTERM, lambda *_: stop_all())
-    signal.signal(signal.SIGINT, lambda *_: stop_all())
+    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGINT, stop_all)
     status = 0
     pending = dict(procs)
     while pending:
@@ -289,6 +294,7 @@ def run_nodes(sim: SimNodes, node_cmds: list[list[str]]) -> int:
                 print(f"sim_nodes: node {node} failed ({how}); stopping the other nodes",
                       file=sys.stderr, flush=True)
                 stop_all()
+    signal_nodes(signal.SIGKILL)
     return status
 
 

@@ -92,10 +92,12 @@ def test_only_traffic_between_nodes_is_shaped(nodes):
 
 @needs_sim
 def test_failing_node_stops_the_others_and_gives_its_exit_code():
-    """Node 1 fails at once; node 0 would sleep a minute. Every node sees only
-    loopback-range addresses and its link as Gloo's interface."""
+    """Node 1 fails after a second; node 0's shell would wait a minute on `sleep`, a
+    child that outlives the shell unless the node's whole process group is stopped
+    (it holds the output open). Every node sees only loopback-range addresses and
+    its link as Gloo's interface."""
     script = ("ip -o addr; echo iface=$GLOO_SOCKET_IFNAME node=$DLRMTRAIN_SIM_NODE; "
-              "if [ {node_rank} = 1 ]; then exit 3; fi; sleep 60")
+              "if [ {node_rank} = 1 ]; then sleep 1; exit 3; fi; sleep 60")
     done = sim_nodes("--nodes", "2", "--", "sh", "-c", script, timeout=40)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "node 1 failed (exit code 3)" in done.stderr
