@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep[shape].append({
                 "link": label, "ms_per_step": point["ms_per_step"], "ratios": r,
                 "blocks_ms": point["blocks_ms"], "codec_ms_per_step": point.get("codec_ms_per_step"),
-                "loopback_mb_per_step": point.get("loopback_mb_per_step") if link or args.sim_nodes else None,
+                "loopback_mb_per_step":  # through the link (between nodes on sim nodes)
+                    point.get("loopback_mb_per_step") if link or args.sim_nodes else None,
                 "shape_text": f"{point['arch']}, global batch {point['global_batch_size']}"})
             print(f"[{shape}] {label:>9}: " + "  ".join(
                 f"{k} {v:.3f}" for k, v in r.items()) + "   ms/step " + "  ".join(

@@ -100,7 +100,7 @@ class SimNodes:
         link = "unshaped" if self.link is None else (
             f"{self.link.gbit:g} Gbit/s each way"
             + (f", +{self.link.latency_ms:g} ms per packet" if self.link.latency_ms else ""))
-        shape = "one veth pair" if not self.star else f"a star of veths at a bridge"
+        shape = "a star of veths at a bridge" if self.star else "one veth pair"
         return f"{self.nodes} simulated nodes, joined by {shape} ({link})"
 
     def setup_steps(self) -> list[list[str]]:
@@ -109,7 +109,7 @@ class SimNodes:
         no_ipv6 = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
         steps: list[list[str]] = [["sysctl", "-q", "-e", "-w", *no_ipv6]]
         if self.star:
-            steps += [["ip", "link", "add", HUB_BRIDGE, "type", "bridge"],
+            steps += [["ip", "link", "add", "name", HUB_BRIDGE, "type", "bridge"],
                       ["ip", "link", "set", HUB_BRIDGE, "up"]]
         for i in range(self.nodes):
             ns = node_netns(i)
@@ -125,18 +125,19 @@ class SimNodes:
         if self.star:
             for i in range(self.nodes):
                 port = f"hub{i}"
-                steps += [["ip", "link", "add", LINK_DEVICE, "netns", node_netns(i), "type", "veth",
-                           "peer", "name", port],
+                steps += [["ip", "link", "add", "name", LINK_DEVICE, "netns", node_netns(i),
+                           "type", "veth", "peer", "name", port],
                           ["ip", "link", "set", port, "master", HUB_BRIDGE],
                           ["ip", "link", "set", port, "up"]]
                 if self.link:  # what node i receives
                     steps += self.link.tc_commands(port, delay=False)
         else:
-            steps.append(["ip", "link", "add", LINK_DEVICE, "netns", node_netns(0), "type", "veth",
-                          "peer", "name", LINK_DEVICE, "netns", node_netns(1)])
+            steps.append(["ip", "link", "add", "name", LINK_DEVICE, "netns", node_netns(0),
+                          "type", "veth", "peer", "name", LINK_DEVICE, "netns", node_netns(1)])
         for i in range(self.nodes):
             ns = node_netns(i)
-            steps += [["ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/24", "dev", LINK_DEVICE],
+            steps += [["ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/24",
+                       "dev", LINK_DEVICE],
                       ["ip", "-n", ns, "link", "set", LINK_DEVICE, "up"]]
             if self.link:  # what node i sends
                 steps += self.link.tc_commands(LINK_DEVICE, netns=ns)
@@ -432,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-mb", type=float, default=None,
                    help="instead of a command: time a Gloo transfer of this many MB inside a "
                         "node and between nodes (torchrun, --nproc ranks per node), then a TCP one")
-    p.add_argument("--nproc", type=int, default=2, help="ranks per node for --probe-mb (default: 2)")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="ranks per node for --probe-mb (default: 2)")
     p.add_argument("--tcp-probe-mb", type=float, default=None,
                    help="instead of a command: time a TCP transfer of this many MB inside "
                         "each node and to the next node (no torch)")
