@@ -1,7 +1,7 @@
 """The `dlrmtrain` command (also `python -m dlrmtrain`): one entry for what users do.
 
     dlrmtrain train --config C [--nproc N] [--nnodes M --node-rank R --rdzv HOST:PORT]
-                    [--link-gbit G [--link-latency-ms L]] [key=value ...]
+                    [--link-gbit G [--link-latency-ms L]] [--sim-nodes M] [key=value ...]
     dlrmtrain preprocess --out DIR [--mode ...] RAW_FILES...
     dlrmtrain mlperf --config C --out DIR [--nproc N] [--rules official] [--link-gbit G] [key=value ...]
     dlrmtrain report RUN_DIR [RUN_DIR ...] [--out DIR]
@@ -40,11 +40,16 @@ def _train_parser() -> argparse.ArgumentParser:
                         "ranks and both directions (one node; needs root, unshare and tc)")
     p.add_argument("--link-latency-ms", type=float, default=0.0,
                    help="with --link-gbit: added one-way delay per packet")
+    p.add_argument("--sim-nodes", type=int, default=None,
+                   help="simulate N nodes of --nproc ranks each on this machine: a private "
+                        "network namespace per node, only traffic between nodes crosses the "
+                        "link (--link-gbit each way per node; unshaped without it); needs root, "
+                        "unshare, ip, tc")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return p
 
 
-LINK_OPTIONS = ("--link-gbit", "--link-latency-ms")
+LINK_OPTIONS = ("--link-gbit", "--link-latency-ms", "--sim-nodes")
 
 
 def without_link_options(argv: list[str]) -> list[str]:
@@ -61,7 +66,10 @@ def without_link_options(argv: list[str]) -> list[str]:
 
 
 def _link_of(args: argparse.Namespace):
-    """The shaped link asked for, or None; ValueError when it cannot be had here."""
+    """The link asked for: a shaped loopback (LinkSpec), simulated nodes (SimNodes) or
+    None; ValueError when it cannot be had here."""
+    if args.sim_nodes is not None:
+        return _sim_nodes_of(args)
     if args.link_gbit is None:
         return None
     from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason
@@ -73,6 +81,24 @@ def _link_of(args: argparse.Namespace):
     if reason:
         raise ValueError(f"--link-gbit: {reason}")
     return link
+
+
+def _sim_nodes_of(args: argparse.Namespace):
+    from dlrmtrain.distributed.shaped_link import LinkSpec
+    from dlrmtrain.distributed.sim_nodes import SimNodes, unavailable_reason
+
+    if args.nnodes > 1 or args.rdzv:
+        raise ValueError("--sim-nodes runs every node on this machine: leave out --nnodes, "
+                         "--node-rank and --rdzv")
+    try:
+        link = None if args.link_gbit is None else LinkSpec(args.link_gbit, args.link_latency_ms)
+        sim = SimNodes(args.sim_nodes, link)
+    except ValueError as e:
+        raise ValueError(f"--sim-nodes: {e}") from None
+    reason = unavailable_reason(sim.nodes)
+    if reason:
+        raise ValueError(f"--sim-nodes: {reason}")
+    return sim
 
 
 def describe_run(cfg, world_size: int, nnodes: int) -> str:
@@ -104,17 +130,23 @@ def train(argv: list[str]) -> int:
     try:
         spec.check()
         link = _link_of(args)
+        nnodes = link.nodes if args.sim_nodes is not None else spec.nnodes
         cfg = load_config(args.config, args.overrides)
-        print(describe_run(cfg, spec.world_size, spec.nnodes), flush=True)
+        print(describe_run(cfg, spec.nproc * nnodes, nnodes), flush=True)
         from dlrmtrain.validation import validate_config  # imports torch: seconds
 
-        validate_config(cfg, world_size=spec.world_size)
+        validate_config(cfg, world_size=spec.nproc * nnodes)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     except ValueError as e:  # launch options
         print(f"dlrmtrain train: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    if args.sim_nodes is not None:  # one torchrun agent per simulated node
+        from dlrmtrain.distributed.sim_nodes import launch_nodes
+
+        print(f"dlrmtrain: {link.describe()}", flush=True)
+        return launch_nodes(spec, link)
     if link is not None:  # the same command again, inside the shaped namespace
         import subprocess
 

@@ -33,8 +33,14 @@ class LaunchSpec:
     local_addr: str | None = None
     """Address this node advertises to the others (default: 127.0.0.1 when the
     rendezvous is on this machine, else the host name torchrun picks)."""
+    rdzv_is_host: bool | None = None
+    """Whether this node's agent hosts the rendezvous store (default: torchrun's guess,
+    true for any loopback address; simulated nodes, whose addresses are all loopback,
+    say it: node 0 only)."""
     module: str = "dlrmtrain.train"
     """The Python module each rank runs (`python -m MODULE ARGS`)."""
+    script: str | None = None
+    """A Python file each rank runs instead of `module` (`python SCRIPT ARGS`)."""
     args: list[str] = field(default_factory=list)
     """Arguments of that module (e.g. --config C key=value ...)."""
     omp_threads: int | None = None
@@ -79,7 +85,10 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
                  "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv}", f"--rdzv-id={rdzv_id}"]
         if local_addr:
             argv.append(f"--local-addr={local_addr}")
-    return [*argv, "-m", spec.module, *spec.args]
+        if spec.rdzv_is_host is not None:
+            argv.append(f"--rdzv-conf=is_host={int(spec.rdzv_is_host)}")
+    program = [spec.script] if spec.script else ["-m", spec.module]
+    return [*argv, *program, *spec.args]
 
 
 def launch(spec: LaunchSpec) -> int:

@@ -9,16 +9,21 @@ block per contender is kept. Prints the ratios per bandwidth and saves a plot.
 
     python scripts/bench_link.py [--shapes mlperf quickstart] [--gbit 10 5 2 1 0.5]
         [--codecs dedup auto] [--steps 5] [--warmup-steps 8] [--rounds 3] [--out /tmp/bench_link]
+        [--world-size 2] [--sim-nodes N]
 
 The link is ONE loopback shared by both ranks and both directions (see
 shaped_link.py): at B Gbit/s the two ranks together move B Gbit/s.
-Needs root, unshare and tc for the shaped points; without them it says so and stops.
+With `--sim-nodes N` the --world-size ranks run as N simulated nodes
+(sim_nodes.py): only traffic between nodes crosses a link, B Gbit/s each way
+per node, and the unshaped point is the same nodes with unshaped links.
+Needs root, unshare and tc (and ip for nodes); without them it says so and stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason, wrap_command  # noqa: E402
+from dlrmtrain.distributed import shaped_link, sim_nodes  # noqa: E402
+from dlrmtrain.distributed.shaped_link import LinkSpec  # noqa: E402
 
 UNSHAPED = None
 
@@ -45,6 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-plain", action="store_true", help="leave out plain TorchRec")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench_link"))
     p.add_argument("--timeout-min", type=float, default=30.0, help="per bench_train run")
+    p.add_argument("--world-size", type=int, default=2, help="ranks in all (default: 2)")
+    p.add_argument("--sim-nodes", type=int, default=None,
+                   help="run the ranks as N simulated nodes; the link joins the nodes")
     return p.parse_args(argv)
 
 
@@ -54,13 +63,19 @@ def run_point(shape: str, link: LinkSpec | None, args: argparse.Namespace) -> di
     result = args.out / f"{shape}_{tag}.json"
     cmd = [sys.executable, str(REPO / "scripts/bench_train.py"), "--shape", shape,
            "--steps", str(args.steps), "--rounds", str(args.rounds), "--json", str(result),
-           "--warmup-steps", str(args.warmup_steps),
+           "--warmup-steps", str(args.warmup_steps), "--world-size", str(args.world_size),
            "comm.codec=none", *(f"--vs=comm.codec={c}" for c in args.codecs)]
     if args.no_plain:
         cmd.append("--no-plain")
+    if link is not None:  # bench_train puts itself behind the link
+        cmd += ["--link-gbit", repr(link.gbit)]
+    if args.sim_nodes:
+        cmd += ["--sim-nodes", str(args.sim_nodes)]
     log = args.out / f"{shape}_{tag}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}  # this checkout's package
     with open(log, "w") as out:
-        done = subprocess.run(wrap_command(cmd, link), stdout=out, stderr=subprocess.STDOUT,
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                               cwd=REPO, timeout=args.timeout_min * 60)
     if done.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-20:])
@@ -79,7 +94,7 @@ def ratios(point: dict, codecs: list[str]) -> dict[str, float]:
     return out
 
 
-def plot(sweep: dict, codecs: list[str], path: Path) -> None:
+def plot(sweep: dict, codecs: list[str], path: Path, xlabel: str) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -99,7 +114,7 @@ def plot(sweep: dict, codecs: list[str], path: Path) -> None:
                 ax.plot(xs, [p["ratios"][f"{c}/plain"] for p in points], "s:",
                         label=f"{c} / plain TorchRec")
         ax.set_xticks(list(xs), labels)
-        ax.set_xlabel("link (one loopback shared by both ranks, both directions)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("step-time ratio (lower is faster)")
         ax.set_title(f"{shape}: {points[0]['shape_text']}", fontsize=9)
         ax.grid(alpha=0.3)
@@ -110,8 +125,18 @@ def plot(sweep: dict, codecs: list[str], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    reason = unavailable_reason()
-    if reason and args.gbit:
+    if args.sim_nodes:
+        reason = sim_nodes.unavailable_reason(args.sim_nodes)
+        where = (f"{args.sim_nodes} simulated nodes of {args.world_size // args.sim_nodes} "
+                 "ranks; link: each node's, each way")
+        if args.world_size % args.sim_nodes:
+            print(f"bench_link: --world-size {args.world_size} does not split into "
+                  f"--sim-nodes {args.sim_nodes} nodes", file=sys.stderr)
+            return 2
+    else:
+        reason = shaped_link.unavailable_reason() if args.gbit else None
+        where = f"link: one loopback shared by all {args.world_size} ranks, both directions"
+    if reason:
         print(f"bench_link: {reason}; cannot run the shaped points", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
@@ -126,17 +151,18 @@ def main(argv: list[str] | None = None) -> int:
             sweep[shape].append({
                 "link": label, "ms_per_step": point["ms_per_step"], "ratios": r,
                 "blocks_ms": point["blocks_ms"], "codec_ms_per_step": point.get("codec_ms_per_step"),
-                "loopback_mb_per_step": point.get("loopback_mb_per_step") if link else None,
+                "loopback_mb_per_step":  # through the link (between nodes on sim nodes)
+                    point.get("loopback_mb_per_step") if link or args.sim_nodes else None,
                 "shape_text": f"{point['arch']}, global batch {point['global_batch_size']}"})
             print(f"[{shape}] {label:>9}: " + "  ".join(
                 f"{k} {v:.3f}" for k, v in r.items()) + "   ms/step " + "  ".join(
                 f"{k}={v:.0f}" for k, v in point["ms_per_step"].items()), flush=True)
     (args.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
     png = args.out / "bench_link.png"
-    plot(sweep, args.codecs, png)
+    plot(sweep, args.codecs, png, where)
     print("=" * 72)
     print(f"bench_link: step-time ratio to codec none (medians of {args.rounds} alternating "
-          f"blocks of {args.steps} steps, each bandwidth one run)")
+          f"blocks of {args.steps} steps, each bandwidth one run); {where}")
     for shape, points in sweep.items():
         keys = list(points[0]["ratios"])
         print(f"  {shape}: {'link Gbit/s':>12}" + "".join(f"{k:>14}" for k in keys))

@@ -10,7 +10,13 @@ alternating blocks (ABC, CBA, ...) so machine noise hits all alike. Prints the
 median per-step times and their ratios (goal: dlrmtrain / plain ≤ 1.02).
 
     python scripts/bench_train.py [--shape quickstart|mlperf|dcnv2] [--world-size 2]
-        [--steps 30] [--rounds 3] [--vs "KEY=VALUE ..."]... [--no-plain] [--json PATH] [overrides...]
+        [--steps 30] [--rounds 3] [--vs "KEY=VALUE ..."]... [--no-plain] [--json PATH]
+        [--link-gbit G [--link-latency-ms L]] [--sim-nodes N] [overrides...]
+
+`--link-gbit G` runs it behind a shaped loopback (dlrmtrain.distributed.shaped_link,
+one link shared by all ranks); with `--sim-nodes N` the world size is split into N
+simulated nodes (dlrmtrain.distributed.sim_nodes) and G is each node's link to
+the others, so only traffic between nodes is shaped.
 
 Shapes (`--shape`, default quickstart; `--config` + overrides for anything else):
   quickstart  configs/quickstart.yaml (dim 16, global batch 2048)
@@ -70,6 +76,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="add a dlrmtrain contender with these extra overrides (space-separated)")
     p.add_argument("--no-plain", action="store_true", help="leave out plain TorchRec")
     p.add_argument("--json", default=None, help="write the medians and ratios here (rank 0)")
+    p.add_argument("--link-gbit", type=float, default=None,
+                   help="run behind a shaped link of G Gbit/s (needs root, unshare, tc)")
+    p.add_argument("--link-latency-ms", type=float, default=0.0,
+                   help="with --link-gbit: added one-way delay per packet")
+    p.add_argument("--sim-nodes", type=int, default=None,
+                   help="split --world-size into N simulated nodes; --link-gbit is then each "
+                        "node's link (needs root, unshare, ip, tc)")
     p.add_argument("overrides", nargs="*")
     return p.parse_args(argv)
 
@@ -81,18 +94,34 @@ def shape_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     return str(REPO / config), [*overrides, *args.overrides]
 
 
-def loopback_bytes() -> int | None:
-    """Bytes sent through `lo` so far: inside a private network namespace
-    (shaped_link) exactly the ranks' traffic; None where the counter is unreadable."""
+def link_bytes_sent() -> int | None:
+    """Bytes sent through the link so far: `lo` inside shaped_link's private namespace
+    (exactly the ranks' traffic), or this node's link to the other nodes
+    (sim_nodes names it in $DLRMTRAIN_LINK_DEVICE); None where unreadable."""
+    device = os.environ.get("DLRMTRAIN_LINK_DEVICE", "lo")
     # /proc/net/dev is per network namespace (/sys/class/net shows the host's).
     try:
         for line in Path("/proc/net/dev").read_text().splitlines():
             name, _, fields = line.partition(":")
-            if name.strip() == "lo":
+            if name.strip() == device:
                 return int(fields.split()[8])  # transmit bytes
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def between_nodes(sent: float) -> float:
+    """On simulated nodes each node counts its own link: the sum over nodes (one rank
+    of each adds its node's count); elsewhere `sent` as is."""
+    if "DLRMTRAIN_LINK_DEVICE" not in os.environ:
+        return sent
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([sent if os.environ.get("LOCAL_RANK") == "0" else 0.0],
+                         dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total)
 
 
 def codec_seconds_so_far(trainer) -> float:
@@ -119,10 +148,45 @@ def all_to_all_seconds(step, block) -> float:
 
 
 def relaunch_under_torchrun(args: argparse.Namespace) -> None:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    """Become torchrun with this script on every rank: behind a shaped link, on
+    simulated nodes, or on this machine's own loopback."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, str(REPO))
+    from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable
+
+    try:
+        link = None if args.link_gbit is None else LinkSpec(args.link_gbit, args.link_latency_ms)
+        if args.sim_nodes is not None:
+            sys.exit(run_on_sim_nodes(args, link))
+        if link is not None:
+            from dlrmtrain.cli import without_link_options
+            from dlrmtrain.distributed.shaped_link import wrap_command
+
+            cmd = wrap_command([sys.executable, __file__, *without_link_options(sys.argv[1:])],
+                               link)
+            os.execvp(cmd[0], cmd)
+    except (ShapedLinkUnavailable, ValueError) as e:
+        raise SystemExit(f"bench_train: {e}") from None
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     os.execv(torchrun, [torchrun, "--standalone", f"--nproc_per_node={args.world_size}",
                         __file__, *sys.argv[1:]])
+
+
+def run_on_sim_nodes(args: argparse.Namespace, link) -> int:
+    """--world-size ranks as --sim-nodes nodes of equal size, one torchrun agent each."""
+    from dlrmtrain.distributed.sim_nodes import SimNodes, launch_nodes
+    from dlrmtrain.launch import LaunchSpec
+
+    sim = SimNodes(args.sim_nodes, link)
+    if args.world_size % sim.nodes:
+        raise ValueError(f"--world-size {args.world_size} does not split into "
+                         f"--sim-nodes {sim.nodes} nodes of equal size")
+    per_node = args.world_size // sim.nodes
+    print(f"bench_train: {sim.describe()}, {per_node} rank{'s' if per_node > 1 else ''} each",
+          flush=True)
+    spec = LaunchSpec(nproc=args.world_size // sim.nodes, script=__file__, args=sys.argv[1:],
+                      omp_threads=1)
+    return launch_nodes(spec, sim)
 
 
 def plain_torchrec_model(cfg, rows, device):
@@ -236,7 +300,7 @@ def main() -> None:
 
     def timed(step, block, name=None) -> float:
         dist.barrier()
-        sent0 = loopback_bytes()
+        sent0 = link_bytes_sent()
         codec0 = codec_seconds_so_far(trainers[name]) if name in trainers else 0.0
         t0 = time.perf_counter()
         for b in block:
@@ -244,7 +308,7 @@ def main() -> None:
         dist.barrier()
         seconds = time.perf_counter() - t0
         if name and sent0 is not None:
-            link_bytes[name].append((loopback_bytes() - sent0) / len(block))
+            link_bytes[name].append(between_nodes(link_bytes_sent() - sent0) / len(block))
         if name in trainers:
             codec_seconds[name] += codec_seconds_so_far(trainers[name]) - codec0
         return seconds / len(block)
@@ -294,14 +358,18 @@ def main() -> None:
                 print(f"    {name:<{width}} codec {ms:7.1f} ms/step = "
                       f"{100 * ms / max(1000 * base_all_to_all, 1e-9):.0f}% of it")
         if all(link_bytes.values()):
-            print("  bytes through lo per step (all ranks, both directions; exact only inside "
-                  "shaped_link's private namespace): "
+            where = ("between nodes per step (all nodes' links, summed)"
+                     if "DLRMTRAIN_LINK_DEVICE" in os.environ else
+                     "through lo per step (all ranks, both directions; exact only inside "
+                     "shaped_link's private namespace)")
+            print(f"  bytes {where}: "
                   + ", ".join(f"{n} {statistics.median(b) / 1e6:.1f} MB" for n, b in link_bytes.items()))
         print("=" * 72)
         if args.json:
             Path(args.json).write_text(json.dumps({
                 "config": config, "overrides": shape_overrides, "world_size": env.world_size,
                 "global_batch_size": gbs, "steps": args.steps, "rounds": args.rounds,
+                "sim_nodes": args.sim_nodes,
                 "arch": cfg.model.arch, "ms_per_step": {n: 1000 * t for n, t in median.items()},
                 "blocks_ms": {n: [1000 * x for x in b] for n, b in blocks.items()},
                 "loopback_mb_per_step": {n: statistics.median(b) / 1e6

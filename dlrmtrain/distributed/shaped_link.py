@@ -26,6 +26,7 @@ timeout, which would measure the timer, not the link).
 Latency (`--latency-ms`) needs the kernel's netem qdisc, placed above tbf; on
 loopback it delays each packet once, so a round trip costs twice the latency.
 Needs root, `unshare` and `tc`; without them it says which is missing and stops.
+Several nodes where only the traffic between nodes is shaped: sim_nodes.py.
 """
 
 from __future__ import annotations
@@ -68,15 +69,19 @@ class LinkSpec:
     def burst_bytes(self) -> int:
         return max(2 * MAX_LOOPBACK_PACKET, int(self.bytes_per_s * 0.0005))
 
-    def tc_commands(self) -> list[list[str]]:
-        """The tc commands that shape `lo` (run inside the namespace)."""
+    def tc_commands(self, dev: str = "lo", netns: str | None = None,
+                    delay: bool = True) -> list[list[str]]:
+        """The tc commands that shape the egress of `dev` (default: this namespace's `lo`;
+        `netns`: a named namespace's device). `delay=False` leaves out the latency
+        (sim_nodes delays each packet once, at the sending node's end)."""
+        tc = ["tc", *(["-n", netns] if netns else []), "qdisc", "add", "dev", dev]
         tbf = ["tbf", "rate", f"{int(self.gbit * 1e9)}bit", "burst", str(self.burst_bytes()),
                "latency", f"{QUEUE_LATENCY_MS}ms"]
-        if not self.latency_ms:
-            return [["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", *tbf]]
-        return [["tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "netem",
+        if not (self.latency_ms and delay):
+            return [[*tc, "root", "handle", "1:", *tbf]]
+        return [[*tc, "root", "handle", "1:", "netem",
                  "delay", f"{self.latency_ms}ms", "limit", "100000"],
-                ["tc", "qdisc", "add", "dev", "lo", "parent", "1:1", "handle", "10:", *tbf]]
+                [*tc, "parent", "1:1", "handle", "10:", *tbf]]
 
     def describe(self) -> str:
         lat = f", +{self.latency_ms:g} ms per packet" if self.latency_ms else ""
@@ -112,9 +117,8 @@ def wrap_command(cmd: list[str], link: LinkSpec | None) -> list[str]:
     return ["unshare", "--net", "--", *inner]
 
 
-def shape_loopback(link: LinkSpec) -> None:
-    """Inside a fresh namespace: bring lo up and put the link's qdiscs on it."""
-    steps = [["ip", "link", "set", "lo", "up"], *link.tc_commands()]
+def run_steps(steps: list[list[str]]) -> None:
+    """Run each command (ip, tc, ...) in turn; the first failure says which and why."""
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode != 0:
@@ -122,6 +126,11 @@ def shape_loopback(link: LinkSpec) -> None:
             if "netem" in step and "unknown" in why.lower():
                 why += " (this kernel has no netem qdisc: run without --latency-ms)"
             raise ShapedLinkUnavailable(f"`{' '.join(step)}` failed: {why}")
+
+
+def shape_loopback(link: LinkSpec) -> None:
+    """Inside a fresh namespace: bring lo up and put the link's qdiscs on it."""
+    run_steps([["ip", "link", "set", "lo", "up"], *link.tc_commands()])
 
 
 def run_inside(link: LinkSpec, cmd: list[str]) -> int:

@@ -2,7 +2,7 @@
 
     python -m dlrmtrain.mlperf.runner --config configs/mini_mlperf.yaml \\
         --out runs/mlperf_mini [--codecs none,dedup,auto] [--runs N] [--nproc 2]
-        [--link-gbit G [--link-latency-ms L]] [key=value ...]
+        [--link-gbit G [--link-latency-ms L]] [--sim-nodes M] [key=value ...]
 
 For each run index i (seed = run.seed + i) and each codec, in interleaved
 order so that drifts in machine load hit both codecs alike, it launches
@@ -17,6 +17,9 @@ every run (AUC against time, loss, throughput, bytes) into ``<out>/report/``.
 With ``--link-gbit`` every run trains behind its own shaped link of that rate
 (dlrmtrain.distributed.shaped_link: a private network namespace whose loopback
 is one link shared by all ranks and both directions); the system names say so.
+With ``--sim-nodes M`` every run spans M simulated nodes of ``--nproc`` ranks
+each (dlrmtrain.distributed.sim_nodes: a namespace per node), and the link of
+``--link-gbit`` joins the nodes: only traffic between nodes crosses it.
 
 Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2) unless ``--runs`` says
 otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
@@ -35,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrmtrain.distributed import sim_nodes
 from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
     wrap_command
 
@@ -71,11 +75,23 @@ class RunnerPlan:
     timeout_s: float
     link: LinkSpec | None = None
     """Shaped link every run trains behind; None: the machine's own loopback."""
+    sim_nodes: int | None = None
+    """Simulated nodes of `nproc` ranks each, joined by `link`; None: one node."""
 
     def system(self, codec: str) -> str:
         kind = "gpu" if self.backend == "nccl" else "cpu"
+        ranks = f"{self.sim_nodes}x{self.nproc}" if self.sim_nodes else f"{self.nproc}"
         link = f"_link-{self.link.gbit:g}gbit" if self.link else ""
-        return f"{kind}{self.nproc}_{self.backend}{link}_codec-{codec}"
+        return f"{kind}{ranks}_{self.backend}{link}_codec-{codec}"
+
+    @property
+    def nodes(self) -> int:
+        return self.sim_nodes or 1
+
+    def describe_link(self) -> str:
+        if self.sim_nodes:
+            return f", {sim_nodes.SimNodes(self.sim_nodes, self.link).describe()}"
+        return f", behind a {self.link.describe()}" if self.link else ""
 
     def layout(self, codec: str) -> SubmissionLayout:
         return SubmissionLayout(self.out, self.system(codec), self.benchmark)
@@ -95,16 +111,22 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     cfg = load_config(args.config, list(args.overrides))
     for codec in args.codecs.split(","):
         validate_config(load_config(args.config, [*args.overrides, f"comm.codec={codec}"]),
-                        world_size=args.nproc)
+                        world_size=args.nproc * (args.sim_nodes or 1))
     link = None
     if args.link_gbit is not None:
         try:
             link = LinkSpec(args.link_gbit, args.link_latency_ms)
-            require_available()  # say why not before any launch
+            if args.sim_nodes is None:
+                require_available()  # say why not before any launch
         except (ValueError, ShapedLinkUnavailable) as e:
             raise SystemExit(f"--link-gbit: {e}") from None
     elif args.link_latency_ms:
         raise SystemExit("--link-latency-ms needs --link-gbit")
+    if args.sim_nodes is not None:
+        try:
+            sim_nodes.require_available(sim_nodes.SimNodes(args.sim_nodes, link).nodes)
+        except (ValueError, ShapedLinkUnavailable) as e:
+            raise SystemExit(f"--sim-nodes: {e}") from None
     benchmark = benchmark_for_arch(cfg.model.arch)
     ruleset = args.ruleset or DEFAULT_RULESET[benchmark]
     out = args.out.resolve()
@@ -122,7 +144,8 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
         benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
         runs=args.runs or required_runs(benchmark), base_seed=cfg.run.seed, nproc=args.nproc,
         backend="nccl" if _uses_gpu(cfg.run.device) else "gloo",
-        ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60, link=link)
+        ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60, link=link,
+        sim_nodes=args.sim_nodes)
 
 
 def _uses_gpu(device: str) -> bool:
@@ -147,14 +170,21 @@ def expected_eval_samples(cfg) -> int:
 
 
 def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
-    """The command line of one run: `dlrmtrain train` (torchrun in-process), behind the plan's link."""
+    """The command line of one run: `dlrmtrain train` (torchrun in-process), behind the plan's
+    link, or on its simulated nodes (`dlrmtrain train` builds them)."""
     run_root = plan.out / "runs" / plan.system(codec)
     overrides = [*plan.overrides, f"run.seed={plan.base_seed + index}", f"comm.codec={codec}",
                  f"run.output_dir={run_root}", f"run.name={run_name(plan, index)}",
                  "mlperf.enabled=true", "logging.progress_bar=false"]
-    cmd = [sys.executable, "-m", "dlrmtrain", "train", f"--nproc={plan.nproc}",
-           "--config", str(plan.config), *overrides]
-    return wrap_command(cmd, plan.link)
+    ranks = [f"--nproc={plan.nproc}"]
+    if plan.sim_nodes is not None:
+        ranks.append(f"--sim-nodes={plan.sim_nodes}")
+        if plan.link is not None:
+            ranks += [f"--link-gbit={plan.link.gbit!r}",
+                      f"--link-latency-ms={plan.link.latency_ms!r}"]
+    cmd = [sys.executable, "-m", "dlrmtrain", "train", *ranks, "--config", str(plan.config),
+           *overrides]
+    return cmd if plan.sim_nodes is not None else wrap_command(cmd, plan.link)
 
 
 def run_name(plan: RunnerPlan, index: int) -> str:
@@ -162,7 +192,7 @@ def run_name(plan: RunnerPlan, index: int) -> str:
 
 
 def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
-    """Train once on `plan.nproc` ranks; return the run's MLPerf log."""
+    """Train once on `plan.nproc` ranks (per node); return the run's MLPerf log."""
     seed = plan.base_seed + index
     run_root = plan.out / "runs" / plan.system(codec)
     name = run_name(plan, index)
@@ -188,7 +218,8 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
         layout = plan.layout(codec)
         layout.result_dir.mkdir(parents=True, exist_ok=True)
         description = describe_system(layout.system, submitter="dlrmtrain", division="closed",
-                                      nodes=1, processes_per_node=plan.nproc, backend=plan.backend,
+                                      nodes=plan.nodes, processes_per_node=plan.nproc,
+                                      backend=plan.backend,
                                       codec=codec, notes=notes)
         write_system_description(layout, description, plan.ruleset)
     checks: dict[str, list[ComplianceResult]] = {c: [] for c in plan.codecs}
@@ -221,8 +252,8 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
 def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
     rules = f"UNOFFICIAL derived rules {plan.rules}" if plan.rules else "official rules"
     lines = ["=" * 72, f"MLPerf time to train: {plan.benchmark}, ruleset {plan.ruleset}, {rules}",
-             f"  {plan.runs} seeded runs per codec on {plan.nproc} {plan.backend} ranks"
-             f"{', behind a ' + plan.link.describe() if plan.link else ''}; results in "
+             f"  {plan.runs} seeded runs per codec on {plan.nodes * plan.nproc} {plan.backend} "
+             f"ranks{plan.describe_link()}; results in "
              f"{plan.out / 'results'}"]
     for o in outcomes:
         times = ", ".join("not converged" if r.minutes is None else f"{r.minutes:.3f}"
@@ -258,7 +289,7 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
         "benchmark": plan.benchmark, "ruleset": plan.ruleset,
         "rules": str(plan.rules) if plan.rules else "official", "unofficial": plan.rules is not None,
         "config": str(plan.config), "overrides": list(plan.overrides), "runs": plan.runs,
-        "nproc": plan.nproc,
+        "nproc": plan.nproc, "sim_nodes": plan.sim_nodes,
         "link": None if plan.link is None else {"gbit": plan.link.gbit,
                                                  "latency_ms": plan.link.latency_ms},
         "codecs": {o.codec: {
@@ -292,6 +323,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="train behind a shaped link of this rate, Gbit/s (root, unshare, tc)")
     p.add_argument("--link-latency-ms", type=float, default=0.0,
                    help="with --link-gbit: added one-way delay per packet (netem)")
+    p.add_argument("--sim-nodes", type=int, default=None,
+                   help="run on M simulated nodes of --nproc ranks each; --link-gbit then joins "
+                        "the nodes (root, unshare, ip, tc)")
     p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
     return p.parse_args(argv)
 

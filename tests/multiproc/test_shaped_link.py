@@ -80,3 +80,14 @@ def test_link_spec_rejects_nonsense_and_sizes_the_bucket():
     assert LinkSpec(gbit=0.5).burst_bytes() == 2 * 65536
     assert LinkSpec(gbit=10).burst_bytes() == int(10e9 / 8 * 0.0005)
     assert wrap_command(["true"], None) == ["true"]
+
+
+def test_tc_commands_shape_any_device_and_delay_only_where_asked():
+    link = LinkSpec(gbit=1, latency_ms=2)
+    on_lo = link.tc_commands()
+    assert [c[:5] for c in on_lo] == [["tc", "qdisc", "add", "dev", "lo"]] * 2
+    assert "netem" in on_lo[0] and "tbf" in on_lo[1]  # delay above the bucket
+    in_node = link.tc_commands("simlink", netns="node0", delay=False)
+    assert len(in_node) == 1 and in_node[0][:7] == ["tc", "-n", "node0", "qdisc", "add", "dev",
+                                                    "simlink"]
+    assert "tbf" in in_node[0] and "netem" not in in_node[0]
