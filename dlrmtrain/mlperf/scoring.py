@@ -12,7 +12,7 @@ The summarizer's rules (``_compute_strong_score_standalone``, mlperf-logging 4.1
   (a dropped non-converged run already stands in for the slowest), average
   the rest;
 - the number of runs an official submission needs per benchmark comes from
-  ``benchmark_meta`` (dlrm 5, dlrm_dcnv2 10).
+  ``benchmark_meta`` (dlrm 5, dlrm_dcnv2 10, dlrmv4 10; dlrmv4 is scored like the others).
 
 The package's own functions do the arithmetic (`_compute_olympic_average`)
 and read the times (`_query_run_start_stop`); what is replaced here is only

@@ -1,5 +1,6 @@
 """The real checker on a simulated small run: derived rules accept it, official rules
-reject it on exactly the accuracy target (and for dlrm_dcnv2 the eval size)."""
+reject it on exactly the accuracy target (and for dlrm_dcnv2 the eval size; for dlrmv4
+every rule the derivation scales)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from dlrmtrain.mlperf.compliance import check_log
 from dlrmtrain.mlperf.rules import RULESETS, DerivedRulesSpec
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
-from tests.mlperf.simulated_run import EVAL_SAMPLES, SimulatedRun
+from dlrmtrain.mlperf.runner import dlrmv4_scale
+from tests.mlperf.simulated_run import EVAL_SAMPLES, Dlrmv4Numbers, SimulatedRun, dlrmv4_config
 
 SMALL_TARGET = 0.75
 DLRM_RULESETS = RULESETS["dlrm"]
@@ -48,6 +50,49 @@ def test_dcnv2_small_run_passes_derived_and_fails_official_on_target_and_eval_si
     assert ">= 0.80275" in messages["eval_accuracy"]
     assert "89137319" in messages["eval_samples"]
     assert len(official.failures) == 2
+
+
+# The rules a small dlrmv4 run breaks under the official ones: each holds a number the
+# derivation replaces (the target, eval size, train samples and eval grid, sequence
+# length, warmup, learning-rate band, eval spacing); nothing else.
+DLRMV4_SCALED_RULES = {"train_samples", "eval_samples", "max_sequence_length",
+                       "opt_learning_rate_warmup_steps", "opt_base_learning_rate",
+                       "eval_every_data_pct", "eval_accuracy"}
+
+
+def _dlrmv4_derived(tmp_path, numbers=Dlrmv4Numbers(), target=SMALL_TARGET):
+    # The runner's own mapping from a run config to the derived rules' numbers.
+    scale = dlrmv4_scale(dlrmv4_config(numbers), numbers.train_samples)
+    return write_derived_rules(
+        DerivedRulesSpec("dlrmv4", "6.1.0", target, numbers.eval_samples, scale), tmp_path)
+
+
+def test_dlrmv4_small_run_passes_derived_and_fails_official_exactly_on_the_scaled_rules(tmp_path):
+    log = SimulatedRun("dlrmv4").write(tmp_path / "v4.log")
+
+    derived = check_log(log, "6.1.0", _dlrmv4_derived(tmp_path))
+    official = check_log(log, "6.1.0")
+
+    assert derived.passed, derived.failures
+    assert not derived.warnings
+    assert official.failed_keys == DLRMV4_SCALED_RULES
+    messages = {f.key: f.message for f in official.failures}
+    assert "== 4096" in messages["max_sequence_length"]
+    assert "samples_count" in messages["eval_accuracy"]  # the full-size grid
+
+
+@pytest.mark.parametrize("broken,failed", [
+    (dict(aucs=(0.70, 0.74)), {"eval_accuracy"}),                  # below the target
+    (dict(eval_shift_steps=1), {"eval_accuracy"}),                 # off the grid
+    (dict(eval_shift_steps=-7), {"eval_accuracy"}),   # one grid point (7 steps) before the first
+    (dict(config_changes={"model.hstu.max_seq_len": 128}), {"max_sequence_length"}),
+    (dict(config_changes={"optim.grad_clip_norm": None}), {"opt_gradient_clip_norm"}),
+    (dict(config_changes={"optim.name": "adagrad"}), {"opt_name", "opt_sparse_name"}),
+])
+def test_dlrmv4_derived_rules_still_hold_a_small_run_to_the_rest(tmp_path, broken, failed):
+    rules = _dlrmv4_derived(tmp_path)  # for the unbroken numbers
+    log = SimulatedRun("dlrmv4", **broken).write(tmp_path / "v4.log")
+    assert check_log(log, "6.1.0", rules).failed_keys == failed
 
 
 def test_run_below_the_derived_target_fails_derived_rules(tmp_path):
