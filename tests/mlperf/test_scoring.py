@@ -30,6 +30,12 @@ def test_required_runs_are_mlperfs():
     assert max_non_converged("dlrmv4") == 1
 
 
+def test_too_few_runs_say_so_rather_than_blame_convergence():
+    score = olympic_score("dlrmv4", _runs(2.0))
+    assert score.minutes is None
+    assert "too few runs" in score.summary() and "non-converged runs)" not in score.summary()
+
+
 def test_all_converged_drops_fastest_and_slowest():
     score = olympic_score("dlrm", _runs(10.0, 12.0, 11.0, 13.0, 14.0))
     assert score.minutes == pytest.approx((11 + 12 + 13) / 3)  # 12.0
