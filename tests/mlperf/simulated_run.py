@@ -95,6 +95,9 @@ class SimulatedRun:
     """dlrmv4: config fields changed from `dlrmv4_config`'s (dotted names)."""
     eval_shift_steps: int = 0
     """dlrmv4: evaluate this many steps off the grid (negative: before it)."""
+    config: Config | None = None
+    """dlrmv4: log this run config instead of `dlrmv4_config(dlrmv4, config_changes)`
+    (the sizes still come from `dlrmv4`)."""
 
     def write(self, log_path: Path, rank: int = 0) -> Path:
         clock = ManualClock()
@@ -132,7 +135,7 @@ class SimulatedRun:
         n = self.dlrmv4
         if self.eval_samples != EVAL_SAMPLES:
             n = replace(n, eval_samples=self.eval_samples)
-        cfg = dlrmv4_config(n, self.config_changes)
+        cfg = self.config or dlrmv4_config(n, self.config_changes)
         grid = eval_grid_for_config(cfg, n.train_samples)
         logger.cache_clear()
         logger.init_start()
@@ -151,7 +154,7 @@ class SimulatedRun:
             logger.eval_accuracy(auc, epochs_done, samples)
             logger.eval_stop(epochs_done, samples)
         if not self.stop_inside_epoch:
-            step = n.train_samples // n.global_batch_size  # the last full batch
+            step = n.train_samples // cfg.run.global_batch_size  # the last full batch
             logger.epoch_stop(0, grid.samples_count(step))
         logger.run_stop(self.status, grid.samples_count(step) / n.train_samples,
                         grid.samples_count(step))

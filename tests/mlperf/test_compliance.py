@@ -4,16 +4,25 @@ every rule the derivation scales)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from dlrmtrain.config import load_config
 from dlrmtrain.mlperf.compliance import check_log
 from dlrmtrain.mlperf.rules import RULESETS, DerivedRulesSpec
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
 from dlrmtrain.mlperf.runner import dlrmv4_scale
-from tests.mlperf.simulated_run import EVAL_SAMPLES, Dlrmv4Numbers, SimulatedRun, dlrmv4_config
+from tests.mlperf.simulated_run import (
+    EVAL_SAMPLES,
+    OFFICIAL_DLRMV4,
+    Dlrmv4Numbers,
+    SimulatedRun,
+    dlrmv4_config,
+)
 
 SMALL_TARGET = 0.75
 DLRM_RULESETS = RULESETS["dlrm"]
@@ -93,6 +102,21 @@ def test_dlrmv4_derived_rules_still_hold_a_small_run_to_the_rest(tmp_path, broke
     rules = _dlrmv4_derived(tmp_path)  # for the unbroken numbers
     log = SimulatedRun("dlrmv4", **broken).write(tmp_path / "v4.log")
     assert check_log(log, "6.1.0", rules).failed_keys == failed
+
+
+def test_the_full_size_config_logs_what_the_official_rules_accept(tmp_path):
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "mlperf_dlrmv4.yaml")
+    if not hasattr(cfg.optim, "grad_clip_norm"):  # a schema before the dlrmv4 optimizer:
+        o = cfg.optim                              # the config's comment states these
+        o.name, o.adam_betas, o.adam_eps, o.grad_clip_norm = "adam", [0.95, 0.999], 1e-8, 1.0
+    log = SimulatedRun("dlrmv4", aucs=(0.74, 0.7512), dlrmv4=OFFICIAL_DLRMV4,
+                       eval_samples=OFFICIAL_DLRMV4.eval_samples, config=cfg).write(tmp_path / "f.log")
+    result = check_log(log, "6.1.0")
+    assert result.passed, result.failures
+    values = {json.loads(line[9:])["key"]: json.loads(line[9:])["value"]
+              for line in log.read_text().splitlines()}
+    assert values["lowest_numerical_precision_in_linear"] == "bfloat16"  # precision.mode bf16
+    assert values["micro_batch_size"] == 1024  # the reference's per-rank batch on 8 ranks
 
 
 def test_run_below_the_derived_target_fails_derived_rules(tmp_path):
