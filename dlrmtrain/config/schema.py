@@ -393,6 +393,12 @@ class MLPerfConfig:
     """submission_platform: the system, in words."""
     status: SubmissionStatus = "research"
     """submission_status: `cloud`, `onprem`, `preview` or `research`."""
+    eval_every_data_pct: float = 0.001
+    """dlrmv4: evaluate every this fraction of the train samples, on the closed rules' grid
+    of global steps (rules: 0.001; small runs use a coarser one under derived rules)."""
+    skip_eval_epoch_pct: Optional[float] = None
+    """dlrmv4: no eval before this fraction of the train samples (the reference's knob);
+    null: the closed rules' first eval for the global batch (block 25 at 8192)."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Iterator
 from mlperf_logging.compliance_checker import mlp_compliance
 
 USAGE = "training"
-DEFAULT_RULESET = {"dlrm": "2.1.0", "dlrm_dcnv2": "6.0.0"}
+DEFAULT_RULESET = {"dlrm": "2.1.0", "dlrm_dcnv2": "6.0.0", "dlrmv4": "6.1.0"}
 
 _AT_LEAST_ONE = re.compile(r"^Failed checks for (\w+) : ")
 _ALTERNATIVES = re.compile(r"^Required AT_LEAST_ONE occurrence of ((?:'\w+'(?: or )?)+)$")

@@ -1,9 +1,9 @@
 """MLPerf-compliant event log (``:::MLLOG`` lines) for the DLRM benchmarks.
 
 A thin wrapper around ``mlperf_logging.mllog`` (pinned 4.1.68) that knows what
-the compliance checker demands of ``dlrm`` (rulesets 0.7.0–2.1.0) and of
-``dlrm_dcnv2`` (ruleset 6.0.0), so the trainer calls plain methods at its
-events and never writes ``if rank == 0``:
+the compliance checker demands of ``dlrm`` (rulesets 0.7.0–2.1.0), of
+``dlrm_dcnv2`` (ruleset 6.0.0) and of ``dlrmv4`` (ruleset 6.1.0), so the
+trainer calls plain methods at its events and never writes ``if rank == 0``:
 
     logger = build_mlperf_logger("dlrm", run_dir / "mlperf.log", rank)
 
@@ -59,6 +59,31 @@ benchmarks.py):
   opt_adagrad_epsilon (1e-8), opt_learning_rate_warmup_steps,
   opt_learning_rate_decay_start_step, opt_learning_rate_decay_steps (all 0).
 
+- ``dlrmv4``: global_batch_size, gradient_accumulation_steps, opt_name (``Adam``),
+  opt_base_learning_rate (0.5–1.5 × 1e-6 × global batch / 8192), opt_adam_beta_1
+  (0.95), opt_adam_beta_2 (0.999), opt_adam_epsilon (1e-8), opt_weight_decay (0),
+  opt_gradient_clip_norm (1.0), opt_learning_rate_warmup_steps (24000),
+  opt_learning_rate_warmup_start_lr (0), opt_sparse_name (``RowWiseAdagrad``),
+  opt_sparse_base_learning_rate (= the dense one), max_sequence_length (4096),
+  eval_every_data_pct (0.001) and skip_eval_epoch_pct (unchecked) — the set the
+  reference logs (mlcommons/training recommendation_v4, PR #889); no
+  weights_initialization; and before init_stop, `run_disclosure` (ruleset 6.1.0:
+  lowest precision in linear / attention / communication, tensor, pipeline,
+  context and expert parallelism, micro_batch_size, config_filename).
+
+dlrmv4 differs in its progress: every epoch, eval and run_stop call also passes
+``samples_count`` (global samples trained so far: step × global batch), which its
+rules check evals by: an eval only at a global step on the grid of
+`eval_grid.EvalGrid` (every ``interval_steps``, from ``first_eval_step``). The
+logger marks blocks as its reference does — ``block_start`` at epoch_start and
+after each eval, ``block_stop`` before each eval and at epoch_stop / run_stop —
+and no epoch_start/stop::
+
+    logger.epoch_start(0, 0)                     # block_start at samples 0 (resumed: k × batch)
+    ... after global step k with grid.is_eval_step(k), n = k × global batch ...
+    logger.eval_start(e, n); logger.eval_accuracy(auc, e, n); logger.eval_stop(e, n)
+    logger.run_stop("success", e, n)
+
 Timestamps are wall-clock milliseconds; the MLPerf score is
 ``run_stop - run_start``. Call a barrier before ``run_start``/``run_stop`` so
 rank 0's clock marks the moment every rank got there (the reference does).
@@ -75,20 +100,28 @@ from typing import TYPE_CHECKING, Any
 from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog import mllog
 
+from dlrmtrain.mlperf.eval_grid import eval_grid_for_config
 from dlrmtrain.mlperf.benchmarks import (
+    COUNTS_SAMPLES,
+    DISCLOSURE_KEYS,
     DIVISIONS,
     DLRM,
+    DLRMV4,
     EPOCH_BASE,
     LAYER_PATTERN,
+    NEEDS_DISCLOSURE,
     OPTIONAL_HYPERPARAMETERS,
+    PRECISIONS,
     REQUIRED_HYPERPARAMETERS,
     RUN_STATUSES,
     SUBMISSION_STATUSES,
     benchmark_for_arch,
     check_benchmark,
     check_choice,
+    check_hyperparameter_value,
     dcnv2_hyperparameters,
     dlrm_v1_hyperparameters,
+    dlrmv4_hyperparameters,
     mlperf_layer_names,
 )
 
@@ -131,6 +164,8 @@ class MLPerfLogger:
     def hyperparameters(self, mapping: Mapping[str, Any]) -> None:
         """Log every key the benchmark's rules require (see the module docstring)."""
         required = REQUIRED_HYPERPARAMETERS[self.benchmark]
+        for key, value in mapping.items():
+            check_hyperparameter_value(self.benchmark, key, value)
         missing = [k for k in required if k not in mapping]
         if missing:
             raise ValueError(f"MLPerf {self.benchmark} hyperparameters lack {missing}; "
@@ -148,6 +183,9 @@ class MLPerfLogger:
         Pass `mlperf_layer_names(...)` of the actual model when its layer counts
         differ; dlrm's rules accept only the MLPerf counts (3 bottom, 5 top).
         """
+        if self.benchmark not in LAYER_PATTERN:
+            raise ValueError(f"{self.benchmark} logs no weights_initialization (neither its rules "
+                             "nor its reference do)")
         names = list(mlperf_layer_names(self.benchmark) if tensor_names is None else tensor_names)
         bad = [n for n in names if not LAYER_PATTERN[self.benchmark].fullmatch(n)]
         if bad:
@@ -155,6 +193,31 @@ class MLPerfLogger:
                              f"{list(mlperf_layer_names(self.benchmark))})")
         for name in names:
             self._emit(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+
+    def run_disclosure(self, *, precision_linear: str, precision_attn: str, precision_comm: str,
+                       micro_batch_size: int, config_filename: str, tensor_parallelism: int = 1,
+                       pipeline_parallelism: int = 1, context_parallelism: int = 1,
+                       expert_parallelism: int = 1) -> None:
+        """The precision, parallelism and run-config facts ruleset 6.1.0 requires (dlrmv4);
+        log before init_stop(). Precisions are the lowest a linear layer, the attention and
+        the communication use, in the rules' names (e.g. ``fp32``, ``bfloat16``)."""
+        for what, value in (("linear", precision_linear), ("attn", precision_attn),
+                            ("comm", precision_comm)):
+            check_choice(f"lowest_numerical_precision_in_{what}", value, PRECISIONS)
+        counts = {C.TENSOR_PARALLELISM: tensor_parallelism, C.PIPELINE_PARALLELISM:
+                  pipeline_parallelism, C.CONTEXT_PARALLELISM: context_parallelism,
+                  C.EXPERT_PARALLELISM: expert_parallelism, C.MICRO_BATCH_SIZE: micro_batch_size}
+        for key, n in counts.items():
+            _positive_int(key, n)
+        if not config_filename:
+            raise ValueError("config_filename must be non-empty")
+        values = {C.LOWEST_NUMERICAL_PRECISION_IN_LINEAR: precision_linear,
+                  C.LOWEST_NUMERICAL_PRECISION_IN_ATTN: precision_attn,
+                  C.LOWEST_NUMERICAL_PRECISION_IN_COMM: precision_comm,
+                  **{k: int(v) for k, v in counts.items()}, C.CONFIG_FILENAME: config_filename}
+        for key in DISCLOSURE_KEYS:
+            self._emit_once(key, values[key])
+        self._disclosure_logged = True
 
     def train_samples(self, n: int) -> None:
         """Training-set size (logged once; the rules want exactly one)."""
@@ -177,23 +240,33 @@ class MLPerfLogger:
         if not self._submission_logged:
             raise RuntimeError("call submission_info() before init_stop(): the checker "
                                "derives the allowed init time from submission_division")
+        if self.benchmark in NEEDS_DISCLOSURE and not self._disclosure_logged:
+            raise RuntimeError(f"call run_disclosure() before init_stop(): {self.benchmark}'s "
+                               "ruleset requires precision, parallelism and config_filename")
         self._emit(C.INIT_STOP, kind="end")
 
     def run_start(self) -> None:
         self._emit(C.RUN_START, kind="start")
 
-    def run_stop(self, status: str, epochs_done: float) -> None:
-        """End of the timed run; closes an epoch left open by an early stop."""
+    def run_stop(self, status: str, epochs_done: float, samples_count: int | None = None) -> None:
+        """End of the timed run; closes an epoch (or block) left open by an early stop."""
         check_choice("run status", status, RUN_STATUSES)
+        progress = self._progress(epochs_done, samples_count, "run_stop")
         if self._open_epoch is not None:
-            self._stop_epoch(self._open_epoch)
-        self._emit(C.RUN_STOP, kind="end", metadata={
-            C.STATUS: status, C.EPOCH_NUM: self.epoch_num(epochs_done)})
+            self._stop_epoch(self._open_epoch, progress)
+        self._emit(C.RUN_STOP, kind="end", metadata={C.STATUS: status, **progress})
 
-    def epoch_start(self, epoch: int) -> None:
-        """Start of 0-based training epoch `epoch` (and, for dlrm, its block)."""
+    def epoch_start(self, epoch: int, samples_count: int | None = None) -> None:
+        """Start of 0-based training epoch `epoch` (and, for dlrm, its block; dlrmv4
+        logs a block from `samples_count`, the global samples trained before it, instead:
+        0 on a fresh run, step × global batch on a resumed one)."""
         if self._open_epoch is not None:
             raise RuntimeError(f"epoch_start({epoch}) while epoch {self._open_epoch} is open")
+        if self.benchmark in COUNTS_SAMPLES:
+            progress = self._progress(epoch, samples_count, "epoch_start")
+            self._open_epoch = epoch
+            self._start_block(progress)
+            return
         self._open_epoch = epoch
         num = self.epoch_num(epoch)
         if self.benchmark == DLRM:
@@ -201,21 +274,35 @@ class MLPerfLogger:
                        metadata={C.FIRST_EPOCH_NUM: num, C.EPOCH_COUNT: 1})
         self._emit(C.EPOCH_START, kind="start", metadata={C.EPOCH_NUM: num})
 
-    def epoch_stop(self, epoch: int) -> None:
+    def epoch_stop(self, epoch: int, samples_count: int | None = None) -> None:
+        """End of epoch `epoch`; dlrmv4 needs the samples trained so far."""
         if self._open_epoch != epoch:
             raise RuntimeError(f"epoch_stop({epoch}) but the open epoch is {self._open_epoch}")
-        self._stop_epoch(epoch)
+        self._stop_epoch(epoch, self._progress(epoch + 1, samples_count, "epoch_stop"))
 
-    def eval_start(self, epochs_done: float) -> None:
-        self._emit(C.EVAL_START, kind="start", metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
+    def eval_start(self, epochs_done: float, samples_count: int | None = None) -> None:
+        """Start of an evaluation after `epochs_done` epochs (`samples_count`: the global
+        samples trained so far, step × global batch; required by dlrmv4, whose block
+        in progress it closes)."""
+        progress = self._progress(epochs_done, samples_count, "eval_start")
+        if self._open_block is not None:
+            self._emit(C.BLOCK_STOP, kind="end", metadata=progress)
+            self._open_block = None
+        self._emit(C.EVAL_START, kind="start", metadata=progress)
 
-    def eval_accuracy(self, value: float, epochs_done: float) -> None:
+    def eval_accuracy(self, value: float, epochs_done: float,
+                      samples_count: int | None = None) -> None:
         """The evaluation's ROC AUC."""
         self._emit(C.EVAL_ACCURACY, float(value),
-                   metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
+                   metadata=self._progress(epochs_done, samples_count, "eval_accuracy"))
 
-    def eval_stop(self, epochs_done: float) -> None:
-        self._emit(C.EVAL_STOP, kind="end", metadata={C.EPOCH_NUM: self.epoch_num(epochs_done)})
+    def eval_stop(self, epochs_done: float, samples_count: int | None = None) -> None:
+        """End of an evaluation; dlrmv4 starts the next block of training here, as its
+        reference does (run_stop closes it if the run ends instead)."""
+        progress = self._progress(epochs_done, samples_count, "eval_stop")
+        self._emit(C.EVAL_STOP, kind="end", metadata=progress)
+        if self.benchmark in COUNTS_SAMPLES and self._open_epoch is not None:
+            self._start_block(progress)
 
     def epoch_num(self, epochs_done: float) -> float:
         """The benchmark's epoch_num for `epochs_done` epochs of training (0-based)."""
@@ -240,10 +327,38 @@ class MLPerfLogger:
 
     def _init_state(self) -> None:
         self._submission_logged = False
+        self._disclosure_logged = False
         self._once: dict[str, Any] = {}
         self._open_epoch: int | None = None
+        self._open_block: dict[str, Any] | None = None  # dlrmv4: the block's start progress
 
-    def _stop_epoch(self, epoch: int) -> None:
+    def _progress(self, epochs_done: float, samples_count: int | None, event: str) -> dict[str, Any]:
+        """The progress metadata of `event`: epoch_num, and for dlrmv4 samples_count
+        (the key its rules check evals by; refused when missing)."""
+        progress: dict[str, Any] = {C.EPOCH_NUM: self.epoch_num(epochs_done)}
+        if samples_count is not None:
+            if isinstance(samples_count, bool) or int(samples_count) != samples_count \
+                    or samples_count < 0:
+                raise ValueError(f"{event}: samples_count must be an integer >= 0, "
+                                 f"got {samples_count!r}")
+            progress = {C.SAMPLES_COUNT: int(samples_count), **progress}
+        elif self.benchmark in COUNTS_SAMPLES:
+            raise ValueError(f"{event}: {self.benchmark} needs samples_count (global samples "
+                             "trained so far, step × global batch): its rules check evals by it")
+        return progress
+
+    def _start_block(self, progress: dict[str, Any]) -> None:
+        self._emit(C.BLOCK_START, kind="start", metadata=progress, _depth=1)
+        self._open_block = progress
+
+    def _stop_epoch(self, epoch: int, progress: dict[str, Any]) -> None:
+        if self.benchmark in COUNTS_SAMPLES:
+            # dlrmv4 marks blocks (training between evals), not epochs.
+            if self._open_block is not None:
+                self._emit(C.BLOCK_STOP, kind="end", metadata=progress, _depth=1)
+                self._open_block = None
+            self._open_epoch = None
+            return
         # The rules want at least one epoch_stop (or block_stop): a run that reaches
         # its target inside the first epoch still needs one, hence run_stop's call.
         num = self.epoch_num(epoch)
@@ -313,14 +428,20 @@ def open_mlperf_logger(cfg: Config, rank: int, append: bool = False) -> MLPerfLo
 
 
 def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,
-                  num_eval_samples: int) -> None:
-    """Submission facts, hyperparameters, layers and dataset sizes, from the config.
+                  num_eval_samples: int, world_size: int | None = None) -> None:
+    """Submission facts, hyperparameters, layers and dataset sizes, from the config
+    (dlrmv4: also the run disclosure; `world_size` default: the process group's).
 
     Values are logged as configured, not as MLPerf wants them: the checker is
     what says whether e.g. a dlrm_dcnv2 run used plain Adagrad.
     """
     m, o = cfg.mlperf, cfg.optim
     logger.submission_info(m.org, m.division, m.platform, m.status)
+    if logger.benchmark == DLRMV4:
+        _log_dlrmv4_setup(logger, cfg, num_train_samples, world_size)
+        logger.train_samples(num_train_samples)
+        logger.eval_samples(num_eval_samples)
+        return
     common = dict(global_batch_size=cfg.run.global_batch_size, learning_rate=o.lr,
                   warmup_steps=o.warmup_steps, decay_start_step=o.decay_start_step,
                   decay_steps=o.decay_steps, seed=cfg.run.seed)
@@ -335,6 +456,61 @@ def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,
         cfg.model.dcn_num_layers))
     logger.train_samples(num_train_samples)
     logger.eval_samples(num_eval_samples)
+
+
+def _log_dlrmv4_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,
+                      world_size: int | None) -> None:
+    o = cfg.optim
+    grid = eval_grid_for_config(cfg, num_train_samples)
+    # The Adam fields come with the dlrmv4 optimizer (optim.name adam); until a config
+    # has them, the reference's values stand in.
+    clip = getattr(o, "grad_clip_norm", None)
+    logger.hyperparameters({
+        **dlrmv4_hyperparameters(
+            global_batch_size=cfg.run.global_batch_size, learning_rate=o.lr,
+            warmup_steps=o.warmup_steps, max_sequence_length=cfg.model.hstu.max_seq_len,
+            eval_every_data_pct=cfg.mlperf.eval_every_data_pct,
+            skip_eval_epoch_pct=grid.skip_eval_epoch_pct,
+            adam_betas=tuple(getattr(o, "adam_betas", (0.95, 0.999))),
+            adam_epsilon=getattr(o, "adam_eps", 1e-8),
+            gradient_clip_norm=0.0 if clip is None else clip,  # the reference logs 0.0 for none
+            sparse_name=SPARSE_OPTIMIZER.get(o.name, o.name), seed=cfg.run.seed),
+        C.OPT_NAME: DENSE_OPTIMIZER.get(o.name, o.name)})
+    if world_size is None:
+        world_size = _process_group_size()
+    if cfg.run.global_batch_size % world_size:
+        raise ValueError(f"run.global_batch_size {cfg.run.global_batch_size} does not divide "
+                         f"by {world_size} ranks")
+    linear = PRECISION_OF_MODE[cfg.precision.mode]
+    logger.run_disclosure(
+        precision_linear=linear, precision_attn=linear,  # attention runs under the same autocast
+        precision_comm=comm_precision(cfg.comm.codec, cfg.comm.table_codecs.values()),
+        micro_batch_size=cfg.run.global_batch_size // world_size,
+        config_filename=f"{cfg.run.name}/config.yaml")  # the resolved config every run writes
+
+
+# Config optimizer names → the names the dlrmv4 rules check (opt_name, opt_sparse_name):
+# `adam` is dense Adam with fused RowWiseAdagrad on the tables, as the reference.
+DENSE_OPTIMIZER = {"adam": "Adam"}
+SPARSE_OPTIMIZER = {"adam": "RowWiseAdagrad"}
+PRECISION_OF_MODE = {"fp32": "fp32", "bf16": "bfloat16", "fp16": "fp16"}
+# Embedding wire precision per codec (the dense all-reduce is fp32 under every codec).
+_CODEC_PRECISION = {"fp16": "fp16", "dedup+fp16": "fp16", "bf16": "bfloat16",
+                    "dedup+bf16": "bfloat16", "int8": "int8", "fp8": "fp8"}
+_PRECISION_BITS = {"fp32": 32, "bfloat16": 16, "fp16": 16, "fp8": 8, "int8": 8}
+
+
+def comm_precision(codec: str, table_codecs: Iterable[str] = ()) -> str:
+    """The lowest precision any embedding all-to-all of the run uses (lossless codecs:
+    fp32, the tables' own)."""
+    names = [_CODEC_PRECISION.get(c, "fp32") for c in (codec, *table_codecs)]
+    return min(names, key=lambda n: _PRECISION_BITS[n])
+
+
+def _process_group_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _positive_int(what: str, n: int) -> int:

@@ -21,9 +21,11 @@ With ``--sim-nodes M`` every run spans M simulated nodes of ``--nproc`` ranks
 each (dlrmtrain.distributed.sim_nodes: a namespace per node), and the link of
 ``--link-gbit`` joins the nodes: only traffic between nodes crosses it.
 
-Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2) unless ``--runs`` says
-otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
-size (written under ``<out>/rules/``) unless ``--rules official``.
+Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2 and dlrmv4) unless ``--runs``
+says otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
+size (dlrmv4: also its train samples, sequence length, warmup, learning rate per
+8192 of batch and eval schedule; written under ``<out>/rules/``) unless
+``--rules official``.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, r
 
 from tqdm import tqdm
 
-from dlrmtrain.mlperf.benchmarks import benchmark_for_arch
+from dlrmtrain.mlperf.benchmarks import DLRMV4, benchmark_for_arch
 from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, check_log
-from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, DerivedRulesSpec
+from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, DerivedRulesSpec, Dlrmv4Scale
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
 from dlrmtrain.mlperf.scoring import BenchmarkScore, RunTime, olympic_score, required_runs, \
     run_time_minutes
@@ -137,7 +139,10 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
         eval_samples = None
         if benchmark in OFFICIAL_EVAL_SAMPLES:
             eval_samples = args.eval_samples or expected_eval_samples(cfg)
-        spec = DerivedRulesSpec(benchmark, ruleset, cfg.eval.target_auc, eval_samples)
+        scale = None
+        if benchmark == DLRMV4:
+            scale = dlrmv4_scale(cfg, args.train_samples or expected_train_samples(cfg))
+        spec = DerivedRulesSpec(benchmark, ruleset, cfg.eval.target_auc, eval_samples, scale)
         rules = write_derived_rules(spec, out / "rules")
     return RunnerPlan(
         config=args.config.resolve(), out=out, overrides=tuple(args.overrides),
@@ -157,9 +162,11 @@ def _uses_gpu(device: str) -> bool:
 
 
 def expected_eval_samples(cfg) -> int:
-    """The eval-set size the config asks for (checked by dlrm_dcnv2's rules)."""
+    """The eval-set size the config asks for (checked by dlrm_dcnv2's and dlrmv4's rules)."""
     if cfg.data.source == "synthetic":
         return cfg.data.synthetic.num_eval_samples
+    if cfg.data.source == "synthetic_yambda":
+        return _yambda_generator(cfg).num_eval_samples
     if cfg.data.source == "criteo":
         from dlrmtrain.data.criteo_source import split_parts
         from dlrmtrain.data.splits import total_rows
@@ -167,6 +174,38 @@ def expected_eval_samples(cfg) -> int:
         return total_rows(split_parts(cfg.data)[1])
     raise SystemExit(f"cannot tell the eval size of data.source={cfg.data.source!r} from the "
                      "config: pass --eval-samples")
+
+
+def expected_train_samples(cfg) -> int:
+    """The train-set size the config asks for (dlrmv4's rules set their eval grid by it)."""
+    if cfg.data.source == "synthetic_yambda":
+        return _yambda_generator(cfg).num_train_samples
+    raise SystemExit(f"cannot tell the train size of data.source={cfg.data.source!r} from the "
+                     "config: pass --train-samples (the run prints it: train_samples in its log)")
+
+
+def _yambda_generator(cfg):
+    # Sizes only: calibration re-fits popularity skews, never the sample counts.
+    from dlrmtrain.data.yambda.builder import cross_specs, synthetic_profile
+    from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator
+
+    return YambdaLikeGenerator(synthetic_profile(cfg.data), cross_specs(cfg.data))
+
+
+def dlrmv4_scale(cfg, train_samples: int) -> Dlrmv4Scale:
+    """The numbers of a dlrmv4 config that its derived rules hold it to."""
+    from dlrmtrain.mlperf.eval_grid import eval_grid_for_config
+
+    try:
+        eval_grid_for_config(cfg, train_samples)  # refuses a grid the run never reaches
+    except ValueError as e:
+        raise SystemExit(f"{e}") from None
+    return Dlrmv4Scale(
+        train_samples=train_samples, max_sequence_length=cfg.model.hstu.max_seq_len,
+        warmup_steps=cfg.optim.warmup_steps,
+        reference_lr=cfg.optim.lr * 8192 / cfg.run.global_batch_size,
+        eval_every_data_pct=cfg.mlperf.eval_every_data_pct,
+        skip_eval_epoch_pct=cfg.mlperf.skip_eval_epoch_pct)
 
 
 def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
@@ -314,10 +353,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: none,dedup,auto)")
     p.add_argument("--runs", type=int, default=None, help="runs per codec (default: MLPerf's)")
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (default: 2)")
-    p.add_argument("--ruleset", default=None, help="default: 2.1.0 (dlrm), 6.0.0 (dlrm_dcnv2)")
+    p.add_argument("--ruleset", default=None,
+                   help="default: 2.1.0 (dlrm), 6.0.0 (dlrm_dcnv2), 6.1.0 (dlrmv4)")
     p.add_argument("--rules", choices=("derived", "official"), default="derived")
     p.add_argument("--eval-samples", type=int, default=None,
-                   help="eval size for dlrm_dcnv2's derived rules (default: from the config)")
+                   help="eval size for dlrm_dcnv2's and dlrmv4's derived rules "
+                        "(default: from the config)")
+    p.add_argument("--train-samples", type=int, default=None,
+                   help="train size for dlrmv4's derived rules (default: from the config; "
+                        "needed for data.source yambda)")
     p.add_argument("--timeout-min", type=float, default=60.0, help="per run (default: 60)")
     p.add_argument("--link-gbit", type=float, default=None,
                    help="train behind a shaped link of this rate, Gbit/s (root, unshare, tc)")

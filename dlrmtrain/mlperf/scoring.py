@@ -12,7 +12,7 @@ The summarizer's rules (``_compute_strong_score_standalone``, mlperf-logging 4.1
   (a dropped non-converged run already stands in for the slowest), average
   the rest;
 - the number of runs an official submission needs per benchmark comes from
-  ``benchmark_meta`` (dlrm 5, dlrm_dcnv2 10).
+  ``benchmark_meta`` (dlrm 5, dlrm_dcnv2 10, dlrmv4 10; dlrmv4 is scored like the others).
 
 The package's own functions do the arithmetic (`_compute_olympic_average`)
 and read the times (`_query_run_start_stop`); what is replaced here is only
@@ -71,8 +71,12 @@ class BenchmarkScore:
         return len(self.runs) >= self.required_runs
 
     def summary(self) -> str:
-        score = "no score (too many non-converged runs)" if self.minutes is None \
-            else f"{self.minutes:.4f} min (olympic mean)"
+        if self.minutes is not None:
+            score = f"{self.minutes:.4f} min (olympic mean)"
+        elif self.non_converged > self.max_non_converged:
+            score = "no score (too many non-converged runs)"
+        else:  # the mean drops the fastest and the slowest: nothing left to average
+            score = "no score (too few runs for the olympic mean)"
         note = "" if self.enough_runs else \
             f"; only {len(self.runs)} of the {self.required_runs} runs a submission needs"
         return (f"{self.benchmark}: {score}; {len(self.runs)} runs, "

@@ -9,14 +9,23 @@ import pytest
 
 from dlrmtrain.mlperf.compliance import check_log
 from dlrmtrain.mlperf.benchmarks import (
+    DISCLOSURE_KEYS,
     dcnv2_hyperparameters,
     dlrm_v1_hyperparameters,
+    dlrmv4_hyperparameters,
     mlperf_layer_names,
 )
-from dlrmtrain.mlperf.logger import MLPerfLogger, NullMLPerfLogger, build_mlperf_logger
+from dlrmtrain.mlperf.eval_grid import eval_grid_for_config
+from dlrmtrain.mlperf.logger import (
+    MLPerfLogger,
+    NullMLPerfLogger,
+    build_mlperf_logger,
+    comm_precision,
+    log_run_setup,
+)
 from dlrmtrain.mlperf.rules import DerivedRulesSpec
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
-from tests.mlperf.simulated_run import EVAL_SAMPLES, SimulatedRun
+from tests.mlperf.simulated_run import EVAL_SAMPLES, Dlrmv4Numbers, SimulatedRun, dlrmv4_config
 
 
 def _events(log: Path) -> list[dict]:
@@ -148,3 +157,113 @@ def test_dcnv2_hyperparameters_need_the_adagrad_keys(tmp_path):
     logger.close()
     keys = {e["key"]: e["value"] for e in _events(tmp_path / "l.log")}
     assert keys["opt_name"] == "adagrad" and keys["opt_adagrad_epsilon"] == 1e-8
+
+
+# ---- dlrmv4 ---------------------------------------------------------------------------
+
+# The hyperparameter keys the reference logs (mlcommons/training recommendation_v4,
+# PR #889: train/mlperf_logging_utils.py, MLPerfLogger.log_run_start).
+REFERENCE_DLRMV4_KEYS = {
+    "global_batch_size", "gradient_accumulation_steps", "seed", "opt_name",
+    "opt_base_learning_rate", "opt_adam_beta_1", "opt_adam_beta_2", "opt_adam_epsilon",
+    "opt_weight_decay", "opt_gradient_clip_norm", "opt_learning_rate_warmup_steps",
+    "opt_learning_rate_warmup_start_lr", "opt_sparse_name", "opt_sparse_base_learning_rate",
+    "max_sequence_length", "eval_every_data_pct", "skip_eval_epoch_pct"}
+# What else a run logs before init_stop: the submission, the 6.1.0 disclosure, the sizes.
+SETUP_KEYS = {"cache_clear", "init_start", "submission_benchmark", "submission_org",
+              "submission_division", "submission_platform", "submission_status",
+              "train_samples", "eval_samples", *DISCLOSURE_KEYS}
+
+
+def test_dlrmv4_setup_logs_the_references_hyperparameters_from_the_config(tmp_path):
+    events = _events(SimulatedRun("dlrmv4").write(tmp_path / "l.log"))
+    keys = [e["key"] for e in events]
+    setup = keys[:keys.index("init_stop")]
+    assert set(setup) - SETUP_KEYS == REFERENCE_DLRMV4_KEYS
+    assert len(setup) == len(set(setup))  # each once
+    values = {e["key"]: e["value"] for e in events}
+    n = Dlrmv4Numbers()
+    assert values["submission_benchmark"] == "dlrmv4"
+    assert (values["opt_name"], values["opt_sparse_name"]) == ("Adam", "RowWiseAdagrad")
+    assert values["opt_base_learning_rate"] == values["opt_sparse_base_learning_rate"] == n.lr
+    assert (values["opt_adam_beta_1"], values["opt_adam_beta_2"]) == (0.95, 0.999)
+    assert values["opt_gradient_clip_norm"] == 1.0
+    assert values["max_sequence_length"] == n.max_seq_len
+    assert values["eval_every_data_pct"] == n.eval_every_data_pct
+    assert values["skip_eval_epoch_pct"] == n.skip_eval_epoch_pct
+    assert values["micro_batch_size"] == n.global_batch_size // n.world_size
+    assert "weights_initialization" not in keys
+
+
+def test_dlrmv4_marks_blocks_between_evals_on_the_grid(tmp_path):
+    run = SimulatedRun("dlrmv4", aucs=(0.7, 0.72, 0.76))
+    events = _events(run.write(tmp_path / "l.log"))
+    timeline = [(e["key"], e["metadata"].get("samples_count")) for e in events
+                if e["key"] in ("block_start", "block_stop", "eval_start", "eval_stop", "run_stop")]
+    grid = eval_grid_for_config(dlrmv4_config(run.dlrmv4), run.dlrmv4.train_samples)
+    first, step = grid.first_eval_samples, grid.interval_samples
+    end = run.dlrmv4.train_samples // run.dlrmv4.global_batch_size * run.dlrmv4.global_batch_size
+    assert timeline == [("block_start", 0)] + [
+        item for s in (first, first + step, first + 2 * step)
+        for item in (("block_stop", s), ("eval_start", s), ("eval_stop", s), ("block_start", s))
+    ] + [("block_stop", end), ("run_stop", end)]
+    assert _by_key(events, "epoch_start") == []
+    accuracy = _by_key(events, "eval_accuracy")[0]["metadata"]
+    assert accuracy["samples_count"] == first
+    assert accuracy["epoch_num"] == pytest.approx(first / run.dlrmv4.train_samples, abs=1e-6)
+
+
+def test_dlrmv4_early_stop_closes_the_block_at_run_stop(tmp_path):
+    events = _events(SimulatedRun("dlrmv4", stop_inside_epoch=True).write(tmp_path / "l.log"))
+    *_, block_stop, run_stop = events
+    assert (block_stop["key"], run_stop["key"]) == ("block_stop", "run_stop")
+    assert block_stop["metadata"]["samples_count"] == run_stop["metadata"]["samples_count"] \
+        == _by_key(events, "eval_accuracy")[-1]["metadata"]["samples_count"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])  # the stand-in refuses the same input
+def test_dlrmv4_bad_values_are_refused_naming_the_key(tmp_path, rank):
+    logger = build_mlperf_logger("dlrmv4", tmp_path / "l.log", rank)
+    hp = dlrmv4_hyperparameters(global_batch_size=256, learning_rate=1e-3, warmup_steps=50,
+                                max_sequence_length=64, eval_every_data_pct=0.05,
+                                skip_eval_epoch_pct=0.2)
+    for key, bad in (("opt_adam_beta_1", 1.5), ("opt_adam_epsilon", 0.0),
+                     ("max_sequence_length", 0), ("global_batch_size", 256.5),
+                     ("eval_every_data_pct", 2.0), ("opt_gradient_clip_norm", float("nan"))):
+        with pytest.raises(ValueError, match=f"{key}={bad!r}"):
+            logger.hyperparameters({**hp, key: bad})
+    with pytest.raises(ValueError, match="opt_sparse_base_learning_rate"):
+        logger.hyperparameters({k: v for k, v in hp.items() if k != "opt_sparse_base_learning_rate"})
+    with pytest.raises(ValueError, match="eval_start: dlrmv4 needs samples_count"):
+        logger.eval_start(0.5)  # dlrmv4's rules check evals by samples_count
+    with pytest.raises(ValueError, match="epoch_start: dlrmv4 needs samples_count"):
+        logger.epoch_start(0)
+    logger.epoch_start(0, samples_count=0)  # the refused call left no epoch open
+    with pytest.raises(ValueError, match="lowest_numerical_precision_in_comm"):
+        logger.run_disclosure(precision_linear="fp32", precision_attn="fp32", precision_comm="fp12",
+                              micro_batch_size=128, config_filename="c.yaml")
+    with pytest.raises(ValueError, match="weights_initialization"):
+        logger.weights_initialization(["embeddings"])
+    logger.submission_info("org", "closed", "cpu", "research")
+    with pytest.raises(RuntimeError, match="run_disclosure"):
+        logger.init_stop()
+    logger.close()
+
+
+def test_dlrmv4_setup_refuses_a_bad_config_value_naming_the_key(tmp_path):
+    logger = build_mlperf_logger("dlrmv4", tmp_path / "l.log", 0)
+    n = Dlrmv4Numbers()
+    with pytest.raises(ValueError, match="opt_adam_beta_2=1.0"):
+        log_run_setup(logger, dlrmv4_config(n, {"optim.adam_betas": [0.95, 1.0]}),
+                      n.train_samples, n.eval_samples, world_size=2)
+    with pytest.raises(ValueError, match="mlperf.eval_every_data_pct"):
+        log_run_setup(logger, dlrmv4_config(n, {"mlperf.eval_every_data_pct": 0.0}),
+                      n.train_samples, n.eval_samples, world_size=2)
+    logger.close()
+
+
+def test_dlrmv4_disclosure_follows_precision_and_codec():
+    assert comm_precision("none") == comm_precision("dedup") == comm_precision("auto") == "fp32"
+    assert comm_precision("dedup+fp16") == comm_precision("fp16") == "fp16"
+    assert comm_precision("none", ["bf16"]) == "bfloat16"
+    assert comm_precision("dedup+bf16", ["int8"]) == "int8"

@@ -7,10 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from dlrmtrain.config.loader import dump_config
+from dlrmtrain.config.loader import dump_config, load_config
 from dlrmtrain.mlperf.compliance import ComplianceResult
 from dlrmtrain.mlperf.scoring import RunTime, olympic_score
-from dlrmtrain.mlperf.runner import CodecOutcome, main, ratios_to_first, speedup
+from dlrmtrain.mlperf.runner import (
+    CodecOutcome,
+    dlrmv4_scale,
+    expected_eval_samples,
+    expected_train_samples,
+    main,
+    ratios_to_first,
+    speedup,
+)
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 
@@ -116,3 +124,23 @@ def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
     with pytest.raises(SystemExit, match="--link-gbit: link rate must be > 0"):
         plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o3"),
                                    "--link-gbit", "0"]))
+
+
+def test_dlrmv4_derived_rules_take_their_numbers_from_the_config():
+    mini = Path(__file__).parents[2] / "configs" / "mini_dlrmv4.yaml"
+    grid = ["mlperf.eval_every_data_pct=0.25", "mlperf.skip_eval_epoch_pct=0.25"]
+    cfg = load_config(mini, grid)
+    synthetic = cfg.data.yambda.synthetic
+    train = expected_train_samples(cfg)
+    assert train == synthetic.num_users * synthetic.anchors_per_user  # what the loader trains on
+    assert expected_eval_samples(cfg) == synthetic.num_users * synthetic.eval_anchors_per_user
+    scale = dlrmv4_scale(cfg, train)
+    assert (scale.train_samples, scale.max_sequence_length, scale.warmup_steps) == (
+        train, cfg.model.hstu.max_seq_len, cfg.optim.warmup_steps)
+    assert scale.reference_lr == pytest.approx(cfg.optim.lr * 8192 / cfg.run.global_batch_size)
+    assert (scale.eval_every_data_pct, scale.skip_eval_epoch_pct) == (0.25, 0.25)
+    # The rules' own first eval (45.8 M samples at batch 256) is beyond a small run: refused.
+    with pytest.raises(SystemExit, match="mlperf.skip_eval_epoch_pct"):
+        dlrmv4_scale(load_config(mini), train)
+    with pytest.raises(SystemExit, match="--train-samples"):
+        expected_train_samples(load_config(mini, ["data.source=yambda"]))

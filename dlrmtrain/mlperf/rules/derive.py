@@ -1,9 +1,12 @@
 """Derive UNOFFICIAL compliance rules for small runs from the installed official ones.
 
 The official checker hard-codes what only a full-size run reaches: an
-``eval_accuracy`` >= 0.8025 (dlrm) / >= 0.80275 (dlrm_dcnv2) and, for
-dlrm_dcnv2, ``eval_samples == 89137319``. A small run needs the same rules with
-its own target and eval size. This module builds them from the files the
+``eval_accuracy`` >= 0.8025 (dlrm) / >= 0.80275 (dlrm_dcnv2) / >= 0.75 (dlrmv4)
+and, for dlrm_dcnv2 and dlrmv4, the eval size. dlrmv4's rules also pin numbers
+of the full-size run: its train samples (which set the eval grid), sequence
+length 4096, 24,000 warmup steps, a learning-rate band around 1e-6 per 8192 of
+global batch, the eval spacing and the first-eval fit. A small run needs the
+same rules with its own target, eval size and (dlrmv4) those numbers. This module builds them from the files the
 installed ``mlperf_logging`` ships, changing nothing else:
 
 1. Read ``training_<ruleset>/common.yaml``, ``closed_common.yaml`` and
@@ -16,7 +19,9 @@ installed ``mlperf_logging`` ships, changing nothing else:
    and replaced by checks that the log is ``closed`` division and of this
    benchmark — what made the official checker load those files.
 3. Replace the accuracy target in ``eval_accuracy``'s ATLEAST_ONE_CHECK and,
-   for dlrm_dcnv2, the number in ``eval_samples``'s CHECK.
+   for dlrm_dcnv2, the number in ``eval_samples``'s CHECK. For dlrmv4 the target
+   and train samples are in the BEGIN code, and `Dlrmv4Scale` replaces each of
+   the numbers above where the rules state it (`_DLRMV4_NUMBERS`).
 
 Why one flattened file: the checker resolves every config path relative to its
 own package folder (``os.path.join`` keeps an absolute path as is), so a chain
@@ -49,6 +54,7 @@ from dlrmtrain.mlperf.rules import (
     RULES_DIR,
     RULESETS,
     DerivedRulesSpec,
+    Dlrmv4Scale,
 )
 
 CHECKER_DIR = Path(_checker_pkg.__file__).parent
@@ -75,12 +81,18 @@ def derive_rules_text(spec: DerivedRulesSpec) -> str:
     if (spec.eval_samples is None) != (spec.benchmark not in OFFICIAL_EVAL_SAMPLES):
         raise ValueError(f"eval_samples is required for exactly {list(OFFICIAL_EVAL_SAMPLES)}, "
                          f"got {spec.eval_samples!r} for {spec.benchmark}")
+    if (spec.scale is None) != (spec.benchmark != "dlrmv4"):
+        raise ValueError(f"a Dlrmv4Scale is required exactly for dlrmv4, got {spec.scale!r} "
+                         f"for {spec.benchmark}")
     files = official_files(spec.benchmark, spec.ruleset)
     records = _flatten([yaml.load(f.read_text(), Loader=yaml.BaseLoader) for f in files])
     keys = {r["KEY"]["NAME"]: r["KEY"] for r in records if "KEY" in r}
     _require_closed_division_and_benchmark(keys, spec.benchmark)
-    _replace_once(keys["eval_accuracy"], "ATLEAST_ONE_CHECK",
-                  f">= {OFFICIAL_TARGET[spec.benchmark]} ", f">= {spec.target!r} ")
+    if spec.scale is not None:
+        _replace_dlrmv4_numbers(records[0]["BEGIN"], keys, spec.target, spec.scale)
+    else:
+        _replace_once(keys["eval_accuracy"], "ATLEAST_ONE_CHECK",
+                      f">= {OFFICIAL_TARGET[spec.benchmark]} ", f">= {spec.target!r} ")
     if spec.eval_samples is not None:
         _replace_once(keys["eval_samples"], "CHECK",
                       f"== {OFFICIAL_EVAL_SAMPLES[spec.benchmark]} ", f"== {spec.eval_samples} ")
@@ -152,8 +164,36 @@ def _add_check(key: dict[str, Any], check: str) -> None:
 def _replace_once(key: dict[str, Any], field: str, old: str, new: str) -> None:
     text = key[field]
     if text.count(old) != 1:
-        raise ValueError(f"expected {old.strip()!r} once in {key['NAME']}.{field}, got {text!r}")
+        raise ValueError(f"expected {old.strip()!r} once in {key.get('NAME', 'BEGIN')}.{field}, "
+                         f"got {text!r}")
     key[field] = text.replace(old, new)
+
+
+# Where closed_dlrmv4.yaml states each number of the full-size run: (key or BEGIN,
+# field, official text, the text with the small run's value).
+def _dlrmv4_numbers(target: float, s: Dlrmv4Scale) -> list[tuple[str, str, str, str]]:
+    first_eval = ("math.floor((4480 * v['value'] + 135331840) / 3)",
+                  "math.floor((4480 * v['value'] + 135331840) / 3)" if s.skip_eval_epoch_pct is None
+                  else f"max(1, math.ceil({s.skip_eval_epoch_pct!r} * s['train_samples'] "
+                       "/ v['value'])) * v['value']")
+    return [
+        ("BEGIN", "CODE", "'train_samples': 2290835423,", f"'train_samples': {s.train_samples},"),
+        ("BEGIN", "CODE", "'target_accuracy': 0.75,", f"'target_accuracy': {target!r},"),
+        ("max_sequence_length", "CHECK", "== 4096 ", f"== {s.max_sequence_length} "),
+        ("opt_learning_rate_warmup_steps", "CHECK", "== 24000 ", f"== {s.warmup_steps} "),
+        ("eval_every_data_pct", "CHECK", "== 0.001 ", f"== {s.eval_every_data_pct!r} "),
+        ("global_batch_size", "POST", "0.001 * s['train_samples']",
+         f"{s.eval_every_data_pct!r} * s['train_samples']"),
+        ("global_batch_size", "POST", *first_eval),
+        ("global_batch_size", "POST", "0.5e-6 * v['value']", f"{0.5 * s.reference_lr!r} * v['value']"),
+        ("global_batch_size", "POST", "1.5e-6 * v['value']", f"{1.5 * s.reference_lr!r} * v['value']"),
+    ]
+
+
+def _replace_dlrmv4_numbers(begin: dict[str, Any], keys: dict[str, dict[str, Any]],
+                            target: float, scale: Dlrmv4Scale) -> None:
+    for where, field, old, new in _dlrmv4_numbers(target, scale):
+        _replace_once(begin if where == "BEGIN" else keys[where], field, old, new)
 
 
 def _header(spec: DerivedRulesSpec, files: list[Path]) -> str:
@@ -162,6 +202,18 @@ def _header(spec: DerivedRulesSpec, files: list[Path]) -> str:
         for f in files)
     size = (f"\n#   - eval_samples must equal {spec.eval_samples} "
             f"(official: {OFFICIAL_EVAL_SAMPLES[spec.benchmark]})" if spec.eval_samples else "")
+    if spec.scale is not None:
+        s = spec.scale
+        first = ("the official fit" if s.skip_eval_epoch_pct is None else
+                 f"first grid point at or after {s.skip_eval_epoch_pct!r} of train_samples")
+        size += (f"\n#   - train_samples {s.train_samples} (official: 2290835423), sets the eval grid"
+                 f"\n#   - max_sequence_length {s.max_sequence_length} (official: 4096)"
+                 f"\n#   - opt_learning_rate_warmup_steps {s.warmup_steps} (official: 24000)"
+                 f"\n#   - learning-rate band 0.5-1.5 x {s.reference_lr!r} x global batch / 8192"
+                 " (official: 1e-6)"
+                 f"\n#   - eval_every_data_pct {s.eval_every_data_pct!r} (official: 0.001)"
+                 f"\n#   - first eval: {first} (official: floor((4480 x batch + 135331840) / 3) "
+                 "samples)")
     return (
         "# UNOFFICIAL compliance rules -- NOT the MLPerf rules. For small runs only.\n"
         f"# Benchmark {spec.benchmark}, closed division, ruleset {spec.ruleset}.\n"
