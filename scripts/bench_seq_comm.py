@@ -189,7 +189,7 @@ def report(args, result: dict) -> str:
              f"(bytes per step, all ranks, forward; backward the same rows back)",
              f"{'table':<22} {'positions':>9} {'distinct':>8} {'none MiB':>9} {'dedup MiB':>9} {'ratio':>7} "
              f"{'ideal':>7} {'/ideal':>6} {'vs fp16':>7}"]
-    steps = dedup["steps"] / 1
+    steps = dedup["steps"]  # forward passes (warm-up included: every pass carries the same batch)
     tot_none = tot_dedup = tot_pos = tot_distinct = 0
     for t, row in dedup["tables"].items():
         positions, distinct = ideal[t]

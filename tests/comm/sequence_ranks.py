@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
-from dlrmtrain.comm.stats import collect_comm_stats
+from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.sharding import rowwise_adagrad_fused_params, shard_sequence_model
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, TABLES
@@ -125,9 +125,10 @@ def read_tables(dmp: nn.Module) -> dict[str, np.ndarray]:
     return {t: out[f].values().numpy().copy() for t, f in first_feature.items()} if rank == 0 else {}
 
 
-def shard(sc: SeqScenario, codec: str, world_size: int):
+def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | None = None):
     sharding = ShardingConfig(default_type=sc.default_type, tables=dict(sc.sharding_tables))
-    dmp, plan_text = shard_sequence_model(SeqModel(), "ec", sharding, CommConfig(codec=codec),
+    comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}))
+    dmp, plan_text = shard_sequence_model(SeqModel(), "ec", sharding, comm,
                                           rowwise_adagrad_fused_params(LR, EPS), torch.device("cpu"),
                                           world_size)
     return dmp, plan_text
@@ -147,6 +148,16 @@ def train(sc: SeqScenario, codec: str, rank: int, world_size: int) -> dict:
         result["losses"].append(loss.item())
     result["stats"] = collect_comm_stats(dmp)
     result["tables"] = read_tables(dmp)
+    result["codec_dists"] = len(comm_counters(dmp))
+    # one more step, counting the codec's host syncs (what would stall a GPU)
+    from tests.comm.sync_counter import HostSyncCounter
+
+    counter = HostSyncCounter()
+    with counter:
+        out = dmp(kjt_of(sequences_for(sc, sc.steps, rank)))
+        out = out.wait() if hasattr(out, "wait") else out
+        loss_of(out, sc.batch, probes).backward()
+    result["syncs"] = counter.syncs
     dist.barrier()
     del dmp
     gc.collect()

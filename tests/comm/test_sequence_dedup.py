@@ -22,6 +22,7 @@ from tests.comm.sequence_ranks import (
     feature_table,
     features,
     make_ec,
+    shard,
     sequences_for,
     table_rows,
     train,
@@ -32,16 +33,24 @@ WORLD = 2
 SCENARIOS = {
     "row_wise": SeqScenario(default_type="row_wise"),
     "table_wise": SeqScenario(default_type="table_wise"),
-    "mixed": SeqScenario(default_type="table_wise", sharding_tables={"item_id": "row_wise", "album_id": "row_wise"}),
+    # column-wise sequence tables keep TorchRec's dist under dedup, beside the dedup dists
+    "mixed": SeqScenario(default_type="table_wise", sharding_tables={"item_id": "row_wise", "album_id": "column_wise"}),
 }
+DEDUP_DISTS = {"row_wise": 1, "table_wise": 1, "mixed": 2}
 RTOL, ATOL = 1e-5, 1e-6
 CODECS = {name: ("none", "dedup") for name in SCENARIOS}
 CODECS["mixed"] += ("dedup+fp16",)
 
 
 def _all_runs(rank: int, world_size: int) -> dict:
-    return {(name, codec): train(SCENARIOS[name], codec, rank, world_size)
-            for name in SCENARIOS for codec in CODECS[name]}
+    out = {(name, codec): train(SCENARIOS[name], codec, rank, world_size)
+           for name in SCENARIOS for codec in CODECS[name]}
+    try:  # one row-wise all-to-all carries every table: a per-table `none` among them is refused
+        shard(SCENARIOS["row_wise"], "dedup", world_size, table_codecs={"uid": "none"})
+        out["mixed_codecs_error"] = None
+    except ValueError as e:
+        out["mixed_codecs_error"] = str(e)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +105,8 @@ def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
     sent_total: dict[str, int] = {}
     for rank in range(WORLD):
         tables = runs[rank][(name, "dedup")]["stats"]["tables"]
-        assert set(tables) == set(table_rows())
+        column_wise = {t for t, kind in sc.sharding_tables.items() if kind == "column_wise"}
+        assert set(tables) == set(table_rows()) - column_wise
         for t, got in tables.items():
             # the receiver: its distinct ids of t (all features sharing t), whoever owns them
             distinct = sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
@@ -119,6 +129,15 @@ def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
     assert ratio is not None and ratio > 1.5  # repetition: fewer rows than positions (per-sample features too)
 
 
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_one_host_sync_per_dedup_dist_per_step(runs, name):
+    for rank in range(WORLD):
+        dedup = runs[rank][(name, "dedup")]
+        assert dedup["codec_dists"] == DEDUP_DISTS[name]
+        assert [fn for fn, _ in dedup["syncs"]] == ["tolist"] * DEDUP_DISTS[name], dedup["syncs"]
+        assert runs[rank][(name, "none")]["codec_dists"] == 0
+
+
 def test_dedup_fp16_halves_dedup_bytes_and_is_labelled_lossy(runs):
     for rank in range(WORLD):
         lossless, lossy = runs[rank][("mixed", "dedup")], runs[rank][("mixed", "dedup+fp16")]
@@ -128,6 +147,12 @@ def test_dedup_fp16_halves_dedup_bytes_and_is_labelled_lossy(runs):
         none = runs[rank][("mixed", "none")]
         for f in features():  # rounded to fp16 on the wire: close, not equal
             np.testing.assert_allclose(lossy["outputs"][0][f], none["outputs"][0][f], rtol=1e-3, atol=1e-3)
+
+
+def test_codecs_mixed_inside_one_all_to_all_are_refused(runs):
+    for rank in range(WORLD):
+        assert "comm.table_codecs: row_wise sequence tables" in runs[rank]["mixed_codecs_error"]
+        assert "['dedup', 'none']" in runs[rank]["mixed_codecs_error"]
 
 
 def test_none_keeps_torchrec_sharder_and_auto_is_refused():

@@ -46,7 +46,8 @@ def test_sharded_ec_forward_equals_single_process(sharded, name):
                 if step == 0:
                     assert np.array_equal(got[f], want[f]), f"{name} rank {rank} {f}: forward differs"
                 else:  # weights already moved by fused steps: fp32 rounding
-                    np.testing.assert_allclose(got[f], want[f], rtol=1e-5, atol=1e-6, err_msg=f"{name} step {step} rank {rank} {f}")
+                    np.testing.assert_allclose(got[f], want[f], rtol=1e-5, atol=1e-6,
+                                               err_msg=f"{name} step {step} rank {rank} {f}")
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
