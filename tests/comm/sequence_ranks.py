@@ -39,6 +39,10 @@ class SeqScenario:
     max_len: int = 6
     pool: int = 4          # distinct ids per table per batch: heavy repetition
     steps: int = 3
+    uneven: bool = False   # rank r's batch is batch + 2r (TorchRec's variable batch per rank)
+
+    def batch_of(self, rank: int) -> int:
+        return self.batch + (2 * rank if self.uneven else 0)
 
 
 def table_rows() -> dict[str, int]:
@@ -73,7 +77,7 @@ def sequences_for(sc: SeqScenario, step: int, rank: int) -> dict[str, list[list[
     pools = {t: torch.randperm(rows[t], generator=g)[:sc.pool].tolist() for t in TABLES}
     table_of = feature_table()
     out: dict[str, list[list[int]]] = {}
-    lengths = torch.randint(0, sc.max_len + 1, (sc.batch,), generator=g).tolist()
+    lengths = torch.randint(0, sc.max_len + 1, (sc.batch_of(rank),), generator=g).tolist()
     lengths[0] = max(lengths[0], 1)
     for f in features():
         pool = pools[table_of[f]]
@@ -143,7 +147,7 @@ def train(sc: SeqScenario, codec: str, rank: int, world_size: int) -> dict:
         out = dmp(kjt_of(sequences_for(sc, step, rank)))
         out = out.wait() if hasattr(out, "wait") else out
         result["outputs"].append({f: out[f].values().detach().numpy().copy() for f in features()})
-        loss = loss_of(out, sc.batch, probes)
+        loss = loss_of(out, sc.batch_of(rank), probes)
         loss.backward()  # the fused optimizer updates the tables here
         result["losses"].append(loss.item())
     result["stats"] = collect_comm_stats(dmp)
@@ -156,7 +160,7 @@ def train(sc: SeqScenario, codec: str, rank: int, world_size: int) -> dict:
     with counter:
         out = dmp(kjt_of(sequences_for(sc, sc.steps, rank)))
         out = out.wait() if hasattr(out, "wait") else out
-        loss_of(out, sc.batch, probes).backward()
+        loss_of(out, sc.batch_of(rank), probes).backward()
     result["syncs"] = counter.syncs
     dist.barrier()
     del dmp
@@ -185,7 +189,7 @@ def reference(sc: SeqScenario, world_size: int) -> dict:
         for rank in range(world_size):
             out = ec(kjt_of(sequences_for(sc, step, rank)))
             per_rank.append({f: out[f].values().detach().numpy().copy() for f in features()})
-            total = total + loss_of(out, sc.batch, probes) / world_size
+            total = total + loss_of(out, sc.batch_of(rank), probes) / world_size
         total.backward()
         with torch.no_grad():
             for t in TABLES:

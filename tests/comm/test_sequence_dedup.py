@@ -33,10 +33,11 @@ WORLD = 2
 SCENARIOS = {
     "row_wise": SeqScenario(default_type="row_wise"),
     "table_wise": SeqScenario(default_type="table_wise"),
+    "row_wise_uneven": SeqScenario(default_type="row_wise", uneven=True),
     # column-wise sequence tables keep TorchRec's dist under dedup, beside the dedup dists
     "mixed": SeqScenario(default_type="table_wise", sharding_tables={"item_id": "row_wise", "album_id": "column_wise"}),
 }
-DEDUP_DISTS = {"row_wise": 1, "table_wise": 1, "mixed": 2}
+DEDUP_DISTS = {"row_wise": 1, "table_wise": 1, "row_wise_uneven": 1, "mixed": 2}
 RTOL, ATOL = 1e-5, 1e-6
 CODECS = {name: ("none", "dedup") for name in SCENARIOS}
 CODECS["mixed"] += ("dedup+fp16",)

@@ -26,3 +26,18 @@ def test_overridden_ec_methods_and_context_fields_still_exist():
         assert callable(getattr(ShardedEmbeddingCollection, name)), name
     # the sample end's ids: TorchRec's own record of the KJT before the id all-to-all
     assert "features_before_input_dist" in SequenceShardingContext.__dataclass_fields__
+
+
+def test_ec_private_names_only_in_the_hooks_module():
+    """The EC's private TorchRec names are spelled in torchrec_hooks.py alone (as the EBC's are)."""
+    from pathlib import Path
+
+    comm = Path(hooks.__file__).parent
+    private = {"_sharding_type_to_sharding", "_use_index_dedup", "_sharding_types", "_output_dists"}
+    offenders = {}
+    for path in sorted(comm.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & private
+        if used and path.name != "torchrec_hooks.py":
+            offenders[str(path.relative_to(comm))] = sorted(used)
+    assert not offenders, f"TorchRec EC internals outside comm/torchrec_hooks.py: {offenders}"
