@@ -215,7 +215,9 @@ def report(args, result: dict) -> str:
         f"{REFERENCE_DIM}: none / dedup = {(tot_none * row_full + ids) / (tot_dedup * row_full + ids):.1f}x",
         "step time (fwd+bwd, loopback, slowest rank; orientation only): "
         + ", ".join(f"{c} {result[c]['step_s'] * 1e3:.1f} ms" for c in CODECS)
-        + f"; dedup / none {result['dedup']['step_s'] / result['none']['step_s']:.2f}",
+        + f"; dedup / none {result['dedup']['step_s'] / result['none']['step_s']:.2f}; dedup's own work "
+        f"{dedup['codec_seconds_per_step'] * 1e3:.1f} ms/step, in its all-to-alls "
+        f"{dedup['transfer_seconds_per_step'] * 1e3:.1f} ms/step (slowest rank)",
     ]
     return "\n".join(lines)
 
