@@ -12,6 +12,8 @@ row bytes.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,7 @@ DEDUP_DISTS = {"row_wise": 1, "table_wise": 1, "row_wise_uneven": 1, "mixed": 2}
 RTOL, ATOL = 1e-5, 1e-6
 CODECS = {name: ("none", "dedup") for name in SCENARIOS}
 CODECS["mixed"] += ("dedup+fp16",)
+CODECS["row_wise"] += ("auto",)
 
 
 def _all_runs(rank: int, world_size: int) -> dict:
@@ -156,11 +159,28 @@ def test_codecs_mixed_inside_one_all_to_all_are_refused(runs):
         assert "['dedup', 'none']" in runs[rank]["mixed_codecs_error"]
 
 
-def test_none_keeps_torchrec_sharder_and_auto_is_refused():
+def test_auto_runs_both_paths_and_trains_like_none(runs):
+    """auto's first steps alternate dedup and none (its probe): both lossless, both counted."""
+    sc = SCENARIOS["row_wise"]
+    for rank in range(WORLD):
+        none, auto = runs[rank][("row_wise", "none")], runs[rank][("row_wise", "auto")]
+        for f in features():
+            assert np.array_equal(none["outputs"][0][f], auto["outputs"][0][f]), f"rank {rank} {f}"
+        np.testing.assert_allclose(auto["losses"], none["losses"], rtol=RTOL)
+        assert auto["stats"]["codecs"] == ["auto:dedup"] and auto["codec_dists"] == 1
+        for t, got in auto["stats"]["tables"].items():
+            positions = [_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps)]
+            distinct = [len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps)]
+            assert got["uncompressed_fwd_recv_bytes"] == sum(positions) * DIM * 4
+            # each step moved its distinct rows (dedup) or every position (none), and both paths ran
+            options = {sum(d if use else p for use, d, p in zip(choice, distinct, positions))
+                       for choice in itertools.product((True, False), repeat=sc.steps) if len(set(choice)) == 2}
+            assert got["payload_fwd_recv_bytes"] // (DIM * 4) in options, t
+
+
+def test_none_keeps_torchrec_sharder():
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
 
     assert type(make_ec_sharder("none", {}, {})) is EmbeddingCollectionSharder
-    with pytest.raises(ValueError, match="'auto' does not yet carry sequence embeddings"):
-        make_ec_sharder("auto", {}, {})
     with pytest.raises(ValueError, match="comm.codec: unknown codec"):
         make_ec_sharder("dedupp", {}, {})

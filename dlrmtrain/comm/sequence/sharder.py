@@ -7,7 +7,8 @@ The sequence counterpart of comm/sharder.py's EBC sharder: TorchRec's
 `DedupDist` run by a `SequencePlanner` (planner.py), after TorchRec built
 them. `none` keeps the stock dist untouched; TorchRec's lossy qcomms (`fp16`,
 `bf16`, `int8`) quantize inside the stock dist through the sharder's
-`qcomm_codecs_registry`. Both ends' ids are recorded by `IdRecordingShardedEC`
+`qcomm_codecs_registry`; `auto` puts a `SequenceAutoDist` (auto.py) over the
+stock and the dedup dist. Both ends' ids are recorded by `IdRecordingShardedEC`
 (torchrec_hooks.py). Lookups, the fused optimizer and the state dict stay TorchRec's.
 """
 
@@ -28,6 +29,7 @@ from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.dedup.dist import DedupDist
 from dlrmtrain.comm.layout import DistLayout, Layout, layout_for
 from dlrmtrain.comm.registry import codecs_per_table, get_codec, is_qcomms, validate_codec_choice
+from dlrmtrain.comm.sequence.auto import SequenceAutoDist
 from dlrmtrain.comm.sequence.layout import sequence_layout_of
 from dlrmtrain.comm.sequence.planner import SequencePlanner
 from dlrmtrain.comm.stats import CountsCommBytes
@@ -58,7 +60,7 @@ class CodecShardedEmbeddingCollection(hooks.IdRecordingShardedEC):
             layout = layout_for(sharding_type, sharding, env.world_size)
             tables = sorted({e.table for e in layout_entries(layout)})
             names = sorted({table_codecs[t] for t in tables})
-            if not any(isinstance(get_codec(n), DedupCodec) for n in names):
+            if not any(n == "auto" or isinstance(get_codec(n), DedupCodec) for n in names):
                 continue  # none / TorchRec's qcomms: the stock dist
             if len(names) > 1:
                 raise ValueError(f"comm.table_codecs: {sharding_type} sequence tables {tables} share one "
@@ -69,9 +71,16 @@ class CodecShardedEmbeddingCollection(hooks.IdRecordingShardedEC):
                                codec.name, sharding_type, tables)
                 continue
             stock = hooks.output_dists(self)[i]
-            planner = SequencePlanner(sequence_layout_of(layout, rank), rank)
-            new_dist = DedupDist(stock, planner, env.process_group, sharding_type,
-                                 {t: codec.name for t in tables}, codec.wire_dtype, codec.name)
+            seq_layout = sequence_layout_of(layout, rank)
+            planner = SequencePlanner(seq_layout, rank)
+            if codec.name == "auto":  # lossless either way: per all-to-all, whichever path is faster
+                dedup = DedupDist(stock, planner, env.process_group, sharding_type, {t: "dedup" for t in tables},
+                                  None, "dedup")
+                new_dist = SequenceAutoDist(stock, dedup, seq_layout, set(tables), env.process_group,
+                                            sharding_type)
+            else:
+                new_dist = DedupDist(stock, planner, env.process_group, sharding_type,
+                                     {t: codec.name for t in tables}, codec.wire_dtype, codec.name)
             hooks.replace_output_dist(self, i, new_dist)
             self.comm_counters.append(new_dist)
             logger.info("comm codec %r%s carries %s sequence tables %s", codec.name,
@@ -103,14 +112,10 @@ def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict
                     device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, else ours.
 
-    Same arguments as `make_ebc_sharder` (comm/sharder.py). `auto` does not yet
-    carry sequence embeddings (a clear error); lossy names are logged as LOSSY.
+    Same arguments as `make_ebc_sharder` (comm/sharder.py); lossy names are logged as LOSSY.
     """
     validate_codec_choice(codec, table_codecs, device_type)
     names = {codec, *table_codecs.values()}
-    if "auto" in names:
-        raise ValueError("comm.codec: 'auto' does not yet carry sequence embeddings (EmbeddingCollection); "
-                         "use 'dedup' (lossless) or 'none'")
     if names == {"none"}:
         return EmbeddingCollectionSharder(fused_params=fused_params)
     lossy = sorted(n for n in names if not get_codec(n).lossless)
