@@ -235,6 +235,12 @@ class IdRecordingShardedEC(ShardedEmbeddingCollection):
         return super().compute(ctx, dist_input)
 
 
+def sequence_lengths_of_both_ends(sharding_ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner's lengths after the id all-to-all, sample rank's lengths before it) of a sequence sharding,
+    as TorchRec's `SequenceShardingContext` keeps them for its stock dist (feature-major)."""
+    return sharding_ctx.lengths_after_input_dist, sharding_ctx.features_before_input_dist.lengths()
+
+
 EC_SHARD_SIGNATURE = ("(self, module: torchrec.modules.embedding_modules.EmbeddingCollection, "
                       "params: Dict[str, torchrec.distributed.types.ParameterSharding], "
                       "env: torchrec.distributed.types.ShardingEnv, device: Optional[torch.device] = None, "

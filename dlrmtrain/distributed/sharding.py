@@ -14,6 +14,7 @@ from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, Dist
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.sequence.sharder import make_ec_sharder
+from dlrmtrain.comm.sequence.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.config.schema import CommConfig, Config, OptimConfig, ShardingConfig
@@ -80,4 +81,5 @@ def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: Shardin
     wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
                                    data_parallel_wrapper=wrapper)
+    count_sequence_stock_dists(dmp)  # bytes of the sequence all-to-alls left to TorchRec (codec none)
     return dmp, describe_plan(plan)

@@ -129,6 +129,13 @@ def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
     for t, sent in sent_total.items():  # every row sent is received
         assert sent == sum(runs[r][(name, "dedup")]["stats"]["tables"][t]["payload_fwd_recv_bytes"]
                            for r in range(WORLD)), t
+    # none: TorchRec's untouched dist, counted around it: every position, = dedup's `uncompressed`
+    for rank in range(WORLD):
+        none, dedup = runs[rank][(name, "none")]["stats"], runs[rank][(name, "dedup")]["stats"]
+        assert set(none["tables"]) == set(dedup["tables"]) and none["codecs"] == ["none"]
+        for t, got in none["tables"].items():
+            assert got["payload_fwd_recv_bytes"] == dedup["tables"][t]["uncompressed_fwd_recv_bytes"], (rank, t)
+            assert got["payload_fwd_sent_bytes"] == dedup["tables"][t]["uncompressed_fwd_sent_bytes"], (rank, t)
     ratio = runs[0][(name, "dedup")]["stats"]["payload_ratio_vs_none"]
     assert ratio is not None and ratio > 1.5  # repetition: fewer rows than positions (per-sample features too)
 
