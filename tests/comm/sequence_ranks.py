@@ -41,6 +41,7 @@ class SeqScenario:
     pool: int = 4          # distinct ids per table per batch: heavy repetition
     steps: int = 3
     uneven: bool = False   # rank r's batch is batch + 2r (TorchRec's variable batch per rank)
+    planner: str = "manual"  # sharding.planner: manual | torchrec
 
     def batch_of(self, rank: int) -> int:
         return self.batch + (2 * rank if self.uneven else 0)
@@ -131,7 +132,7 @@ def read_tables(dmp: nn.Module) -> dict[str, np.ndarray]:
 
 
 def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | None = None):
-    sharding = ShardingConfig(default_type=sc.default_type, tables=dict(sc.sharding_tables))
+    sharding = ShardingConfig(planner=sc.planner, default_type=sc.default_type, tables=dict(sc.sharding_tables))
     comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}))
     dmp, plan_text = shard_sequence_model(SeqModel(), "ec", sharding, comm,
                                           rowwise_adagrad_fused_params(LR, EPS), torch.device("cpu"),

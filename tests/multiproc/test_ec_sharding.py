@@ -1,7 +1,8 @@
 """Sharded sequence embeddings (DLRMv4's EmbeddingCollection) equal a single-process EC.
 
 Two real Gloo ranks shard the EC (fused kernel, fused RowWiseAdagrad) row-wise
-(the reference's default), table-wise, and mixed; a plain EC that sees both
+(the reference's default), table-wise, mixed (row-, table- and column-wise
+in one EC), and placed by TorchRec's planner; a plain EC that sees both
 ranks' batches, with RowWiseAdagrad written out by hand, is the reference.
 Forward outputs are copies of table rows: bitwise equal. After each fused
 step the tables equal the reference's to fp32 rounding (the gradient sums per
@@ -21,6 +22,8 @@ SCENARIOS = {
     "table_wise": SeqScenario(default_type="table_wise"),
     "mixed": SeqScenario(default_type="table_wise",
                          sharding_tables={"item_id": "row_wise", "artist_id": "column_wise"}),
+    # TorchRec's planner places the tables (table-wise: it offers no row-wise on CPU)
+    "torchrec_planner": SeqScenario(default_type="table_wise", planner="torchrec", steps=2),
 }
 WORLD = 2
 
