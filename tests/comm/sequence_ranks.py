@@ -25,7 +25,7 @@ from dlrmtrain.distributed.sharding import rowwise_adagrad_fused_params, shard_s
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, TABLES
 
 DIM = 8
-ROW_CAP = 40
+ROW_CAP = 41  # odd: row-wise blocks of unequal size (21 + 20 rows on 2 ranks)
 LR, EPS = 0.05, 1e-8
 SEQUENCE_FEATURES = ["item_id", "artist_id", "album_id"]
 """one id per history position"""
