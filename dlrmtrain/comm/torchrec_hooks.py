@@ -196,7 +196,6 @@ def build_sharded_ebc(cls: type[ShardedEmbeddingBagCollection], sharder: Embeddi
     )
 
 
-
 # ------------------------------------------- sequence embeddings (EmbeddingCollection)
 def ec_shardings(ec: ShardedEmbeddingCollection) -> list[tuple[str, Any]]:
     """(sharding type, TorchRec sequence sharding object) per output dist, in dist order.
