@@ -7,7 +7,7 @@ ops whose output size depends on the data (`nonzero`, `masked_select`, `unique`,
 `repeat_interleave` without `output_size`), and building a device tensor from a
 Python list (`torch.tensor(..., device=...)`: a blocking host-to-device copy).
 Only calls made by the codec dists (the innermost non-library frame lies in
-dlrmtrain/comm/{codecs,dedup,auto}/, so TorchRec methods they call count too) are counted:
+dlrmtrain/comm/{codecs,dedup,auto,sequence}/, so TorchRec methods they call count too) are counted:
 TorchRec's and the model's own syncs do not blur the codec's.
 """
 
@@ -23,7 +23,7 @@ _READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.T
 _DATA_SIZED = {torch.nonzero, torch.Tensor.nonzero, torch.masked_select, torch.Tensor.masked_select,
                torch.unique, torch.Tensor.unique, torch.unique_consecutive}
 _REPEAT = {torch.repeat_interleave, torch.Tensor.repeat_interleave}
-CODEC_PACKAGES = ("codecs", "dedup", "auto")
+CODEC_PACKAGES = ("codecs", "dedup", "auto", "sequence")
 
 
 def _is_sync(func, args, kwargs) -> bool:
