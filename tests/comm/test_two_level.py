@@ -20,6 +20,7 @@ import torch
 from dlrmtrain.comm.dedup.kernels import block_unique
 from dlrmtrain.comm.dedup.two_level import _Spec, _subset, _uniques
 from dlrmtrain.comm.layout import FeatureEntry
+from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
@@ -78,6 +79,17 @@ def test_node_unique_equals_brute_force_and_each_rank_gets_its_own_unique_order(
         assert got == sorted({tuple(b) for b in bags})
         for b, bag in enumerate(bags):
             assert got[int(mine.inverse[b])] == tuple(bag)
+
+
+def test_traffic_counts_messages_and_bytes_between_and_inside_nodes():
+    stats = DistCommStats(codec="dedup", sharding_type="table_wise")
+    topo = NodeTopology(world_size=4, ranks_per_node=2, rank=1)
+    # (peer, elements sent forward, elements received forward); backward sends what forward received
+    stats.count_traffic([(0, 8, 0), (1, 5, 5), (2, 4, 2), (3, 0, 0)], 1, topo.node_of, 4)
+    assert stats.messages == 3            # to 0 forward, to 2 forward and back; never to itself
+    assert stats.inter_node_messages == 2
+    assert stats.inter_node_bytes == (4 + 2) * 4
+    assert stats.intra_node_bytes == 8 * 4
 
 
 def test_topology_groups_ranks_into_nodes_and_rails():
@@ -145,9 +157,11 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         np.testing.assert_allclose(node["losses"], none["losses"], rtol=LOSS_RTOL)
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
-        # between nodes a rank talks only to its one rail peer: per all-to-all, a send forward and back
-        dists = 2  # table-wise and column-wise
-        assert 0 < stats["inter_node_messages_per_step"] <= 2 * dists
+        # between nodes a rank talks only to its rail peer: per all-to-all, rows forward if it owns
+        # a table there, gradients back if the peer does
+        peer = (rank + PER_NODE) % WORLD
+        owners = [{o for t in SC.tables if t.placement[0] == kind for o in _owner_shards(t)} for kind in ("tw", "cw")]
+        assert stats["inter_node_messages_per_step"] == sum((rank in o) + (peer in o) for o in owners)
         # rows reaching each rank: its own distinct bags per table (one-level dedup's receive side)
         for t in SC.tables:
             got = stats["tables"][t.name]
