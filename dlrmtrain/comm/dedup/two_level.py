@@ -147,6 +147,81 @@ def _offsets(lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
 
 
+@dataclass
+class NodeExchange:
+    """What `exchange_node_ids` returns: the node's bags of this rank's rail features, feature-major."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    """per rail feature (in order), the bags of local rank 0, 1, ... of the node (its node block)"""
+    longest_of: list[list[int]]
+    """[local rank][feature of the all-to-all]: that rank's longest bag"""
+    extra: list[int]
+    """the caller's `extra` values, read in the same host sync"""
+    exchanged_bytes: int
+    messages: int
+
+
+def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
+                      extra: torch.Tensor | None = None) -> NodeExchange:
+    """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
+
+    One all-gather of per-feature id counts and longest bags (plus the host
+    sync that reads them, and `extra`), then one all-to-all of lengths and ids,
+    both over the intra-node group.
+    """
+    kjt, B = step.sample_kjt, step.batch
+    L, F = topo.ranks_per_node, len(kjt.keys())
+    node = topo.node_ranks(topo.node)
+    device = kjt.lengths().device
+    lengths = kjt.lengths().to(torch.int64)
+    values = kjt.values().to(torch.int64)
+    per_key = kjt.length_per_key() if F else []
+    longest = lengths.view(F, B).amax(1) if F and B else torch.zeros(F, dtype=torch.int64, device=device)
+    mine = torch.cat([torch.tensor(per_key, dtype=torch.int64, device=device), longest])
+    gathered = [torch.empty_like(mine) for _ in range(L)]
+    dist.all_gather(gathered, mine, group=groups.intra)
+    flat = torch.cat([torch.stack(gathered).view(-1)] + ([extra.view(-1)] if extra is not None else [])).tolist()
+    counts_of = [flat[k * 2 * F:k * 2 * F + F] for k in range(L)]  # ids per feature, per local rank
+    longest_of = [flat[k * 2 * F + F:(k + 1) * 2 * F] for k in range(L)]
+
+    # one all-to-all: to local rank l, the lengths then the ids of rail l's features
+    key_offsets = [0]
+    for c in per_key:
+        key_offsets.append(key_offsets[-1] + c)
+    send_parts, send_splits = [], []
+    for l in range(L):
+        feats = rail_features[l]
+        send_parts += [lengths[j * B:(j + 1) * B] for j in feats]
+        send_parts += [values[key_offsets[j]:key_offsets[j + 1]] for j in feats]
+        send_splits.append(len(feats) * B + sum(per_key[j] for j in feats))
+    mine_feats = rail_features[topo.local_rank]
+    recv_splits = [len(mine_feats) * step.sizes[r] + sum(counts_of[k][j] for j in mine_feats)
+                   for k, r in enumerate(node)]
+    send = torch.cat(send_parts) if send_parts else values.new_zeros(0)
+    recv = values.new_empty(sum(recv_splits))
+    dist.all_to_all_single(recv, send, recv_splits, send_splits, group=groups.intra)
+
+    # regroup feature-major: for each rail feature, the bags of local rank 0, 1, ... (the node block)
+    len_pieces: list[list[torch.Tensor]] = [[] for _ in mine_feats]
+    val_pieces: list[list[torch.Tensor]] = [[] for _ in mine_feats]
+    at = 0
+    for k, r in enumerate(node):
+        for f in range(len(mine_feats)):
+            len_pieces[f].append(recv[at:at + step.sizes[r]])
+            at += step.sizes[r]
+        for f, j in enumerate(mine_feats):
+            val_pieces[f].append(recv[at:at + counts_of[k][j]])
+            at += counts_of[k][j]
+    node_lengths = torch.cat([p for ps in len_pieces for p in ps]) if mine_feats else lengths.new_zeros(0)
+    node_values = torch.cat([p for ps in val_pieces for p in ps]) if mine_feats else values.new_zeros(0)
+    own = topo.local_rank
+    exchanged = sum(s for k, s in enumerate(send_splits) if k != own) * 8 + (L - 1) * mine.numel() * 8
+    messages = sum(1 for k, s in enumerate(send_splits) if k != own and s) + (L - 1)
+    extra_host = flat[L * 2 * F:]
+    return NodeExchange(node_values, node_lengths, longest_of, extra_host, exchanged, messages)
+
+
 class TwoLevelPlanner:
     """Plans the two-level exchange of one table-/column-wise all-to-all (see the module docstring)."""
 
@@ -175,18 +250,8 @@ class TwoLevelPlanner:
     # ------------------------------------------------------------------ ids
     def _exchange_ids(self, step: DedupStep) -> _NodeIds:
         """The ids this rank's node holds for its rail's features, gathered inside the node."""
-        topo, kjt = self.topology, step.sample_kjt
-        L, F, B = topo.ranks_per_node, len(self.all_entries), step.batch
-        node = topo.node_ranks(topo.node)
-        device = kjt.lengths().device
-        lengths = kjt.lengths().to(torch.int64)
-        values = kjt.values().to(torch.int64)
-        per_key = kjt.length_per_key() if F else []
-        longest = lengths.view(F, B).amax(1) if F and B else torch.zeros(F, dtype=torch.int64, device=device)
-        mine = torch.cat([torch.tensor(per_key, dtype=torch.int64, device=device), longest])
-        gathered = [torch.empty_like(mine) for _ in range(L)]
-        dist.all_gather(gathered, mine, group=self.groups.intra)
-        # the owner's longest bag per node block, read in the same host sync
+        topo, L = self.topology, self.topology.ranks_per_node
+        # the owner's longest bag per node block, read in the exchange's host sync
         owner_lengths = step.owner_kjt.lengths()
         GB, starts, sizes = step.global_batch, step.starts, step.sizes
         node_start = [starts[n * L] for n in range(topo.nodes)]
@@ -194,52 +259,15 @@ class TwoLevelPlanner:
         owner_max = [owner_lengths[i * GB + node_start[n]:i * GB + node_start[n] + node_size[n]].amax()
                      if node_size[n] else owner_lengths.new_zeros(()) for i in range(len(self.local_entries))
                      for n in range(topo.nodes)]
-        flat = torch.cat([torch.stack(gathered).view(-1)]
-                         + ([torch.stack(owner_max).to(torch.int64)] if owner_max else [])).tolist()
-        table = [flat[r * 2 * F:(r + 1) * 2 * F] for r in range(L)]
-        counts_of = [row[:F] for row in table]  # ids per feature, per local rank
-        longest_of = [row[F:] for row in table]
-        owner_widths = [[max(1, flat[L * 2 * F + i * topo.nodes + n]) for n in range(topo.nodes)]
+        ex = exchange_node_ids(step, topo, self.groups, self.rail_features,
+                               torch.stack(owner_max).to(torch.int64) if owner_max else None)
+        owner_widths = [[max(1, ex.extra[i * topo.nodes + n]) for n in range(topo.nodes)]
                         for i in range(len(self.local_entries))]
-
-        # one all-to-all: to local rank l, the lengths then the ids of rail l's features
-        key_offsets = [0]
-        for c in per_key:
-            key_offsets.append(key_offsets[-1] + c)
-        send_parts, send_splits = [], []
-        for l in range(L):
-            feats = self.rail_features[l]
-            lens = [lengths[j * B:(j + 1) * B] for j in feats]
-            vals = [values[key_offsets[j]:key_offsets[j + 1]] for j in feats]
-            send_parts += lens + vals
-            send_splits.append(len(feats) * B + sum(per_key[j] for j in feats))
-        mine_feats = self.rail_features[topo.local_rank]
-        recv_splits = [len(mine_feats) * step.sizes[r] + sum(counts_of[k][j] for j in mine_feats)
-                       for k, r in enumerate(node)]
-        send = torch.cat(send_parts) if send_parts else values.new_zeros(0)
-        recv = values.new_empty(sum(recv_splits))
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.groups.intra)
-
-        # regroup feature-major: for each rail feature, the bags of local rank 0, 1, ... (the node block)
-        len_pieces: list[list[torch.Tensor]] = [[] for _ in mine_feats]
-        val_pieces: list[list[torch.Tensor]] = [[] for _ in mine_feats]
-        at = 0
-        for k, r in enumerate(node):
-            Br = step.sizes[r]
-            for f in range(len(mine_feats)):
-                len_pieces[f].append(recv[at:at + Br])
-                at += Br
-            for f, j in enumerate(mine_feats):
-                val_pieces[f].append(recv[at:at + counts_of[k][j]])
-                at += counts_of[k][j]
-        node_lengths = torch.cat([p for ps in len_pieces for p in ps]) if mine_feats else lengths.new_zeros(0)
-        node_values = torch.cat([p for ps in val_pieces for p in ps]) if mine_feats else values.new_zeros(0)
-        widths = [max(1, max(longest_of[k][j] for k in range(L))) for j in mine_feats]
-        own = topo.local_rank
-        exchanged = sum(s for k, s in enumerate(send_splits) if k != own) * 8 + (L - 1) * mine.numel() * 8
-        messages = sum(1 for k, s in enumerate(send_splits) if k != own and s) + (L - 1)
-        return _NodeIds(node_values, _offsets(node_lengths), node_lengths, widths,
-                        [max(1, w) for w in longest_of[own]], owner_widths, exchanged, messages)
+        mine = self.rail_features[topo.local_rank]
+        widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
+        own = [max(1, w) for w in ex.longest_of[topo.local_rank]]
+        return _NodeIds(ex.values, _offsets(ex.lengths), ex.lengths, widths, own, owner_widths,
+                        ex.exchanged_bytes, ex.messages)
 
     # ----------------------------------------------------------------- plan
     def plan(self, step: DedupStep) -> TwoLevelPlan:
