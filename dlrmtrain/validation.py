@@ -28,7 +28,7 @@ def resolved_device_type(cfg: Config) -> str:
 
 
 def _check_hierarchy(cfg: Config, world_size: int) -> None:
-    """comm.hierarchy: node takes dedup only, whole nodes, and no row-wise tables (not yet supported)."""
+    """comm.hierarchy: node takes dedup (and per-table none) only, and whole nodes."""
     comm = cfg.comm
     try:
         validate_hierarchy(Hierarchy(comm.hierarchy, comm.ranks_per_node), comm.codec, comm.table_codecs)
@@ -36,15 +36,6 @@ def _check_hierarchy(cfg: Config, world_size: int) -> None:
             check_ranks_per_node(ranks_per_node(comm.ranks_per_node, world_size), world_size)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if comm.hierarchy != "node":
-        return
-    for table, kind in cfg.sharding.tables.items():
-        if kind == "row_wise":
-            raise ConfigError(f"sharding.tables.{table}: row_wise is not supported under comm.hierarchy: node "
-                              f"yet; shard {table} table- or column-wise, or set comm.hierarchy: flat")
-    if cfg.sharding.default_type == "row_wise":
-        raise ConfigError("sharding.default_type: row_wise is not supported under comm.hierarchy: node yet; "
-                          "use table_wise or column_wise, or set comm.hierarchy: flat")
 
 
 def _check_codecs(cfg: Config, device_type: str) -> None:

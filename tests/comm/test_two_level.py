@@ -2,8 +2,8 @@
 
 One 4-rank run (2 simulated nodes x 2 ranks, set by comm.ranks_per_node on
 plain loopback) checks everything that needs ranks: the forward bitwise equal
-to `none` (table- and column-wise, one-hot, multi-hot, jagged, a per-table
-`none` inside the all-to-all), gradients and losses within dedup's bounds
+to `none` (table-, column- and row-wise, one-hot, multi-hot, jagged, empty
+bags, a per-table `none` inside the all-to-all), gradients and losses within dedup's bounds
 (test_dedup_training.py), and the traffic counted from the ids: between nodes
 exactly the node-level distinct rows of each (table, destination node) - so no
 rank re-sends a row a rank of its node sent - and each rank talking between
@@ -36,6 +36,7 @@ SC = Scenario(tables=(
     Table("c", 20, 8, ("cw", (1, 2))),               # column shards on both nodes
     Table("d", 20, 4, ("tw", 1), ids="jagged"),      # bags of 0-3 ids
     Table("e", 20, 4, ("tw", 2)),                    # codec none inside the dedup all-to-all
+    Table("r", 8, 8, ("rw",), ids="missing"),        # row-wise (blocks of 2 rows), empty bags
 ), batch=8, steps=3, table_codecs={"e": "none"})
 
 
@@ -103,7 +104,7 @@ def test_topology_groups_ranks_into_nodes_and_rails():
     (["comm.codec=auto"], "comm.codec"),
     (["comm.codec=dedup+fp16"], "comm.codec"),
     (["comm.codec=dedup", "comm.ranks_per_node=3"], "comm.ranks_per_node"),
-    (["comm.codec=dedup", "sharding.tables={t_cat_4: row_wise}"], "sharding.tables.t_cat_4"),
+    (["comm.codec=dedup", "comm.table_codecs={t_cat_4: fp16}"], "comm.table_codecs.t_cat_4"),
 ])
 def test_config_refuses_what_two_level_cannot_carry(overrides, key):
     cfg = load_config(None, ["comm.hierarchy=node", "comm.ranks_per_node=2", *overrides])
@@ -118,7 +119,17 @@ def _compare(rank: int, world_size: int, sc: Scenario) -> dict:
 
 
 def _owner_shards(t: Table) -> list[int]:
+    if t.placement[0] == "rw":
+        return list(range(WORLD))
     return [t.placement[1]] if t.placement[0] == "tw" else list(t.placement[1])
+
+
+def _distinct_rows(t: Table, bags: list[tuple], shard: int | None = None) -> int:
+    """Rows the two-level codec moves for these bags (to one shard's rows, row-wise)."""
+    if t.placement[0] == "rw":  # one-hot ids; an empty bag reads a zero row, nothing is sent
+        block = -(-t.rows // WORLD)
+        return len({b[0] for b in bags if b and (shard is None or b[0] // block == shard)})
+    return len(bags) if SC.table_codecs.get(t.name) == "none" else len(set(bags))
 
 
 def _expected_rows(sc: Scenario):
@@ -130,11 +141,11 @@ def _expected_rows(sc: Scenario):
         bags = [bags_for(sc, step, r) for r in range(WORLD)]
         for t in sc.tables:
             owners = _owner_shards(t)
-            shard_dim = t.dim // len(owners)
+            shard_dim = t.dim if t.placement[0] == "rw" else t.dim // len(owners)
             for n in range(topo.nodes):
                 node_bags = [tuple(b) for r in topo.node_ranks(n) for b in bags[r][f"f_{t.name}"]]
-                rows = len(node_bags) if sc.table_codecs.get(t.name) == "none" else len(set(node_bags))
                 for o in owners:
+                    rows = _distinct_rows(t, node_bags, o if t.placement[0] == "rw" else None)
                     rail_sent[t.name] += rows * shard_dim * 4
                     if topo.node_of(o) != n:
                         between += rows * shard_dim
@@ -157,16 +168,18 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         np.testing.assert_allclose(node["losses"], none["losses"], rtol=LOSS_RTOL)
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
+        assert stats["fallback_steps"] == 0  # one-hot row-wise steps never need the reduce-scatter
         # between nodes a rank talks only to its rail peer: per all-to-all, rows forward if it owns
         # a table there, gradients back if the peer does
         peer = (rank + PER_NODE) % WORLD
         owners = [{o for t in SC.tables if t.placement[0] == kind for o in _owner_shards(t)} for kind in ("tw", "cw")]
-        assert stats["inter_node_messages_per_step"] == sum((rank in o) + (peer in o) for o in owners)
+        table_wise = sum((rank in o) + (peer in o) for o in owners)
+        assert table_wise <= stats["inter_node_messages_per_step"] <= table_wise + 2  # + row-wise, if ids
         # rows reaching each rank: its own distinct bags per table (one-level dedup's receive side)
         for t in SC.tables:
             got = stats["tables"][t.name]
             own = [bags_for(SC, s, rank)[f"f_{t.name}"] for s in range(SC.steps)]
-            rows = sum(len(b) if t.name == "e" else len({tuple(x) for x in b}) for b in own)
+            rows = sum(_distinct_rows(t, [tuple(x) for x in b]) for b in own)
             assert got["payload_fwd_recv_bytes"] == rows * t.dim * 4, (rank, t.name)
     between, rail_sent = _expected_rows(SC)
     everyone = results[0]["node"]["stats_all_ranks"]

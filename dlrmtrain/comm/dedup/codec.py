@@ -7,9 +7,9 @@ row-wise (`RowWisePlanner`, row_wise.py, replacing its reduce-scatter).
 Table-row-wise is not supported (the sharder falls back to `none`).
 
 With `comm.hierarchy: node` (a `Hierarchy` of kind `node`) and more than one
-node, table- and column-wise all-to-alls travel in two levels
-(`TwoLevelPlanner`, two_level.py): node-level unique rows over the rails
-between nodes, then inside each node. Row-wise tables are refused there.
+node, every all-to-all travels in two levels (`TwoLevelPlanner`,
+two_level.py; row-wise: `TwoLevelRowWisePlanner`, two_level_row_wise.py):
+node-level unique rows over the rails between nodes, then inside each node.
 
 Stacked with a lossy wire precision (`dedup+fp16`, `dedup+bf16`, LOSSY): the
 unique rows, and backward their gradient sums, cross the wire rounded by the
@@ -29,6 +29,7 @@ from dlrmtrain.comm.dedup.plan import DedupPlanner
 from dlrmtrain.comm.dedup.row_wise import RowWisePlanner
 from dlrmtrain.comm.dedup.table_wise import TableWisePlanner
 from dlrmtrain.comm.dedup.two_level import TwoLevelPlanner
+from dlrmtrain.comm.dedup.two_level_row_wise import TwoLevelRowWisePlanner
 from dlrmtrain.comm.dedup.two_level_transport import start_two_level_all_to_all
 from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology, node_groups, topology_of
@@ -62,8 +63,14 @@ class DedupCodec(EmbeddingCommCodec):
         two_level = self.hierarchy.kind == "node" and topology.nodes > 1
         planner: DedupPlanner
         if two_level and isinstance(layout, RowWiseLayout):
-            raise ValueError(f"comm.hierarchy: node does not support row-wise sharding yet (tables "
-                             f"{sorted(tables)}); shard them table- or column-wise, or use comm.hierarchy: flat")
+            plain = sorted({e.table for e in layout.entries} - tables)
+            if plain:
+                raise ValueError(f"comm.table_codecs: row-wise tables {plain} are 'none' but share the "
+                                 f"reduce-scatter of {self.name!r} tables {sorted(tables)}; give all "
+                                 f"row-wise tables the same codec")
+            planner = TwoLevelRowWisePlanner(layout, topology, node_groups(topology, pg), pg)
+            return DedupDist(stock_dist, planner, pg, sharding_type, {t: self.name for t in sorted(tables)}, None,
+                             self.name, topology=topology, start=start_two_level_all_to_all, hierarchy="node")
         if two_level and isinstance(layout, DistLayout):
             all_tables = {e.table for e in layout.all_entries()}
             table_codecs = {t: self.name if t in tables else "none" for t in sorted(all_tables)}

@@ -61,6 +61,8 @@ class TwoLevelPlan:
     """per output unit row: its unit row in the intra-node receive buffer"""
     out_shape: tuple[int, int]
     groups: NodeGroups
+    pad_units: int = 0
+    """zero unit rows after the intra-node receive buffer (row-wise: what empty bags read)"""
 
     def traffic(self, topology: NodeTopology) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""

@@ -59,8 +59,10 @@ class _TwoLevelStart(torch.autograd.Function):
         _timed_wait(work, owner.comm_stats)
         t0 = time.perf_counter()
         req.intra_send = gather_rows(rail_recv.view(-1, plan.unit), plan.intra_send_index).view(-1)
-        req.intra_recv = send.new_empty(sum(plan.intra_recv_splits))
-        req.work = _start_all_to_all(req.intra_recv, req.intra_send, plan.intra_recv_splits,
+        total = sum(plan.intra_recv_splits)
+        req.intra_recv = send.new_empty(total + plan.pad_units * plan.unit)
+        req.intra_recv[total:].zero_()
+        req.work = _start_all_to_all(req.intra_recv[:total], req.intra_send, plan.intra_recv_splits,
                                      plan.intra_send_splits, plan.groups.intra)
         req.local_shape = local_embs.shape
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
@@ -114,7 +116,8 @@ class _TwoLevelWait(torch.autograd.Function):
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
         units = sum(plan.intra_recv_splits) // plan.unit
-        grad_recv = segment_sum_rows(grad_out.contiguous().view(-1, plan.unit), plan.recv_index, units)
+        grad_recv = segment_sum_rows(grad_out.contiguous().view(-1, plan.unit), plan.recv_index,
+                                     units + plan.pad_units)[:units]
         req.grad_intra_send = grad_recv.new_empty(sum(plan.intra_send_splits))
         req.grad_work = _start_all_to_all(req.grad_intra_send, grad_recv.view(-1), plan.intra_send_splits,
                                           plan.intra_recv_splits, plan.groups.intra)
