@@ -38,6 +38,9 @@ SC = Scenario(tables=(
     Table("e", 20, 4, ("tw", 2)),                    # codec none inside the dedup all-to-all
     Table("r", 8, 8, ("rw",), ids="missing"),        # row-wise (blocks of 2 rows), empty bags
 ), batch=8, steps=3, table_codecs={"e": "none"})
+# row-wise bags of several ids may span shards: every step falls back to TorchRec's reduce-scatter
+MULTI_ID_ROW_WISE = Scenario(tables=(Table("j", 8, 8, ("rw",), ids="jagged"), Table("a", 20, 8, ("tw", 1))),
+                             batch=4, steps=2)
 
 
 # ----------------------------------------------------------------- no ranks
@@ -113,9 +116,11 @@ def test_config_refuses_what_two_level_cannot_carry(overrides, key):
 
 
 # ------------------------------------------------------------------ 4 ranks
-def _compare(rank: int, world_size: int, sc: Scenario) -> dict:
+def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> dict:
     return to_numpy({"none": run_codec(sc, "none", rank, world_size),
-                     "node": run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)})
+                     "node": run_codec(sc, "dedup", rank, world_size, hierarchy=NODE),
+                     "fallback_none": run_codec(fallback, "none", rank, world_size),
+                     "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE)})
 
 
 def _owner_shards(t: Table) -> list[int]:
@@ -154,7 +159,7 @@ def _expected_rows(sc: Scenario):
 
 @pytest.mark.timeout(300)
 def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
-    results = run_ranks(_compare, WORLD, SC, timeout=280)
+    results = run_ranks(_compare, WORLD, SC, MULTI_ID_ROW_WISE, timeout=280)
     for rank, res in enumerate(results):
         none, node = res["none"], res["node"]
         assert np.array_equal(none["pooled"], node["pooled"]), f"rank {rank}: forward differs"
@@ -181,6 +186,10 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
             own = [bags_for(SC, s, rank)[f"f_{t.name}"] for s in range(SC.steps)]
             rows = sum(_distinct_rows(t, [tuple(x) for x in b]) for b in own)
             assert got["payload_fwd_recv_bytes"] == rows * t.dim * 4, (rank, t.name)
+        # multi-id row-wise bags: the reduce-scatter on every rank, every step; still equal to none
+        assert np.array_equal(res["fallback_none"]["pooled"], res["fallback_node"]["pooled"])
+        np.testing.assert_allclose(res["fallback_node"]["losses"], res["fallback_none"]["losses"], rtol=LOSS_RTOL)
+        assert res["fallback_node"]["stats"]["fallback_steps"] == MULTI_ID_ROW_WISE.steps
     between, rail_sent = _expected_rows(SC)
     everyone = results[0]["node"]["stats_all_ranks"]
     # between nodes: exactly the node-level distinct rows, forward and backward - none twice
