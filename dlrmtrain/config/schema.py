@@ -190,10 +190,10 @@ class CommConfig:
     table_codecs: dict[str, str] = field(default_factory=dict)
     """Per-table codec overrides, e.g. {t_cat_3: none}."""
     hierarchy: Hierarchy = "flat"
-    """`flat`: one all-to-all over all ranks. `node` (with codec `dedup`; table-/column-wise
-    tables): two levels, lossless: per (table, destination node) only the node's distinct rows
-    cross between nodes, each rank talking only to its peer of every other node, then they
-    reach each rank inside the node. One node: the same as `flat`."""
+    """`flat`: one all-to-all over all ranks. `node` (with codec `dedup`): two levels,
+    lossless: per (table, destination node) only the node's distinct rows cross between
+    nodes, each rank talking only to its peer of every other node, then they reach each
+    rank inside the node. One node: the same as `flat`."""
     ranks_per_node: Optional[int] = None
     """Ranks per node for `hierarchy: node` and the between-node byte counts; null: torchrun's
     LOCAL_WORLD_SIZE. Set it to simulate nodes on one machine (e.g. 2 with 4 ranks: 2 nodes)."""
