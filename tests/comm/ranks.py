@@ -240,11 +240,11 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
     return result
 
 
-def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str) -> dict:
+def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hierarchy: Hierarchy = FLAT) -> dict:
     """Train sc.steps steps under HostSyncCounter; the codec's syncs per step and its dists' types."""
     from tests.comm.sync_counter import HostSyncCounter
 
-    dmp, dense_opt = build(sc, codec, world_size)
+    dmp, dense_opt = build(sc, codec, world_size, hierarchy)
     sebc = _sharded_ebc(dmp)
     per_step = []
     for step in range(sc.steps):

@@ -24,7 +24,7 @@ from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
-from tests.comm.ranks import Scenario, Table, bags_for, run_codec, to_numpy
+from tests.comm.ranks import Scenario, Table, bags_for, count_host_syncs, run_codec, to_numpy
 from tests.comm.test_dedup_training import GRAD_ATOL, GRAD_RTOL, LOSS_RTOL
 from tests.multiproc import run_ranks
 
@@ -120,7 +120,8 @@ def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> di
     return to_numpy({"none": run_codec(sc, "none", rank, world_size),
                      "node": run_codec(sc, "dedup", rank, world_size, hierarchy=NODE),
                      "fallback_none": run_codec(fallback, "none", rank, world_size),
-                     "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE)})
+                     "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE),
+                     "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE)})
 
 
 def _owner_shards(t: Table) -> list[int]:
@@ -186,6 +187,12 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
             own = [bags_for(SC, s, rank)[f"f_{t.name}"] for s in range(SC.steps)]
             rows = sum(_distinct_rows(t, [tuple(x) for x in b]) for b in own)
             assert got["payload_fwd_recv_bytes"] == rows * t.dim * 4, (rank, t.name)
+        # GPU readiness, counted on CPU: two host syncs per dist per step (the exchange's id counts,
+        # every block's unique count), nothing else; the intra-node hop is in flight on return
+        syncs = res["syncs"]
+        assert syncs["dists"] == 3 and syncs["awaitables"] == ["TwoLevelAwaitable"] * 3
+        for step in syncs["per_step"]:
+            assert [name for name, _ in step] == ["tolist"] * 6, (rank, step)
         # multi-id row-wise bags: the reduce-scatter on every rank, every step; still equal to none
         assert np.array_equal(res["fallback_none"]["pooled"], res["fallback_node"]["pooled"])
         np.testing.assert_allclose(res["fallback_node"]["losses"], res["fallback_none"]["losses"], rtol=LOSS_RTOL)

@@ -23,8 +23,8 @@ gradient per distinct bag back over the rail; o writes it at the bag's first
 occurrence in the node block (zeros elsewhere) for the fused embedding
 backward, divided by the world size like TorchRec's all-to-all backward.
 
-Host syncs: two per step (the id counts of the exchange; all blocks' unique
-counts). Key widths come from the longest bag per block, read in the first,
+Host syncs: two per dist per step (the id counts of the exchange; all blocks'
+unique counts; tests/comm/test_two_level.py counts them). Key widths come from the longest bag per block, read in the first,
 so multi-hot bags never need a retry.
 """
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dlrmtrain.comm.dedup.kernels import BlockUnique, block_unique, one_hot_blocks_unique
+from dlrmtrain.comm.dedup.kernels import BlockUnique, block_unique, host_to_device, one_hot_blocks_unique
 from dlrmtrain.comm.dedup.plan import DedupStep
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
@@ -104,7 +104,7 @@ def _identity(size: int, device: torch.device) -> BlockUnique:
     """Every bag its own row: a table sent in full (codec `none` inside the all-to-all)."""
     ar = torch.arange(size, device=device)
     false = torch.zeros((), dtype=torch.bool, device=device)
-    return BlockUnique(ar, ar, torch.tensor(size, device=device), false, false)
+    return BlockUnique(ar, ar, torch.full((), size, dtype=torch.int64, device=device), false, false)
 
 
 def _uniques(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
@@ -180,7 +180,7 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
     values = kjt.values().to(torch.int64)
     per_key = kjt.length_per_key() if F else []
     longest = lengths.view(F, B).amax(1) if F and B else torch.zeros(F, dtype=torch.int64, device=device)
-    mine = torch.cat([torch.tensor(per_key, dtype=torch.int64, device=device), longest])
+    mine = torch.cat([host_to_device(per_key, device), longest])
     gathered = [torch.empty_like(mine) for _ in range(L)]
     dist.all_gather(gathered, mine, group=groups.intra)
     flat = torch.cat([torch.stack(gathered).view(-1)] + ([extra.view(-1)] if extra is not None else [])).tolist()
