@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dlrmtrain.comm.dedup.kernels import block_unique
-from dlrmtrain.comm.dedup.two_level import _Spec, _subset, _uniques
+from dlrmtrain.comm.dedup.two_level import BagBlock, used_subset, blocks_unique
 from dlrmtrain.comm.layout import FeatureEntry
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
@@ -64,7 +64,7 @@ def test_node_unique_equals_brute_force_and_each_rank_gets_its_own_unique_order(
     values, offsets, lengths = _as_kjt_arrays(node_bags)
     width = max(1, max(len(b) for b in node_bags))
     entry = FeatureEntry("f", "t", 4, 10)
-    u, = _uniques(values, offsets, lengths, [_Spec(0, len(node_bags), width, entry, True)])
+    u, = blocks_unique(values, offsets, lengths, [BagBlock(0, len(node_bags), width, entry, True)])
     distinct = sorted({tuple(b) for b in node_bags})  # tuples sort like the -1-padded keys
     assert int(u.count) == len(distinct)
     for b, bag in enumerate(node_bags):
@@ -73,7 +73,7 @@ def test_node_unique_equals_brute_force_and_each_rank_gets_its_own_unique_order(
         assert int(u.first[u.inverse[b]]) <= b
     start = 0
     for bags in per_rank:
-        subset, count = _subset(u, start, len(bags), len(node_bags))
+        subset, count = used_subset(u, start, len(bags), len(node_bags))
         start += len(bags)
         # what the forwarder sends this rank: its distinct bags, in the order the rank's own unique gives
         v, o, n = _as_kjt_arrays(bags)

@@ -73,8 +73,8 @@ class TwoLevelPlan:
 
 
 @dataclass
-class _Spec:
-    """One block of bags to deduplicate: bags [start, start + size) of some (values, offsets, lengths)."""
+class BagBlock:
+    """One block of bags to deduplicate: bags [start, start + size) of a (values, offsets, lengths) triple."""
 
     start: int
     size: int
@@ -107,8 +107,8 @@ def _identity(size: int, device: torch.device) -> BlockUnique:
     return BlockUnique(ar, ar, torch.full((), size, dtype=torch.int64, device=device), false, false)
 
 
-def _uniques(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
-             specs: list[_Spec]) -> list[BlockUnique]:
+def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+                  specs: list[BagBlock]) -> list[BlockUnique]:
     """Unique bags of each block; one-hot blocks share one sort (`one_hot_blocks_unique`)."""
     device = lengths.device
     out: list[BlockUnique | None] = [None] * len(specs)
@@ -130,7 +130,7 @@ def _uniques(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
     return out
 
 
-def _subset(u: BlockUnique, start: int, size: int, node_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def used_subset(u: BlockUnique, start: int, size: int, node_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The node-unique rows bags [start, start + size) use, ascending, and their count.
 
     Fixed-size result (valid below the count): no host sync.
@@ -283,23 +283,23 @@ class TwoLevelPlanner:
         # owner: one block per (local entry, destination node)
         node_start = [starts[n * L] for n in range(N)]
         node_size = [sum(sizes[n * L:(n + 1) * L]) for n in range(N)]
-        owner_specs = [_Spec(i * GB + node_start[n], node_size[n], ids.owner_widths[i][n], e,
+        owner_specs = [BagBlock(i * GB + node_start[n], node_size[n], ids.owner_widths[i][n], e,
                              e.table in self.dedup_tables)
                        for i, e in enumerate(self.local_entries) for n in range(N)]
         okjt = step.owner_kjt
-        owner = _uniques(okjt.values(), okjt.offsets(), okjt.lengths(), owner_specs)
+        owner = blocks_unique(okjt.values(), okjt.offsets(), okjt.lengths(), owner_specs)
         # forwarder: one node block per rail feature, and the subset each rank of the node uses
         feats = self.rail_features[topo.local_rank]
-        fwd_specs = [_Spec(k * NB, NB, ids.widths[k], self.all_entries[j], self.all_entries[j].table in
+        fwd_specs = [BagBlock(k * NB, NB, ids.widths[k], self.all_entries[j], self.all_entries[j].table in
                            self.dedup_tables) for k, j in enumerate(feats)]
-        fwd = _uniques(ids.values, ids.offsets, ids.lengths, fwd_specs)
+        fwd = blocks_unique(ids.values, ids.offsets, ids.lengths, fwd_specs)
         rank_start = [sum(sizes[r] for r in node[:k]) for k in range(L)]
-        subsets = [[_subset(u, rank_start[k], sizes[r], NB) for u in fwd] for k, r in enumerate(node)]
+        subsets = [[used_subset(u, rank_start[k], sizes[r], NB) for u in fwd] for k, r in enumerate(node)]
         # sample rank: its own bags, as one-level dedup
         skjt = step.sample_kjt
-        own_specs = [_Spec(j * B, B, ids.own_widths[j], e, e.table in self.dedup_tables)
+        own_specs = [BagBlock(j * B, B, ids.own_widths[j], e, e.table in self.dedup_tables)
                      for j, e in enumerate(self.all_entries)]
-        own = _uniques(skjt.values(), skjt.offsets(), skjt.lengths(), own_specs)
+        own = blocks_unique(skjt.values(), skjt.offsets(), skjt.lengths(), own_specs)
 
         # the step's second and last host sync: every count and bad-id flag at once
         blocks = owner + fwd + own
