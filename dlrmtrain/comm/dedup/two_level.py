@@ -24,8 +24,9 @@ occurrence in the node block (zeros elsewhere) for the fused embedding
 backward, divided by the world size like TorchRec's all-to-all backward.
 
 Host syncs: two per dist per step (the id counts of the exchange; all blocks'
-unique counts; tests/comm/test_two_level.py counts them). Key widths come from the longest bag per block, read in the first,
-so multi-hot bags never need a retry.
+unique counts; tests/comm/test_two_level.py counts them). Key widths come
+from the longest bag per block, read in the first, so multi-hot bags never
+need a retry.
 """
 
 from __future__ import annotations
