@@ -54,14 +54,14 @@ def get_codec(name: str, where: str = "comm.codec", hierarchy: Hierarchy = FLAT)
         raise ValueError(f"{where}: unknown codec {name!r}; available: {available_codecs()}") from None
     if hierarchy != FLAT and name == "dedup":  # flat with ranks_per_node: counts bytes between nodes
         return DedupCodec(hierarchy=hierarchy)
+    if hierarchy != FLAT and name == "auto":  # none or the (two-level under node) dedup, whichever is faster
+        return AutoCodec(dedup=DedupCodec(hierarchy=hierarchy))
     return codec
 
 
 def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[str, str]) -> None:
-    """`comm.hierarchy: node` carries `dedup` (and per-table `none`) only; errors name the key.
-
-    `auto` does not yet weigh the two-level path; lossy codecs would round twice on the way.
-    """
+    """`comm.hierarchy: node` carries `dedup`, `auto` (none or two-level dedup) and per-table `none`;
+    lossy codecs would round twice on the way. Errors name the key."""
     if hierarchy.kind not in HIERARCHIES:
         raise ValueError(f"comm.hierarchy: {hierarchy.kind!r} is not one of {', '.join(HIERARCHIES)}")
     if hierarchy.ranks_per_node is not None and hierarchy.ranks_per_node < 1:
@@ -69,9 +69,9 @@ def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[s
     if hierarchy.kind != "node":
         return
     for key, name in [("comm.codec", codec), *((f"comm.table_codecs.{t}", c) for t, c in table_codecs.items())]:
-        if name not in ("dedup", "none"):
+        if name not in ("dedup", "auto", "none"):
             raise ValueError(f"{key}: {name!r} cannot run under comm.hierarchy: node, which carries the "
-                             f"lossless 'dedup' (and per-table 'none') only; use comm.codec: dedup or "
+                             f"lossless 'dedup', 'auto' and per-table 'none' only; use comm.codec: dedup or "
                              f"comm.hierarchy: flat")
 
 

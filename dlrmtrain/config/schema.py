@@ -190,7 +190,7 @@ class CommConfig:
     table_codecs: dict[str, str] = field(default_factory=dict)
     """Per-table codec overrides, e.g. {t_cat_3: none}."""
     hierarchy: Hierarchy = "flat"
-    """`flat`: one all-to-all over all ranks. `node` (with codec `dedup`): two levels,
+    """`flat`: one all-to-all over all ranks. `node` (codec `dedup`, or `auto`): two levels,
     lossless: per (table, destination node) only the node's distinct rows cross between
     nodes, each rank talking only to its peer of every other node, then they reach each
     rank inside the node. One node: the same as `flat`."""

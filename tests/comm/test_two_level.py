@@ -104,7 +104,7 @@ def test_topology_groups_ranks_into_nodes_and_rails():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["comm.codec=auto"], "comm.codec"),
+    (["comm.codec=fp16"], "comm.codec"),
     (["comm.codec=dedup+fp16"], "comm.codec"),
     (["comm.codec=dedup", "comm.ranks_per_node=3"], "comm.ranks_per_node"),
     (["comm.codec=dedup", "comm.table_codecs={t_cat_4: fp16}"], "comm.table_codecs.t_cat_4"),
@@ -121,7 +121,8 @@ def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> di
                      "node": run_codec(sc, "dedup", rank, world_size, hierarchy=NODE),
                      "fallback_none": run_codec(fallback, "none", rank, world_size),
                      "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE),
-                     "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE)})
+                     "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE),
+                     "auto": run_codec(sc, "auto", rank, world_size, hierarchy=NODE)})
 
 
 def _owner_shards(t: Table) -> list[int]:
@@ -193,6 +194,11 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         assert syncs["dists"] == 3 and syncs["awaitables"] == ["TwoLevelAwaitable"] * 3
         for step in syncs["per_step"]:
             assert [name for name, _ in step] == ["tolist"] * 6, (rank, step)
+        # auto under node: none or the two-level dedup, both lossless (it probes both in these steps)
+        assert np.array_equal(res["auto"]["pooled"], none["pooled"])
+        np.testing.assert_allclose(res["auto"]["losses"], none["losses"], rtol=LOSS_RTOL)
+        assert res["auto"]["stats"]["hierarchy"] == ["node"]
+        assert res["auto"]["stats"]["inter_node_messages_per_step"] > 0  # its dedup steps went two-level
         # multi-id row-wise bags: the reduce-scatter on every rank, every step; still equal to none
         assert np.array_equal(res["fallback_none"]["pooled"], res["fallback_node"]["pooled"])
         np.testing.assert_allclose(res["fallback_node"]["losses"], res["fallback_none"]["losses"], rtol=LOSS_RTOL)
