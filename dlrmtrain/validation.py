@@ -8,7 +8,8 @@ sits below those packages and must not import them.
 
 from __future__ import annotations
 
-from dlrmtrain.comm.registry import available_codecs, validate_codec_choice
+from dlrmtrain.comm.registry import available_codecs, validate_codec_choice, validate_hierarchy
+from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_node
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
@@ -24,6 +25,17 @@ def resolved_device_type(cfg: Config) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_hierarchy(cfg: Config, world_size: int) -> None:
+    """comm.hierarchy: node takes dedup (and per-table none) only, and whole nodes."""
+    comm = cfg.comm
+    try:
+        validate_hierarchy(Hierarchy(comm.hierarchy, comm.ranks_per_node), comm.codec, comm.table_codecs)
+        if comm.hierarchy == "node":
+            check_ranks_per_node(ranks_per_node(comm.ranks_per_node, world_size), world_size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_codecs(cfg: Config, device_type: str) -> None:
@@ -48,4 +60,5 @@ def validate_config(cfg: Config, world_size: int) -> None:
     checks.check_table_keys(cfg)
     check_sharding_config(cfg, world_size, device_type)
     _check_codecs(cfg, device_type)
+    _check_hierarchy(cfg, world_size)
     checks.check_schedule_and_outputs(cfg)

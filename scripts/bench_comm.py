@@ -12,6 +12,16 @@ size; as in MLPerf's multi-hot data each bag is a fixed function of its one-hot
 id, so the distinct bags are the distinct ids (dedup's payload is unchanged)
 while the id all-to-all carries every id of every bag.
 
+Two levels (`comm.hierarchy: node`): `--ranks-per-node L` groups the ranks
+into nodes of L; the byte part then also prints the payload between nodes of
+`none`, one-level `dedup` and the ideal of node-level dedup (the distinct rows
+of each (table, destination node), counted from the ids) with messages per
+step, and `--codec dedup/node` times the two-level codec itself, whose counted
+bytes between nodes are printed against that ideal:
+
+    PYTHONPATH=. python scripts/bench_comm.py --data synthetic --world-size 4 --ranks-per-node 2 \
+        --batch-size 2048 --dim 128 --codec none dedup dedup/node --measure-ranks 4
+
 LOSSY codecs (TorchRec qcomms fp16/bf16/int8, stacked dedup+fp16/bf16) are
 marked as such; for them the timing run also reports the forward error against
 `none` (max and mean |difference| of the pooled output, same weights and batch).
@@ -132,6 +142,33 @@ def byte_figures(batches: list[np.ndarray], world_size: int, batch_size: int, di
     }
 
 
+def node_figures(batches: list[np.ndarray], world_size: int, ranks_per_node: int, batch_size: int,
+                 dim: int) -> dict:
+    """Payload between nodes per step (fp32, forward + backward) from the ids, table-wise round robin:
+    `none` (every bag), one-level `dedup` (distinct bags per (table, sample rank)) and the ideal of
+    node-level dedup (distinct bags per (table, destination node)); messages per step."""
+    L = ranks_per_node
+    nodes = world_size // L
+    owner = [t % world_size for t in range(NUM_CAT)]
+    none = flat = ideal = 0
+    for gb in batches:
+        for n in range(nodes):
+            node_block = gb[n * L * batch_size:(n + 1) * L * batch_size]
+            for t in range(NUM_CAT):
+                if owner[t] // L == n:
+                    continue  # stays inside the owner's node
+                none += 2 * len(node_block) * dim * 4
+                ideal += 2 * len(np.unique(node_block[:, t])) * dim * 4
+                for k in range(L):
+                    flat += 2 * len(np.unique(node_block[k * batch_size:(k + 1) * batch_size, t])) * dim * 4
+    steps = len(batches)
+    W = world_size
+    return {"none": none / steps, "dedup": flat / steps, "node_ideal": ideal / steps,
+            # every rank sends to every other rank forward and back; two levels: its rail peers between nodes
+            "messages_none": 2 * W * (W - 1), "messages_none_between": 2 * W * (W - L),
+            "messages_node_between": 2 * W * (nodes - 1)}
+
+
 # ---------------------------------------------------------------------------- timing
 def _free_port() -> int:
     with socket.socket() as s:
@@ -158,7 +195,8 @@ def _kjt(block: np.ndarray, vocab: list[int], bag_sizes: list[int] | None):
 
 
 def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], vocab: list[int],
-               codecs: list[str], dim: int, warmup: int, steps: int, bag_sizes, queue) -> None:
+               codecs: list[str], dim: int, warmup: int, steps: int, bag_sizes, queue,
+               ranks_per_node: int | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import torch.distributed as dist
@@ -171,6 +209,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     from dlrmtrain.comm.registry import is_qcomms
     from dlrmtrain.comm.sharder import make_ebc_sharder
     from dlrmtrain.comm.stats import collect_comm_stats
+    from dlrmtrain.comm.topology import Hierarchy
     from dlrmtrain.distributed.env import shutdown_distributed
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -178,7 +217,9 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     out = {}
     reference = None  # none's pooled output of the first timed batch: the lossy codecs' error baseline
     for codec in codecs:
-        sharder = make_ebc_sharder(codec, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01})
+        name, _, kind = codec.partition("/")  # dedup/node: comm.hierarchy node
+        sharder = make_ebc_sharder(name, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01},
+                                   hierarchy=Hierarchy(kind or "flat", ranks_per_node or world))
         torch.manual_seed(1234)  # TorchRec's table init draws from it: equal weights for every codec
         ebc = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],
@@ -226,7 +267,11 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
                           "codec": (stats["codec_seconds_per_step"] * stats["steps"]
                                     - warm["codec_seconds_per_step"] * warm["steps"]) / n,
                           "recv_bytes": stats["total"]["payload_fwd_recv_bytes"],
-                          "recv_bytes_none": stats["total"]["uncompressed_fwd_recv_bytes"], **error}
+                          "recv_bytes_none": stats["total"]["uncompressed_fwd_recv_bytes"],
+                          # whole run (warm-up included): the batches the ideal is counted over
+                          "inter_node_bytes": stats["inter_node_bytes_per_step"],
+                          "messages": stats["messages_per_step"],
+                          "inter_node_messages": stats["inter_node_messages_per_step"], **error}
         if is_qcomms(codec):  # quantize + transfer happen inside TorchRec's all-to-all: not split out
             out[codec]["transfer"] = out[codec]["codec"] = float("nan")
         del model, kt
@@ -243,12 +288,12 @@ def _forward_error(out: torch.Tensor, reference: torch.Tensor | None) -> dict:
             "ref_mean": reference.double().abs().mean().item()}
 
 
-def measure(batches, vocab, codecs, dim, world, warmup, steps, bag_sizes=None) -> dict:
+def measure(batches, vocab, codecs, dim, world, warmup, steps, bag_sizes=None, ranks_per_node=None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_time_rank, args=(r, world, port, batches, vocab, codecs, dim, warmup, steps, bag_sizes,
-                                                queue))
+                                                queue, ranks_per_node))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -258,7 +303,7 @@ def measure(batches, vocab, codecs, dim, world, warmup, steps, bag_sizes=None) -
         if p.exitcode != 0:
             raise SystemExit(f"timing rank exited with {p.exitcode}")
     # the slowest rank sets the pace of a collective step; bytes add up over ranks
-    return {c: {k: (sum if k.endswith("bytes") or k.endswith("none") else
+    return {c: {k: (sum if k.endswith("bytes") or k.endswith("none") or k.endswith("messages") else
                     (lambda v: sum(v) / len(v)) if k in ("err_mean", "ref_mean") else max)(
                         [results[r][c][k] for r in results])
                 for k in results[0][c]} for c in codecs}
@@ -283,22 +328,32 @@ def main(argv: list[str] | None = None) -> None:
                     help="timing only: tables capped at this many rows (ids folded mod cap); "
                          "needed for MLPerf table sizes, which do not fit in memory here")
     ap.add_argument("--json", default=None, help="write the byte figures (per table too) here")
+    ap.add_argument("--ranks-per-node", type=int, default=None,
+                    help="ranks per node: payload between nodes and messages per step, and what "
+                         "--codec dedup/node (two levels) is measured against")
     args = ap.parse_args(argv)
 
     from dlrmtrain.comm.registry import available_codecs, lossy_codecs, validate_codec_choice, wire_bytes_per_value
-    unknown = [c for c in args.codec if c not in available_codecs()]
+    node_codecs = [c for c in args.codec if c.endswith("/node")]
+    if node_codecs and (not args.ranks_per_node or node_codecs != ["dedup/node"]):
+        raise SystemExit("--codec dedup/node (the only two-level codec) needs --ranks-per-node")
+    if args.ranks_per_node and (args.world_size % args.ranks_per_node
+                                or args.world_size // args.ranks_per_node < 2):
+        raise SystemExit(f"--ranks-per-node {args.ranks_per_node}: --world-size {args.world_size} "
+                         f"must be at least two whole nodes")
+    unknown = [c for c in args.codec if c.partition("/")[0] not in available_codecs()]
     if unknown:
         raise SystemExit(f"--codec: unknown {unknown}; available: {available_codecs()}")
     for c in args.codec:
         try:
-            validate_codec_choice(c, {}, "cpu")  # the timing runs on CPU ranks
+            validate_codec_choice(c.partition("/")[0], {}, "cpu")  # the timing runs on CPU ranks
         except ValueError as e:
             raise SystemExit(f"--codec {c}: {e}") from None
     if "none" in args.codec:  # none first: it is the error baseline of the lossy codecs
         args.codec = ["none"] + [c for c in args.codec if c != "none"]
     label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
     width = max(len(v) for v in label.values()) + 1
-    wire = {c: wire_bytes_per_value(c) for c in args.codec}
+    wire = {c: wire_bytes_per_value(c.partition("/")[0]) for c in args.codec}
     bag_sizes = MLPERF_DCNV2_MULTI_HOT_SIZES if args.multi_hot else None
     if args.data in ("synthetic", "synthetic-terabyte"):
         profile = "kaggle" if args.data == "synthetic" else "terabyte"
@@ -330,7 +385,8 @@ def main(argv: list[str] | None = None) -> None:
         k = wire[c] / 4.0
         return {"payload": f["payload"] * k, "ids": f["ids"], "max_rank_send": f["max_rank_send"] * k}
 
-    for c in args.codec:
+    flat_codecs = [c for c in args.codec if "/" not in c]  # dedup/node: see "between nodes" below
+    for c in flat_codecs:
         f = scaled(c)
         ratio = base["payload"] / f["payload"]
         whole = (base["payload"] + base["ids"]) / (f["payload"] + f["ids"])
@@ -343,12 +399,25 @@ def main(argv: list[str] | None = None) -> None:
             "data": source, "world_size": args.world_size, "batch_size": args.batch_size,
             "dim": args.dim, "bag_sizes": bag_sizes or [1] * NUM_CAT, **figs}, indent=2) + "\n")
     print("projected all-to-all phase per step (busiest rank's payload + ids over its link):")
-    for c in args.codec:
+    for c in flat_codecs:
         f = scaled(c)
         ids_per_rank = f["ids"] / args.world_size
         cells = "  ".join(f"{g} Gb/s {(f['max_rank_send'] + ids_per_rank) * 8 / (g * 1e9) * 1e3:7.2f} ms"
                           for g in LINK_GBPS)
         print(f"  {label[c]:<{width}} {cells}")
+
+    if args.ranks_per_node:
+        L = args.ranks_per_node
+        nf = node_figures(global_batches(ids, args.world_size, args.batch_size), args.world_size, L,
+                          args.batch_size, args.dim)
+        print(f"between nodes: {args.world_size // L} nodes x {L} ranks, payload forward + backward "
+              f"(counted from the ids)")
+        print(f"  {'none':<22} {nf['none'] / 1e6:10.2f} MB/step  1.000x   messages/step "
+              f"{nf['messages_none']} ({nf['messages_none_between']} between nodes)")
+        print(f"  {'dedup (one level)':<22} {nf['dedup'] / 1e6:10.2f} MB/step  {nf['none'] / nf['dedup']:.3f}x")
+        print(f"  {'node-level ideal':<22} {nf['node_ideal'] / 1e6:10.2f} MB/step  "
+              f"{nf['none'] / nf['node_ideal']:.3f}x   (vs one level {nf['dedup'] / nf['node_ideal']:.3f}x; "
+              f"two levels: {nf['messages_node_between']} messages/step between nodes)")
 
     if args.measure_ranks:
         world = args.measure_ranks
@@ -361,7 +430,10 @@ def main(argv: list[str] | None = None) -> None:
         batches = global_batches(ids, world, args.batch_size)
         print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
               f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
-        t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps, bag_sizes)
+        if node_codecs and world != args.world_size:
+            raise SystemExit("--codec dedup/node: --measure-ranks must equal --world-size")
+        t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps, bag_sizes,
+                    args.ranks_per_node)
         print(f"{'codec':<{width}} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13} "
               f"{'max |err|':>10} {'mean |err|':>11} {'rel':>9}")
         for c in args.codec:
@@ -374,6 +446,20 @@ def main(argv: list[str] | None = None) -> None:
             if "recv_bytes" in t[c]:
                 print(f"{c}: bytes the codec itself counted on these ranks (all blocks, warm-up included): "
                       f"{t[c]['recv_bytes_none'] / t[c]['recv_bytes']:.3f}x fewer than none")
+        if args.ranks_per_node:
+            ran = [batches[i % len(batches)] for i in range(args.warmup + args.steps)]
+            nf = node_figures(ran, world, args.ranks_per_node, args.batch_size, args.dim)
+            print(f"between nodes, counted by the codecs over the {len(ran)} batches they ran "
+                  f"(ideal and none from the same ids):")
+            for c in args.codec:
+                if "inter_node_bytes" not in t[c]:
+                    continue
+                got = t[c]["inter_node_bytes"]
+                ratio = nf["none"] / got if got else float("inf")
+                print(f"  {c:<12} {got / 1e6:10.2f} MB/step  ratio to none {ratio:.3f}x  "
+                      f"/ node-level ideal {ratio / (nf['none'] / nf['node_ideal']):.3f}  messages/step "
+                      f"{t[c]['messages']:.0f} ({t[c]['inter_node_messages']:.0f} between nodes; none "
+                      f"{nf['messages_none']} ({nf['messages_none_between']}))")
         print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; dedup: time "
               "waiting for its all_to_all_single; codec = unique, expand, segment-sum, indices; qcomms: "
               "quantization runs inside TorchRec's all-to-all, so it is not split out; err = forward "

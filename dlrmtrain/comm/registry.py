@@ -18,6 +18,7 @@ from dlrmtrain.comm.auto.codec import AutoCodec
 from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
+from dlrmtrain.comm.topology import FLAT, HIERARCHIES, Hierarchy
 
 _CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
     NoneCodec(),
@@ -42,12 +43,36 @@ def lossy_codecs() -> list[str]:
     return sorted(n for n, c in _CODECS.items() if not c.lossless)
 
 
-def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
-    """The codec called `name`; `where` names the config key in the error."""
+def get_codec(name: str, where: str = "comm.codec", hierarchy: Hierarchy = FLAT) -> EmbeddingCommCodec:
+    """The codec called `name`; `where` names the config key in the error.
+
+    Under `comm.hierarchy: node`, `dedup` is the two-level dedup (checked by `validate_hierarchy`).
+    """
     try:
-        return _CODECS[name]
+        codec = _CODECS[name]
     except KeyError:
         raise ValueError(f"{where}: unknown codec {name!r}; available: {available_codecs()}") from None
+    if hierarchy != FLAT and name == "dedup":  # flat with ranks_per_node: counts bytes between nodes
+        return DedupCodec(hierarchy=hierarchy)
+    if hierarchy != FLAT and name == "auto":  # none or the (two-level under node) dedup, whichever is faster
+        return AutoCodec(dedup=DedupCodec(hierarchy=hierarchy))
+    return codec
+
+
+def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[str, str]) -> None:
+    """`comm.hierarchy: node` carries `dedup`, `auto` (none or two-level dedup) and per-table `none`;
+    lossy codecs would round twice on the way. Errors name the key."""
+    if hierarchy.kind not in HIERARCHIES:
+        raise ValueError(f"comm.hierarchy: {hierarchy.kind!r} is not one of {', '.join(HIERARCHIES)}")
+    if hierarchy.ranks_per_node is not None and hierarchy.ranks_per_node < 1:
+        raise ValueError(f"comm.ranks_per_node: must be at least 1, got {hierarchy.ranks_per_node}")
+    if hierarchy.kind != "node":
+        return
+    for key, name in [("comm.codec", codec), *((f"comm.table_codecs.{t}", c) for t, c in table_codecs.items())]:
+        if name not in ("dedup", "auto", "none"):
+            raise ValueError(f"{key}: {name!r} cannot run under comm.hierarchy: node, which carries the "
+                             f"lossless 'dedup', 'auto' and per-table 'none' only; use comm.codec: dedup or "
+                             f"comm.hierarchy: flat")
 
 
 def wire_bytes_per_value(name: str) -> float:

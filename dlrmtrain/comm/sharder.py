@@ -21,8 +21,9 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.layout import layout_for
-from dlrmtrain.comm.registry import codecs_per_table, get_codec, validate_codec_choice
+from dlrmtrain.comm.registry import codecs_per_table, get_codec, validate_codec_choice, validate_hierarchy
 from dlrmtrain.comm.stats import CountsCommBytes
+from dlrmtrain.comm.topology import FLAT, Hierarchy
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ logger = logging.getLogger(__name__)
 class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
     """TorchRec's sharded EBC with codec output dists where the plan asks for them."""
 
-    def __init__(self, *args: Any, table_codecs: Mapping[str, str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, table_codecs: Mapping[str, str], hierarchy: Hierarchy = FLAT,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # the codec dists installed below (`stats.COUNTERS_ATTR`; count_stock_dists appends none's counters)
         self.comm_counters: list[CountsCommBytes] = []
@@ -46,7 +48,7 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
                 raise ValueError(f"{sharding_type}: tables of one all-to-all use different codecs "
                                  f"{sorted(by_codec)}; one non-none codec per sharding type is supported")
             (name, coded), = by_codec.items()
-            codec = get_codec(name)
+            codec = get_codec(name, hierarchy=hierarchy)
             layout = layout_for(sharding_type, sharding, env.world_size)
             if not codec.supports(sharding_type) or (layout is None and codec.needs_ids):
                 logger.warning("comm codec %r does not support %s sharding; tables %s use codec none",
@@ -67,17 +69,18 @@ class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """`EmbeddingBagCollectionSharder` whose sharded module carries codec dists."""
 
     def __init__(self, codec: str, table_codecs: Mapping[str, str],
-                 fused_params: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 fused_params: dict[str, Any] | None = None, hierarchy: Hierarchy = FLAT, **kwargs: Any) -> None:
         super().__init__(fused_params=fused_params, **kwargs)
         self._codec = codec
         self._table_codecs = dict(table_codecs)
+        self._hierarchy = hierarchy
 
     def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
         tables = [c.name for c in module.embedding_bag_configs()]
         return hooks.build_sharded_ebc(
             CodecShardedEmbeddingBagCollection, self, module, params, env, device, module_fqn,
-            table_codecs=codecs_per_table(self._codec, self._table_codecs, tables))
+            table_codecs=codecs_per_table(self._codec, self._table_codecs, tables), hierarchy=self._hierarchy)
 
     @property
     def sharded_module_type(self):
@@ -85,20 +88,22 @@ class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
 
 def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
-                     device_type: str = "cpu") -> ModuleSharder:
+                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT) -> ModuleSharder:
     """The EBC sharder for a run: stock TorchRec for `none` everywhere, else ours.
 
     `codec` is the run's `comm.codec`; `table_codecs` per-table overrides keyed
     by table name; `fused_params` go to the fused embedding optimizer as usual;
     `device_type` ("cpu" / "cuda") picks TorchRec's qcomms kernels for the lossy
-    codecs (`fp8` is refused off GPU).
+    codecs (`fp8` is refused off GPU); `hierarchy` (comm.hierarchy, comm.ranks_per_node)
+    makes `dedup` two-level across nodes.
     """
     validate_codec_choice(codec, table_codecs, device_type)
+    validate_hierarchy(hierarchy, codec, table_codecs)  # `hierarchy`: comm.hierarchy / comm.ranks_per_node
     if codec == "none" and all(c == "none" for c in table_codecs.values()):
         return EmbeddingBagCollectionSharder(fused_params=fused_params)
     lossy = sorted(n for n in {codec, *table_codecs.values()} if not get_codec(n).lossless)
     if lossy:
         logger.warning("comm codec %s is LOSSY: pooled embeddings and their gradients are rounded on the "
                        "wire, so training differs from comm.codec=none", ", ".join(lossy))
-    return CodecEmbeddingBagCollectionSharder(codec, table_codecs, fused_params=fused_params,
+    return CodecEmbeddingBagCollectionSharder(codec, table_codecs, fused_params=fused_params, hierarchy=hierarchy,
                                               qcomm_codecs_registry=get_codec(codec).qcomm_codecs_registry(device_type))

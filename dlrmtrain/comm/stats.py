@@ -88,9 +88,43 @@ class DistCommStats:
     """row-wise: steps that saw a multi-id bag and ran TorchRec's reduce-scatter instead"""
     decisions: list[str] = field(default_factory=list)
     """`auto`: each decision with its step and reason"""
+    hierarchy: str = "flat"
+    """`flat` (one all-to-all over all ranks) or `node` (two levels: rails between nodes, then inside)"""
+    messages: int = 0
+    """non-empty sends to another rank, per collective, forward and backward (summed over steps)"""
+    inter_node_messages: int = 0
+    """of `messages`, those to a rank of another node"""
+    inter_node_bytes: int = 0
+    """embedding payload (forward + backward) this rank sent to ranks of other nodes"""
+    intra_node_bytes: int = 0
+    """embedding payload (forward + backward) this rank sent to other ranks of its node"""
+    id_exchange_bytes: int = 0
+    """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
+
+    def count_traffic(self, traffic: list[tuple[int, int, int]], rank: int, node_of, value_bytes: float) -> None:
+        """Count one step's messages: (peer, elements sent, elements received) per forward pair.
+
+        Backward sends back what forward received, so each pair is two messages
+        (when non-empty) and sent + received elements of payload from this rank.
+        """
+        for peer, sent, received in traffic:
+            if peer == rank:
+                continue  # a local copy
+            n = (sent > 0) + (received > 0)
+            payload = round((sent + received) * value_bytes)
+            self.messages += n
+            if node_of(peer) != node_of(rank):
+                self.inter_node_messages += n
+                self.inter_node_bytes += payload
+            else:
+                self.intra_node_bytes += payload
 
     def table(self, name: str) -> TableCommStats:
         return self.tables.setdefault(name, TableCommStats())
+
+
+_TRAFFIC = ("messages", "inter_node_messages", "inter_node_bytes", "intra_node_bytes", "id_exchange_bytes")
+"""`DistCommStats` counters of whole messages, summed like the table counters"""
 
 
 @runtime_checkable
@@ -146,7 +180,12 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     codec_s = transfer_s = 0.0
     extra_syncs = fallback_steps = 0
     decisions: list[str] = []
+    traffic = dict.fromkeys(_TRAFFIC, 0)
+    hierarchies: set[str] = set()
     for d in (c.counted_bytes() for c in comm_counters(model)):
+        for key in _TRAFFIC:
+            traffic[key] += getattr(d, key)
+        hierarchies.add(d.hierarchy)
         decisions += [f"{d.sharding_type} {line}" for line in d.decisions]
         for name, t in d.tables.items():
             per_table.setdefault(name, TableCommStats()).add(t)
@@ -160,6 +199,9 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         fallback_steps += d.fallback_steps
     if all_ranks and per_table:
         codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
+        summed = torch.tensor([traffic[k] for k in _TRAFFIC], dtype=torch.float64)
+        dist.all_reduce(summed, group=group)
+        traffic = {k: int(v) for k, v in zip(_TRAFFIC, summed.tolist())}
     tables = {}
     # Natural order: t_cat_2 before t_cat_10.
     for name in sorted(per_table, key=lambda n: [int(p) if p.isdigit() else p
@@ -186,6 +228,8 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "transfer_seconds_per_step": transfer_s / steps if steps else 0.0,
         "extra_syncs": extra_syncs,
         "fallback_steps": fallback_steps,
+        "hierarchy": sorted(hierarchies),
+        **{f"{k}_per_step": v / steps if steps else None for k, v in traffic.items()},
         "total": asdict(total),
         "fwd_recv_bytes_per_pass": total.payload_fwd_recv_bytes / steps if steps else None,
         "payload_ratio_vs_none": (2 * total.uncompressed_fwd_recv_bytes
@@ -227,6 +271,12 @@ def format_comm_summary(stats: dict) -> str:
     lines.append(f"codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"transfer {stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, "
                  f"extra host syncs {stats['extra_syncs']}")
+    if stats.get("messages_per_step"):
+        lines.append(f"hierarchy {'/'.join(stats['hierarchy'])}: {stats['messages_per_step']:.1f} messages/step "
+                     f"({stats['inter_node_messages_per_step']:.1f} between nodes); payload between nodes "
+                     f"{_mb(stats['inter_node_bytes_per_step']).strip()} MiB/step, inside nodes "
+                     f"{_mb(stats['intra_node_bytes_per_step']).strip()} MiB/step, node id exchange "
+                     f"{_mb(stats['id_exchange_bytes_per_step']).strip()} MiB/step")
     if stats.get("fallback_steps"):
         lines.append(f"row-wise: {stats['fallback_steps']} steps had multi-id bags and used "
                      f"TorchRec's reduce-scatter (codec none)")

@@ -37,6 +37,7 @@ HSTUPostprocessor = Literal["timestamp_layer_norm", "layer_norm", "l2_norm"]
 Planner = Literal["manual", "torchrec"]
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
 OptimizerName = Literal["sgd", "adagrad"]
+Hierarchy = Literal["flat", "node"]
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
             "cannot honour; use bf16")]
@@ -317,6 +318,14 @@ class CommConfig:
     then each unique row rounded on the wire)."""
     table_codecs: dict[str, str] = field(default_factory=dict)
     """Per-table codec overrides, e.g. {t_cat_3: none}."""
+    hierarchy: Hierarchy = "flat"
+    """`flat`: one all-to-all over all ranks. `node` (codec `dedup`, or `auto`): two levels,
+    lossless: per (table, destination node) only the node's distinct rows cross between
+    nodes, each rank talking only to its peer of every other node, then they reach each
+    rank inside the node. One node: the same as `flat`."""
+    ranks_per_node: Optional[int] = None
+    """Ranks per node for `hierarchy: node` and the between-node byte counts; null: torchrun's
+    LOCAL_WORLD_SIZE. Set it to simulate nodes on one machine (e.g. 2 with 4 ranks: 2 nodes)."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dlrmtrain.comm.sequence.sharder import make_ec_sharder
 from dlrmtrain.comm.sequence.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.comm.stock_bytes import count_stock_dists
+from dlrmtrain.comm.topology import Hierarchy
 from dlrmtrain.config.schema import CommConfig, Config, OptimConfig, ShardingConfig
 from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
 from dlrmtrain.precision import embedding_output_dtype
@@ -36,7 +37,8 @@ def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_typ
     """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
     `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
     device type picks TorchRec's quantized-comms kernels for the lossy codecs."""
-    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type)
+    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type,
+                            Hierarchy(comm.hierarchy, comm.ranks_per_node))
 
 
 def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,

@@ -32,6 +32,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.comm.stats import collect_comm_stats, comm_counters, format_comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
+from dlrmtrain.comm.topology import FLAT, Hierarchy
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,13 @@ def _placement(t: Table):
     return row_wise(compute_kernel="fused")
 
 
-def build(sc: Scenario, codec: str, world_size: int):
+def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT):
     opt = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ADAGRAD}[sc.optimizer]
     fused = {"optimizer": opt, "learning_rate": sc.lr}
     if sc.optimizer == "adagrad":
         fused["eps"] = 1e-8
-    sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused)
+    sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused,
+                               hierarchy=hierarchy if codec != "none" else FLAT)
     model = TinyModel(sc)
     per_param = {t.name: _placement(t) for t in sc.tables}
     mplan = construct_module_sharding_plan(model.ebc, per_param, sharder=sharder, local_size=world_size,
@@ -182,9 +184,10 @@ def table_row_grads(features: KeyedJaggedTensor, embs_grad: torch.Tensor, dims: 
     return out
 
 
-def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock: bool = False) -> dict:
+def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock: bool = False,
+              hierarchy: Hierarchy = FLAT) -> dict:
     """Train sc.steps steps under `codec`; `count_stock` attaches none's byte counters to stock dists."""
-    dmp, dense_opt = build(sc, codec, world_size)
+    dmp, dense_opt = build(sc, codec, world_size, hierarchy)
     sebc = _sharded_ebc(dmp)
     if count_stock:
         count_stock_dists(dmp)
@@ -209,7 +212,8 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
     split_path_pooled = torch.cat([split[f] for f in dmp.module.features], dim=1)
     for d in comm_counters(sebc):  # training steps only
         d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0, fallback_steps=0,
-                                           transfer_seconds=0.0)
+                                           transfer_seconds=0.0, messages=0, inter_node_messages=0,
+                                           inter_node_bytes=0, intra_node_bytes=0, id_exchange_bytes=0)
 
     sebc.post_lookup_tracker_fn = on_lookup
     result = {"losses": [], "pooled": [], "emb_grads": [], "dense_grads": [], "weights_after_1": None}
@@ -236,11 +240,11 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
     return result
 
 
-def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str) -> dict:
+def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hierarchy: Hierarchy = FLAT) -> dict:
     """Train sc.steps steps under HostSyncCounter; the codec's syncs per step and its dists' types."""
     from tests.comm.sync_counter import HostSyncCounter
 
-    dmp, dense_opt = build(sc, codec, world_size)
+    dmp, dense_opt = build(sc, codec, world_size, hierarchy)
     sebc = _sharded_ebc(dmp)
     per_step = []
     for step in range(sc.steps):

@@ -36,8 +36,8 @@ class AutoCodec(EmbeddingCommCodec):
     lossless = True
     needs_ids = True  # its dedup path reads both ends' ids
 
-    def __init__(self, policy: AutoPolicy | None = None) -> None:
-        self._dedup = DedupCodec()
+    def __init__(self, policy: AutoPolicy | None = None, dedup: DedupCodec | None = None) -> None:
+        self._dedup = dedup or DedupCodec()  # under comm.hierarchy: node, the two-level dedup
         self._policy = policy or AutoPolicy()
 
     def supports(self, sharding_type: str) -> bool:
@@ -200,7 +200,9 @@ class AutoDist(nn.Module):
             table_codecs={t: f"auto:{self.table_choice.get(t, 'none')}" for t in tables},
             steps=d.steps + self.none_stats.steps, codec_seconds=d.codec_seconds,
             transfer_seconds=d.transfer_seconds, extra_syncs=d.extra_syncs, fallback_steps=d.fallback_steps,
-            decisions=list(self.none_stats.decisions))
+            decisions=list(self.none_stats.decisions), hierarchy=d.hierarchy, messages=d.messages,
+            inter_node_messages=d.inter_node_messages, inter_node_bytes=d.inter_node_bytes,
+            intra_node_bytes=d.intra_node_bytes, id_exchange_bytes=d.id_exchange_bytes)
 
     @comm_stats.setter
     def comm_stats(self, value: DistCommStats) -> None:

@@ -8,7 +8,10 @@ declines) and the asynchronous all-to-all (transport.py). A planner
 (table_wise.py, row_wise.py) knows its sharding's wire layout: given the
 step's `DedupStep` (plan.py), it deduplicates the ids of both ends, reads their
 counts in the step's one host sync, builds the `DedupPlan` and counts the
-step's bytes with `TableCommStats.add_rows`.
+step's bytes with `TableCommStats.add_rows`. The two-level path
+(`comm.hierarchy: node`) is the same dist with its own planner (two_level.py)
+and transport (two_level_transport.py), passed in as `start`; the dist counts
+every plan's messages and bytes between and inside nodes (`plan.traffic`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dlrmtrain.comm.dedup.buffers import BufferPool
 from dlrmtrain.comm.dedup.plan import DedupPlanner, DedupStep
 from dlrmtrain.comm.dedup.transport import start_dedup_all_to_all
 from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.topology import NodeTopology
 from dlrmtrain.comm.torchrec_hooks import dist_callbacks, ids_of_both_ends
 
 logger = logging.getLogger(__name__)
@@ -36,20 +40,25 @@ class DedupDist(nn.Module):
 
     def __init__(self, stock_dist: nn.Module, planner: DedupPlanner, pg: dist.ProcessGroup,
                  sharding_type: str, table_codecs: dict[str, str], wire_dtype: torch.dtype | None,
-                 codec_name: str) -> None:
+                 codec_name: str, topology: NodeTopology | None = None, start=start_dedup_all_to_all,
+                 hierarchy: str = "flat") -> None:
         super().__init__()
         self.stock_dist = stock_dist  # the fallback
         self.planner = planner
+        self.start = start  # launches a plan's transfers, returns the awaitable
         self.pg = pg
         self.rank = dist.get_rank(pg)
         self.world_size = dist.get_world_size(pg)
+        # which ranks share a node: only for counting bytes and messages between nodes
+        self.topology = topology or NodeTopology(self.world_size, self.world_size, self.rank)
         self.wire_dtype = wire_dtype
         # column-wise sharding reorders shards with a callback; keep it (it is differentiable)
         self.output_callbacks = dist_callbacks(stock_dist)
         self.output_pool = BufferPool()  # expanded outputs (forward)
         self.grad_pool = BufferPool()    # embedding gradients (backward)
         self.comm_stats = DistCommStats(codec=codec_name, sharding_type=sharding_type,
-                                        lossy=wire_dtype is not None, table_codecs=table_codecs)
+                                        lossy=wire_dtype is not None, table_codecs=table_codecs,
+                                        hierarchy=hierarchy)
 
     def forward(self, local_embs: torch.Tensor,
                 sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
@@ -73,7 +82,8 @@ class DedupDist(nn.Module):
             return self.stock_dist(local_embs, sharding_ctx)
         self.comm_stats.codec_seconds += time.perf_counter() - t0
         self.comm_stats.steps += 1
-        awaitable = start_dedup_all_to_all(local_embs, plan, self)
+        self.comm_stats.count_traffic(plan.traffic(self.topology), self.rank, self.topology.node_of, wire_bytes)
+        awaitable = self.start(local_embs, plan, self)
         awaitable.callbacks.extend(self.output_callbacks)
         return awaitable
 

@@ -64,6 +64,10 @@ class DedupPlan:
     out_shape: tuple[int, int]
     pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
 
+    def traffic(self, topology=None) -> list[tuple[int, int, int]]:
+        """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
+        return [(s, sent, received) for s, (sent, received) in enumerate(zip(self.send_splits, self.recv_splits))]
+
 
 class DedupPlanner(Protocol):
     """The sharding-specific part of a dedup dist."""

@@ -1,0 +1,228 @@
+"""Two-level dedup for row-wise tables (`comm.hierarchy: node`): the row-wise twin of two_level.py.
+
+Row-wise, every rank holds a row block of every feature's table, and one-level
+dedup replaces TorchRec's reduce-scatter by an all-to-all of distinct rows
+(row_wise.py). In two levels, row shard o = (node m, local l) sends each
+destination node n, over its rail, the distinct (feature, id) of node n's bags
+that fall in its block (key (node, feature, id)); the forwarder p = (n, l)
+computes the same set from its node's ids (exchanged inside the node,
+`exchange_node_ids`) for every shard of its rail (key (shard's node, feature,
+id)) and sends each rank r of its node the rows r's bags use, in that order,
+which is r's own order (key (shard, feature, id), as one-level row-wise).
+Empty bags read a zero row after the message. Forward bitwise equal to the
+reduce-scatter (x + 0 = x).
+
+A bag with several ids may span shards and needs the sum: as one-level
+row-wise, a step where any rank sees one (a MAX all-reduce of the flag, read
+in the exchange's host sync) runs TorchRec's reduce-scatter on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
+from dlrmtrain.comm.dedup.plan import DedupStep
+from dlrmtrain.comm.dedup.two_level import NodeExchange, TwoLevelPlan, exchange_node_ids
+from dlrmtrain.comm.layout import RowWiseLayout
+from dlrmtrain.comm.topology import NodeGroups, NodeTopology
+
+
+def _first_ids(lengths: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor):
+    """Per bag: its first id (0 when empty), whether it holds exactly one id, whether more."""
+    if values.numel() == 0:
+        return torch.zeros_like(lengths, dtype=torch.int64), lengths > 1, lengths > 1
+    ids = values[offsets.clamp(max=values.numel() - 1)].to(torch.int64)
+    return ids, lengths == 1, lengths > 1
+
+
+def _bags(kjt: KeyedJaggedTensor):
+    return _first_ids(kjt.lengths(), kjt.offsets()[:-1], kjt.values())
+
+
+class TwoLevelRowWisePlanner:
+    """Plans the two-level exchange that replaces TorchRec's row-wise reduce-scatter (one-hot steps)."""
+
+    fallback_warning = ("row-wise two-level dedup: a bag holds several ids (it may span row shards and need "
+                        "the sum); such steps use TorchRec's reduce-scatter (codec none)")
+
+    def __init__(self, layout: RowWiseLayout, topology: NodeTopology, groups: NodeGroups,
+                 pg: dist.ProcessGroup) -> None:
+        self.topology = topology
+        self.groups = groups
+        self.pg = pg  # the world: every rank must agree on falling back
+        self.entries = layout.entries
+        self.block_sizes = layout.block_sizes
+        self.world_size = layout.world_size
+        dims = [e.dim for e in self.entries]
+        self.unit = math.gcd(*dims) if dims else 1
+        self.radix = max(self.block_sizes + [1])
+        # every rank of a node forwards rows of every feature (each rail holds a row block of all)
+        self.all_features = [list(range(len(self.entries)))] * topology.ranks_per_node
+
+    def plan(self, step: DedupStep) -> TwoLevelPlan | None:
+        topo, W, F = self.topology, self.world_size, len(self.entries)
+        L, N = topo.ranks_per_node, topo.nodes
+        sizes, starts, B, GB, device = step.sizes, step.starts, step.batch, step.global_batch, step.device
+        blocks = host_to_device(self.block_sizes, device)
+        node = topo.node_ranks(topo.node)
+        NB = sum(sizes[r] for r in node)
+
+        # owner: every node's bags with ids in this rank's row block; key (destination node, feature, id)
+        o_ids, o_valid, o_multi = _bags(step.owner_kjt)
+        o_feature = torch.arange(F, device=device).repeat_interleave(GB)
+        node_ends = host_to_device([starts[n * L] + sum(sizes[n * L:(n + 1) * L]) for n in range(N)], device)
+        o_node = torch.bucketize(torch.arange(GB, device=device), node_ends, right=True).repeat(F)
+        o_bad = o_valid & ((o_ids < 0) | (o_ids >= blocks[o_feature]))
+        o_uid, o_first, o_counts = sorted_unique_one_hot(o_node * F + o_feature, o_ids, o_valid & ~o_bad,
+                                                         N * F, self.radix)
+        # sample rank: its own bags, key (row shard, feature, id in the shard), as one-level row-wise
+        s_ids, s_valid, s_multi = _bags(step.sample_kjt)
+        s_feature = torch.arange(F, device=device).repeat_interleave(B)
+        s_shard = torch.div(s_ids, blocks[s_feature], rounding_mode="floor")
+        s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= host_to_device(
+            [e.num_embeddings for e in self.entries], device)[s_feature]))
+        s_group = s_shard * F + s_feature
+        s_uid, _, s_counts = sorted_unique_one_hot(s_group, s_ids - s_shard * blocks[s_feature],
+                                                   s_valid & ~s_bad, W * F, self.radix)
+        flags = torch.stack([(o_multi.any() | s_multi.any()).long(), (o_bad.any() | s_bad.any()).long()])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.pg)
+        ex = exchange_node_ids(step, topo, self.groups, self.all_features, flags)
+        multi, bad = ex.extra
+        if bad:
+            raise ValueError(f"row-wise dedup (tables {sorted({e.table for e in self.entries})}): "
+                             f"ids outside their table reached the codec")
+        if multi:
+            return None
+
+        # forwarder: the node's bags in the row blocks of its rail; key (shard's node, feature, id)
+        p_ids, p_valid, _ = _first_ids(ex.lengths, torch.cumsum(ex.lengths, 0) - ex.lengths, ex.values)
+        p_feature = torch.arange(F, device=device).repeat_interleave(NB)
+        p_shard = torch.div(p_ids, blocks[p_feature], rounding_mode="floor")
+        p_valid = p_valid & (p_shard % L == topo.local_rank)
+        p_group = torch.div(p_shard, L, rounding_mode="floor") * F + p_feature
+        p_uid, _, p_counts = sorted_unique_one_hot(p_group, p_ids - p_shard * blocks[p_feature], p_valid,
+                                                   N * F, self.radix)
+        # which of them each rank of the node uses, and how many per group
+        cap = F * NB
+        rank_ends = host_to_device([sum(sizes[r] for r in node[:k + 1]) for k in range(L)], device)
+        p_rank = torch.bucketize(torch.arange(NB, device=device), rank_ends, right=True).repeat(F)
+        uid_or_cap = torch.where(p_valid, p_uid, cap)
+        used = torch.zeros(L, cap + 1, dtype=torch.bool, device=device)
+        used[p_rank, uid_or_cap] = True
+        used = used[:, :cap]
+        group_of_uid = torch.zeros(cap + 1, dtype=torch.int64, device=device).scatter_(
+            0, uid_or_cap, torch.where(p_valid, p_group, 0))[:cap]
+        sub_counts = torch.zeros(L, N * F, dtype=torch.int64, device=device).scatter_add_(
+            1, group_of_uid.expand(L, cap), used.long())
+        position = torch.cumsum(used.long(), 1) - 1
+        chosen = torch.zeros(L, cap + 1, dtype=torch.int64, device=device).scatter_(
+            1, torch.where(used, position, cap), torch.arange(cap, device=device).expand(L, cap).contiguous())
+
+        host = torch.cat([o_counts, p_counts, sub_counts.view(-1), s_counts]).tolist()  # the second host sync
+        o_n, p_n, sub_n = N * F, N * F, L * N * F
+        counts = {"owner": host[:o_n], "fwd": host[o_n:o_n + p_n],
+                  "sub": [host[o_n + p_n + k * N * F:o_n + p_n + (k + 1) * N * F] for k in range(L)],
+                  "own": host[o_n + p_n + sub_n:]}
+        plan = self._build(step, o_first, counts, chosen, s_uid, s_group)
+        self._account(step, ex, counts)
+        return plan
+
+    def _build(self, step: DedupStep, o_first: torch.Tensor, counts: dict, chosen: torch.Tensor,
+               s_uid: torch.Tensor, s_group: torch.Tensor) -> TwoLevelPlan:
+        topo, W, F, unit = self.topology, self.world_size, len(self.entries), self.unit
+        L, N = topo.ranks_per_node, topo.nodes
+        B, GB, device = step.batch, step.global_batch, step.device
+        d = [e.dim // unit for e in self.entries]
+        local_units = sum(d)
+        col = [sum(d[:i]) for i in range(F)]
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        ar = {k: torch.arange(k, device=device) for k in set(d)}
+        # owner -> rail: to node n, per feature, its distinct rows (o_first in (node, feature, id) order)
+        rail_send, rail_send_splits, u0 = [], [], 0
+        for n in range(N):
+            elems = 0
+            for i in range(F):
+                c = counts["owner"][n * F + i]
+                rows = o_first[u0:u0 + c] - i * GB
+                rail_send.append(((rows * local_units + col[i]).unsqueeze(1) + ar[d[i]]).reshape(-1))
+                u0 += c
+                elems += c * d[i] * unit
+            rail_send_splits.append(elems)
+        # rail -> forwarder: groups (node m, feature i) in order; where each starts (units, uid)
+        rail_start, first_uid, at, uid = [], [], 0, 0
+        rail_recv_splits = [0] * N
+        for m in range(N):
+            for i in range(F):
+                c = counts["fwd"][m * F + i]
+                rail_start.append(at)
+                first_uid.append(uid)
+                at += c * d[i]
+                uid += c
+                rail_recv_splits[m] += c * d[i] * unit
+        # forwarder -> intra: to local rank k, the rows its bags use, group by group (ascending uid)
+        intra_send, intra_send_splits = [], []
+        for k in range(L):
+            elems, a = 0, 0
+            for g in range(N * F):
+                c, i = counts["sub"][k][g], g % F
+                sel = chosen[k, a:a + c]
+                intra_send.append(((rail_start[g] + (sel - first_uid[g]) * d[i]).unsqueeze(1) + ar[d[i]]).reshape(-1))
+                a += c
+                elems += c * d[i] * unit
+            intra_send_splits.append(elems)
+        # receiver: from local rank k, shards (m, k) of every node m, per feature; then pick per bag
+        base = [0] * (W * F)
+        at = 0
+        intra_recv_splits = []
+        for k in range(L):
+            elems = 0
+            for m in range(N):
+                shard = m * L + k
+                for i in range(F):
+                    c = counts["own"][shard * F + i]
+                    base[shard * F + i] = at
+                    at += c * d[i]
+                    elems += c * d[i] * unit
+            intra_recv_splits.append(elems)
+        zero_unit = at  # one all-zero row after the message: empty bags point there
+        first_own, uid = [], 0
+        for g in range(W * F):
+            first_own.append(uid)
+            uid += counts["own"][g]
+        base_t = host_to_device(base + [zero_unit], device)
+        first_t = host_to_device(first_own + [uid], device)
+        recv_parts = []
+        for i in range(F):
+            u = s_uid[i * B:(i + 1) * B]
+            valid = u < uid
+            group = torch.where(valid, s_group[i * B:(i + 1) * B], W * F)
+            start = torch.where(valid, base_t[group] + (u - first_t[group]) * d[i], zero_unit)
+            recv_parts.append(start.unsqueeze(1) + ar[d[i]])
+        cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
+        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+        return TwoLevelPlan(unit, cat(rail_send), rail_send_splits, rail_recv_splits, cat(intra_send),
+                            intra_send_splits, intra_recv_splits, recv_index, (B, local_units * unit), self.groups,
+                            pad_units=max(d, default=0))
+
+    def _account(self, step: DedupStep, ex: NodeExchange, counts: dict) -> None:
+        """This step's bytes per table (host integers only), as one-level row-wise counts them."""
+        W, F, N = self.world_size, len(self.entries), self.topology.nodes
+        stats, wire, elem, sizes, B = step.stats, step.wire_bytes, step.elem_bytes, step.sizes, step.batch
+        owner_kjt, sample_kjt = step.owner_kjt, step.sample_kjt
+        owner_values, sample_values = owner_kjt.length_per_key(), sample_kjt.length_per_key()
+        for i, e in enumerate(self.entries):
+            t = stats.table(e.table)
+            t.add_rows(e.dim, wire, elem, sent=sum(counts["owner"][n * F + i] for n in range(N)),
+                       received=sum(counts["own"][s * F + i] for s in range(W)), stock_sent=sum(sizes))
+            t.id_sent_bytes += (sample_values[i] * sample_kjt.values().element_size()
+                                + W * B * sample_kjt.lengths().element_size())
+            t.id_recv_bytes += (owner_values[i] * owner_kjt.values().element_size()
+                                + sum(sizes) * owner_kjt.lengths().element_size())
+            t.add_rows(e.dim, wire, elem, stock_received=W * B, bags=B)
+        stats.id_exchange_bytes += ex.exchanged_bytes
+        stats.messages += ex.messages

@@ -1,0 +1,123 @@
+"""Which ranks share a node, and the process groups of the two-level all-to-all.
+
+Rank r sits on node r // L at local rank r % L, L ranks per node (torchrun
+places ranks node by node). The two-level exchange (`comm.hierarchy: node`)
+talks over two group families: the L ranks of one node (intra-node, the fast
+fabric) and the ranks of one local rank across nodes (a "rail": each rank
+talks between nodes only to its peer of every other node, rail-aligned as
+HugeCTR and NCCL's PXN do). `dist.new_group` is collective over the whole
+world and must be called in the same order everywhere, so every rank builds
+every group, once per process (`node_groups`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+HIERARCHIES = ("flat", "node")
+"""`comm.hierarchy`: `flat` = one all-to-all over all ranks; `node` = two levels (intra-node, rails)"""
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """The comm config's topology choice, as the codecs get it."""
+
+    kind: str = "flat"
+    """`flat` or `node` (`comm.hierarchy`)"""
+    ranks_per_node: int | None = None
+    """`comm.ranks_per_node`; None: torchrun's LOCAL_WORLD_SIZE, else one node"""
+
+
+FLAT = Hierarchy()
+
+
+def ranks_per_node(configured: int | None, world_size: int) -> int:
+    """Ranks per node: the config's, else torchrun's LOCAL_WORLD_SIZE, else the whole world."""
+    if configured is not None:
+        return configured
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(local) if local else world_size
+
+
+def check_ranks_per_node(ranks: int, world_size: int, where: str = "comm.ranks_per_node") -> None:
+    if ranks < 1 or world_size % ranks:
+        raise ValueError(f"{where}: {ranks} ranks per node do not divide the {world_size} ranks "
+                         f"into whole nodes")
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """Rank arithmetic of W ranks on W // L nodes of L ranks."""
+
+    world_size: int
+    ranks_per_node: int
+    rank: int
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def local_of(self, rank: int) -> int:
+        return rank % self.ranks_per_node
+
+    @property
+    def node(self) -> int:
+        return self.node_of(self.rank)
+
+    @property
+    def local_rank(self) -> int:
+        return self.local_of(self.rank)
+
+    def node_ranks(self, node: int) -> list[int]:
+        """The ranks of `node`, in local-rank order (its intra-node group)."""
+        return list(range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node))
+
+    def rail_ranks(self, local_rank: int) -> list[int]:
+        """The ranks with local rank `local_rank`, in node order (its rail group)."""
+        return list(range(local_rank, self.world_size, self.ranks_per_node))
+
+
+def topology_of(hierarchy: Hierarchy, pg: dist.ProcessGroup) -> NodeTopology:
+    world = dist.get_world_size(pg)
+    per_node = ranks_per_node(hierarchy.ranks_per_node, world)
+    check_ranks_per_node(per_node, world)
+    return NodeTopology(world, per_node, dist.get_rank(pg))
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """This rank's two groups: its node's ranks and its rail."""
+
+    intra: dist.ProcessGroup
+    rail: dist.ProcessGroup
+
+
+_GROUPS: dict[tuple[int, int], NodeGroups] = {}
+
+
+def node_groups(topology: NodeTopology, pg: dist.ProcessGroup) -> NodeGroups:
+    """This rank's intra-node and rail groups, built once per (world group, L).
+
+    Collective the first time: every rank creates every group, in the same order.
+    """
+    if dist.get_world_size(pg) != dist.get_world_size():
+        raise ValueError("comm.hierarchy: node needs the sharding's process group to be the whole world")
+    key = (id(pg), topology.ranks_per_node)
+    if key not in _GROUPS:
+        intra = rail = None
+        for node in range(topology.nodes):
+            group = dist.new_group(topology.node_ranks(node))
+            if node == topology.node:
+                intra = group
+        for local in range(topology.ranks_per_node):
+            group = dist.new_group(topology.rail_ranks(local))
+            if local == topology.local_rank:
+                rail = group
+        _GROUPS[key] = NodeGroups(intra, rail)
+    return _GROUPS[key]
