@@ -4,11 +4,16 @@
 command line (one place to add an option: a new `LaunchSpec` field and one
 line here); `launch(spec)` hands it to `torch.distributed.run` and turns a
 failed rank into its exit code and one line, instead of torchrun's traceback.
+SIGTERM or SIGINT to the launcher reaches every rank (torchrun forwards it); the
+ranks stop at a step boundary and rank 0 says where, so the launcher only exits
+with 128 + the signal, quietly.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 
@@ -86,15 +91,23 @@ def launch(spec: LaunchSpec) -> int:
     """Run `spec` to completion; 0 on success, else the first failed rank's exit code."""
     spec.check()
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.omp_threads or default_omp_threads(spec.nproc)))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # The agent's own notes on a signal ("Received 15 death signal, shutting down
+    # workers", "Sending process N closing signal") repeat what rank 0 says in one line.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     args = parse_args(torchrun_argv(spec))
     try:
         run(args)
+    except SignalException as e:  # the ranks got the signal too and said where they stopped
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        if code - 128 in (signal.SIGTERM, signal.SIGINT):  # a rank was signalled; it said so
+            return code
         how = f"exit code {failure.exitcode}" if failure.exitcode >= 0 else \
             f"signal {-failure.exitcode}"
         print(f"dlrmtrain: rank {rank} failed ({how}); its output is above", file=sys.stderr)

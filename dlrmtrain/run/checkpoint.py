@@ -17,7 +17,15 @@ A checkpoint belongs to one run: its manifest holds the run id and the
 math-changing config (run_identity.py). Retention deletes only this run's
 older valid checkpoints; resume takes only this run's and refuses one whose
 math-changing config differs, naming the keys. A `step_<N>.partial/` holds an
-owner file (host, pid) so the next start can remove those left by dead processes.
+owner file (host, pid) so the next start can remove those left by dead processes
+(leftovers.py).
+
+A save that fails on any rank (a full disk, an I/O error, a permission) fails on
+every rank alike: the ranks agree on the outcome of each phase, rank 0 removes the
+`.partial`, and `CheckpointWriteError` names the directory, the bytes the save
+needs and the bytes free. Earlier checkpoints are untouched (retention runs only
+after a save has committed). `estimate_checkpoint_bytes` gives the expected size
+at start, so a directory too small for `keep` + 1 checkpoints is known early.
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,16 +42,15 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
-from dlrmtrain.errors import SetupError
-from dlrmtrain.leftovers import process_alive
-from dlrmtrain.run_identity import differing_keys, fingerprint
+from dlrmtrain.run.errors import CheckpointWriteError, SetupError
+from dlrmtrain.run.identity import differing_keys, fingerprint
+from dlrmtrain.run.leftovers import OWNER, owner_record
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_PARTIAL_DIR = re.compile(r"^step_(\d+)\.partial$")
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
-OWNER = "owner.json"  # in a .partial folder only: the process writing it
 
 
 class ResumeRefused(SetupError):
@@ -109,28 +115,62 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def remove_dead_partials(root: Path, log: Callable[[str], None] = print) -> list[Path]:
-    """Delete `step_<N>.partial/` folders whose writer is no longer alive on this host
-    (or that name no writer). A partial written from another host is left alone."""
-    removed = []
-    if not root.is_dir():
-        return removed
-    for path in sorted(root.iterdir()):
-        if not _PARTIAL_DIR.match(path.name):
-            continue
-        try:
-            owner = json.loads((path / OWNER).read_text())
-        except (OSError, json.JSONDecodeError):
-            owner = None
-        if owner is not None and owner.get("host") != socket.gethostname():
-            log(f"leaving {path}: written from host {owner.get('host')}, cannot tell if alive")
-            continue
-        if owner is not None and process_alive(int(owner.get("pid", -1))):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        log(f"removed {path}: an interrupted save (its writer is gone)")
-        removed.append(path)
-    return removed
+def _local_checkpoint_bytes(state: Any, rank: int) -> int:
+    """Bytes this rank writes of `state`: its shards of sharded tensors, and (rank 0
+    only) the replicated ones, which DCP writes once."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if isinstance(state, dict):
+        return sum(_local_checkpoint_bytes(v, rank) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_local_checkpoint_bytes(v, rank) for v in state)
+    if isinstance(state, ShardedTensor):
+        return sum(s.tensor.numel() * s.tensor.element_size() for s in state.local_shards())
+    if hasattr(state, "to_local") and isinstance(state, torch.Tensor):  # DTensor
+        return state.to_local().numel() * state.element_size()
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size() if rank == 0 else 0
+    return 0
+
+
+def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer, rank: int) -> int:
+    """About how many bytes one checkpoint takes (all ranks together; a collective)."""
+    local = _local_checkpoint_bytes({"model": model.state_dict(),
+                                     "optim": optimizer.state_dict()}, rank)
+    total = torch.tensor([local], dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    # + the RNG states and small JSON files; DCP's own metadata adds a little more
+    return int(total.item()) + 16 * 1024 * (dist.get_world_size() if dist.is_initialized() else 1)
+
+
+def free_bytes(directory: Path) -> int:
+    return shutil.disk_usage(directory).free
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _cause(exc: BaseException) -> str:
+    """The one-line reason of a failed write, from an OSError wherever DCP wrapped it."""
+    seen: list[BaseException] = [exc]
+    while seen:
+        e = seen.pop(0)
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):  # DCP's CheckpointException: rank -> (exception, trace)
+            seen.extend(f[0] for f in failures.values() if isinstance(f, tuple))
+        for linked in (e.__cause__, e.__context__):
+            if linked is not None:
+                seen.append(linked)
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[-1] if first else ''}"[:200]
 
 
 class Checkpointer:
@@ -144,40 +184,83 @@ class Checkpointer:
         self.run_id = run_id  # may be replaced by the resumed checkpoint's (Trainer)
         self.math = math
         self.log = log
+        self.expected_bytes: Optional[int] = None  # estimate_checkpoint_bytes, then the last save's size
+        self.last_step: Optional[int] = None       # step of the newest checkpoint written or loaded
         self._verified: set[Path] = set()  # checked (or written) by this process: valid
 
     def _barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()
 
+    def _agree(self, problem: Optional[str]) -> Optional[str]:
+        """Every rank's outcome of a phase of the save: the first problem, or None."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return problem
+        problems: list[Optional[str]] = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+        return next((f"rank {r}: {p}" for r, p in enumerate(problems) if p is not None), None)
+
     def save(self, model: torch.nn.Module, optimizer, position: TrainerPosition) -> Path:
+        """Write step_<N>/ atomically; raise CheckpointWriteError on every rank if any
+        rank could not write its part (the .partial is removed, older ones stay valid)."""
         final = self.root / f"step_{position.step}"
         partial = self.root / f"step_{position.step}.partial"
+        problem = None
+        if self.rank == 0:
+            try:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+                (partial / OWNER).write_text(owner_record())
+            except OSError as e:
+                problem = _cause(e)
+        problem = self._agree(problem)
+        if problem is None:
+            try:
+                dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
+                         checkpoint_id=str(partial))
+                torch.save(torch.get_rng_state(), partial / f"rng_rank{self.rank}.pt")
+            except (Exception, CheckpointException) as e:  # the latter is a BaseException
+                problem = _cause(e)
+            problem = self._agree(problem)  # every rank's files are on disk, or why not
+        if problem is None and self.rank == 0:
+            try:
+                self._commit(partial, final, position)
+            except OSError as e:
+                problem = _cause(e)
+        problem = self._agree(problem)
+        if problem is not None:
+            self._fail(partial, position.step, problem)
+        self.last_step = position.step
+        return final
+
+    def _commit(self, partial: Path, final: Path, position: TrainerPosition) -> None:
+        """Rank 0: the trainer state and the manifest, then the rename that commits."""
+        (partial / TRAINER_STATE).write_text(json.dumps(vars(position), indent=2))
+        files = {str(p.relative_to(partial)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in _files(partial)}
+        manifest = {"step": position.step, "run_id": self.run_id,
+                    "config_fingerprint": fingerprint(self.math), "math_config": self.math,
+                    "files": files}
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        (partial / OWNER).unlink()
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)  # the commit point
+        self.expected_bytes = sum(f["bytes"] for f in files.values())
+        self._verified.add(final)
+        self._apply_retention()
+
+    def _fail(self, partial: Path, step: int, problem: str) -> None:
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-            (partial / OWNER).write_text(json.dumps({"host": socket.gethostname(),
-                                                     "pid": os.getpid()}))
-        self._barrier()
-        dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
-                 checkpoint_id=str(partial))
-        torch.save(torch.get_rng_state(), partial / f"rng_rank{self.rank}.pt")
-        self._barrier()  # every rank's files are on disk
-        if self.rank == 0:
-            (partial / TRAINER_STATE).write_text(json.dumps(vars(position), indent=2))
-            files = {str(p.relative_to(partial)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-                     for p in _files(partial)}
-            manifest = {"step": position.step, "run_id": self.run_id,
-                        "config_fingerprint": fingerprint(self.math), "math_config": self.math,
-                        "files": files}
-            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            (partial / OWNER).unlink()
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)  # the commit point
-            self._verified.add(final)
-            self._apply_retention()
-        self._barrier()
-        return final
+        self._barrier()  # the partial is gone before any rank reports
+        free = free_bytes(self.root) if self.root.is_dir() else 0
+        needed = (f"needs about {human_bytes(self.expected_bytes)}, "
+                  if self.expected_bytes else "")
+        kept = [p.name for _, p in _step_dirs(self.root)]
+        raise CheckpointWriteError(
+            f"checkpoint of step {step} could not be written to {self.root} ({problem}): it "
+            f"{needed}{human_bytes(free)} free there; removed {partial.name}; "
+            + (f"earlier checkpoints kept: {', '.join(kept)}" if kept else "no earlier checkpoint"))
 
     def _apply_retention(self) -> None:
         """Keep this run's `keep` newest valid checkpoints; never touch another run's,
@@ -242,6 +325,7 @@ class Checkpointer:
         dcp.load(state, checkpoint_id=str(path))  # fills the tensors above in place
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
+        self.last_step = int(json.loads((path / TRAINER_STATE).read_text())["step"])
         rng = path / f"rng_rank{self.rank}.pt"
         if rng.is_file():
             torch.set_rng_state(torch.load(rng))
