@@ -17,6 +17,10 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
+from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
 # Hosts that mean "this machine": a rendezvous there needs no real network.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -87,6 +91,15 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
     return [*argv, "-m", spec.module, *spec.args]
 
 
+def _quiet_agent() -> None:
+    """Silence torchrun's agent: its notes on a signal ("Received 15 death signal",
+    "Sending process N closing signal") and on a failed rank repeat what rank 0 and
+    `launch` say in one line. Each of its modules sets its own logger's level."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def launch(spec: LaunchSpec) -> int:
     """Run `spec` to completion; 0 on success, else the first failed rank's exit code."""
     spec.check()
@@ -95,9 +108,7 @@ def launch(spec: LaunchSpec) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    # The agent's own notes on a signal ("Received 15 death signal, shutting down
-    # workers", "Sending process N closing signal") repeat what rank 0 says in one line.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    _quiet_agent()
     args = parse_args(torchrun_argv(spec))
     try:
         run(args)
@@ -106,8 +117,8 @@ def launch(spec: LaunchSpec) -> int:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        if code - 128 in (signal.SIGTERM, signal.SIGINT):  # a rank was signalled; it said so
-            return code
+        if code in (EXIT_USER_ERROR, EXIT_RUN_FAILED) or code - 128 in STOP_SIGNALS:
+            return code  # refused or stopped on purpose: rank 0 said why, in one line
         how = f"exit code {failure.exitcode}" if failure.exitcode >= 0 else \
             f"signal {-failure.exitcode}"
         print(f"dlrmtrain: rank {rank} failed ({how}); its output is above", file=sys.stderr)

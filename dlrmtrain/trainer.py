@@ -45,9 +45,6 @@ from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import announce_stop, announced_stop
 from dlrmtrain.validation import unresolved_keys
 
-__all__ = ["Trainer", "Summary", "EvalResult"]
-
-
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         """`cfg` is resolved (validation.resolve_config) and validated."""

@@ -12,6 +12,6 @@
   console.py     what a person reads: the compact plan and comm summary, errors on their own line
   errors.py      the errors a user can act on, and the exit codes they map to
 
-Only stdlib, torch and the config are imported here: the Trainer builds on this
-package, never the other way round.
+The Trainer builds on this package, never the other way round: run/ imports
+the config, torch and (console.py, for the codec registry) comm/, nothing above.
 """

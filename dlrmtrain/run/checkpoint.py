@@ -115,9 +115,12 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+_BYTES_PER_ENTRY = 1536  # DCP's per-tensor cost (its pickled metadata and headers), measured
+
+
 def _local_checkpoint_bytes(state: Any, rank: int) -> int:
     """Bytes this rank writes of `state`: its shards of sharded tensors, and (rank 0
-    only) the replicated ones, which DCP writes once."""
+    only) the replicated ones, which DCP writes once; each entry also costs a little."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     if isinstance(state, dict):
@@ -125,11 +128,12 @@ def _local_checkpoint_bytes(state: Any, rank: int) -> int:
     if isinstance(state, (list, tuple)):
         return sum(_local_checkpoint_bytes(v, rank) for v in state)
     if isinstance(state, ShardedTensor):
-        return sum(s.tensor.numel() * s.tensor.element_size() for s in state.local_shards())
+        return sum(s.tensor.numel() * s.tensor.element_size() + _BYTES_PER_ENTRY
+                   for s in state.local_shards())
     if hasattr(state, "to_local") and isinstance(state, torch.Tensor):  # DTensor
-        return state.to_local().numel() * state.element_size()
+        return state.to_local().numel() * state.element_size() + _BYTES_PER_ENTRY
     if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size() if rank == 0 else 0
+        return state.numel() * state.element_size() + _BYTES_PER_ENTRY if rank == 0 else 0
     return 0
 
 
@@ -137,11 +141,11 @@ def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer, rank: int) -> i
     """About how many bytes one checkpoint takes (all ranks together; a collective)."""
     local = _local_checkpoint_bytes({"model": model.state_dict(),
                                      "optim": optimizer.state_dict()}, rank)
+    local += 8 * 1024  # this rank's RNG state file
     total = torch.tensor([local], dtype=torch.int64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total)
-    # + the RNG states and small JSON files; DCP's own metadata adds a little more
-    return int(total.item()) + 16 * 1024 * (dist.get_world_size() if dist.is_initialized() else 1)
+    return int(total.item())
 
 
 def free_bytes(directory: Path) -> int:
@@ -202,36 +206,50 @@ class Checkpointer:
 
     def save(self, model: torch.nn.Module, optimizer, position: TrainerPosition) -> Path:
         """Write step_<N>/ atomically; raise CheckpointWriteError on every rank if any
-        rank could not write its part (the .partial is removed, older ones stay valid)."""
+        rank could not write its part (the .partial is removed, older ones stay valid).
+        Each phase ends with the ranks agreeing on its outcome (also the barrier that
+        orders the phases)."""
         final = self.root / f"step_{position.step}"
         partial = self.root / f"step_{position.step}.partial"
-        problem = None
-        if self.rank == 0:
-            try:
-                shutil.rmtree(partial, ignore_errors=True)
-                partial.mkdir(parents=True)
-                (partial / OWNER).write_text(owner_record())
-            except OSError as e:
-                problem = _cause(e)
-        problem = self._agree(problem)
+        problem = self._agree(self._attempt(lambda: self._prepare(partial)) if self.rank == 0
+                              else None)
         if problem is None:
-            try:
-                dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
-                         checkpoint_id=str(partial))
-                torch.save(torch.get_rng_state(), partial / f"rng_rank{self.rank}.pt")
-            except (Exception, CheckpointException) as e:  # the latter is a BaseException
-                problem = _cause(e)
-            problem = self._agree(problem)  # every rank's files are on disk, or why not
-        if problem is None and self.rank == 0:
-            try:
-                self._commit(partial, final, position)
-            except OSError as e:
-                problem = _cause(e)
-        problem = self._agree(problem)
+            problem = self._agree(self._attempt(lambda: self._write(partial, model, optimizer)))
+        if problem is None:
+            problem = self._agree(self._attempt(lambda: self._commit(partial, final, position))
+                                  if self.rank == 0 else None)
         if problem is not None:
             self._fail(partial, position.step, problem)
         self.last_step = position.step
         return final
+
+    @staticmethod
+    def _attempt(phase: Callable[[], None]) -> Optional[str]:
+        """None when `phase` ran, else why it failed (one line)."""
+        try:
+            phase()
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
+            return _cause(e)
+        return None
+
+    def _prepare(self, partial: Path) -> None:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        (partial / OWNER).write_text(owner_record())
+
+    def _write(self, partial: Path, model: torch.nn.Module, optimizer) -> None:
+        """Every rank: its shards (DCP raises on every rank if any rank fails) and RNG state."""
+        dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
+                 checkpoint_id=str(partial))
+        torch.save(torch.get_rng_state(), partial / f"rng_rank{self.rank}.pt")
+
+    def _disk_full(self) -> bool:
+        """Whether the checkpoint directory's file system has (next to) no room left."""
+        try:
+            free = free_bytes(self.root)
+        except OSError:
+            return False
+        return free < min(self.expected_bytes or 0, 1 << 20) or free < 64 * 1024
 
     def _commit(self, partial: Path, final: Path, position: TrainerPosition) -> None:
         """Rank 0: the trainer state and the manifest, then the rename that commits."""
@@ -250,6 +268,11 @@ class Checkpointer:
         self._apply_retention()
 
     def _fail(self, partial: Path, step: int, problem: str) -> None:
+        if "No space left" not in problem and self._disk_full():
+            # torch.save says only "unexpected pos ..." when the disk fills under it
+            problem = problem.split(": ", 1)[0] + ": No space left on device" \
+                if problem.startswith("rank ") else "No space left on device"
+        self._barrier()  # every rank has looked at the full disk
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         self._barrier()  # the partial is gone before any rank reports

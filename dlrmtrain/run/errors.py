@@ -13,8 +13,8 @@ import signal
 
 EXIT_USER_ERROR = 2
 """A setup or config problem: nothing was trained."""
-EXIT_RUN_FAILED = 1
-"""A run stopped by an error while training (e.g. a full disk)."""
+EXIT_RUN_FAILED = 3
+"""A run stopped by an error while training (e.g. a full disk); the error was printed."""
 
 
 class SetupError(RuntimeError):

@@ -11,6 +11,8 @@ hands) as soon as it is logged, and an interrupted run loses none.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +34,23 @@ def _writing(path: Path) -> Iterator[None]:
     except OSError as e:
         raise RecordWriteError(f"cannot write the run's record {path}: "
                                f"{e.strerror or e}") from None
+
+
+class StrictFileHandler(logging.FileHandler):
+    """A logging handler for a record file (mlperf.log): a failed write raises
+    RecordWriteError. The stock handler prints "--- Logging error ---" and goes on,
+    which would leave a silent gap in the record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        error = sys.exc_info()[1]
+        reason = getattr(error, "strerror", None) or error
+        raise RecordWriteError(f"cannot write the run's record {self.baseFilename}: {reason}")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # the last write failed and was raised already; the file is closed
+            pass
 
 
 class RunRecords:
