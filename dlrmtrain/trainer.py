@@ -45,6 +45,7 @@ from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import announce_stop, announced_stop
 from dlrmtrain.validation import unresolved_keys
 
+
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         """`cfg` is resolved (validation.resolve_config) and validated."""
@@ -60,6 +61,14 @@ class Trainer:
         # resume, whether the data fills a step.
         self.run_lock = RunLock(run_dir_of(cfg))
         claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.run_lock), env.rank)
+        try:
+            self._build(claim)
+        except BaseException:
+            self.run_lock.release()  # refused or broken before training: free the directory
+            raise
+
+    def _build(self, claim: RunClaim) -> None:
+        cfg, env = self.cfg, self.env
         self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
                                          env.rank, claim.run_id, self.math, log=self._print)
         if env.is_main:

@@ -64,6 +64,14 @@ def claim_run_dir(cfg: Config, lock: RunLock) -> RunClaim:
     run_dir, ckpt_dir = run_dir_of(cfg), checkpoint_dir_of(cfg)
     _check_writable(run_dir, "run.output_dir / run.name")
     lock.acquire()
+    try:
+        return _claim_locked(cfg, run_dir, ckpt_dir)
+    except BaseException:
+        lock.release()  # refused: the directory is free again
+        raise
+
+
+def _claim_locked(cfg: Config, run_dir: Path, ckpt_dir: Path) -> RunClaim:
     _check_writable(ckpt_dir, "checkpoint.dir")
     records = [run_dir / n for n in RECORD_FILES if (run_dir / n).exists()]
     checkpoints = sorted(p for p in ckpt_dir.iterdir() if _CHECKPOINT_ENTRY.match(p.name))
