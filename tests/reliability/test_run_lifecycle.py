@@ -258,3 +258,23 @@ def test_mlperf_log_that_cannot_be_written_is_an_error_naming_it(small_disk):
         for _ in range(10_000):
             logger.cache_clear()
     logger.close()
+
+
+# ---- errors on their own line -------------------------------------------------------
+
+def test_a_bad_input_line_is_reported_on_its_own_line_not_inside_the_progress_bar(tmp_path):
+    """Before: `pass 1:  40%|####      | 1.2M/3.0M [...]error: day_0:7: field label ...`."""
+    from tests.data.raw_rows import random_raw_lines, write_lines
+
+    lines = random_raw_lines(20000, seed=5)
+    lines[15000] = "2" + lines[15000][1:]  # label 2, late enough that the bar has drawn
+    path = write_lines(tmp_path / "day_0", lines)
+    proc = subprocess.run([sys.executable, "-m", "dlrmtrain", "preprocess", "--out",
+                           str(tmp_path / "out"), "--hash-range", "1000", str(path)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    error = f"error: {path}:15001: field label"
+    assert error in proc.stderr
+    before = proc.stderr[:proc.stderr.index(error)]
+    assert before == "" or before.endswith("\n"), repr(proc.stderr[-300:])

@@ -203,23 +203,25 @@ def _run_pool(
     counter = ctx.Value("q", 0)
     bar = tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, disable=not progress)
     results: list[FileResult] = []
-    if workers <= 1:
-        _init_worker(counter, mapper)
-        try:
-            for fn, args in jobs:
-                results.append(fn(*args))
-                bar.update(counter.value - bar.n)
-        finally:
-            _init_worker(None)
-    else:
-        with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counter, mapper)) as pool:
-            pending = [pool.apply_async(fn, args) for fn, args in jobs]
-            while not all(p.ready() for p in pending):
-                time.sleep(0.2)
-                bar.update(counter.value - bar.n)
-            results = [p.get() for p in pending]  # re-raises a worker's BadLineError here
-    bar.update(counter.value - bar.n)
-    bar.close()
+    try:  # the bar ends its line even when a job fails: the error goes on a line of its own
+        if workers <= 1:
+            _init_worker(counter, mapper)
+            try:
+                for fn, args in jobs:
+                    results.append(fn(*args))
+                    bar.update(counter.value - bar.n)
+            finally:
+                _init_worker(None)
+        else:
+            with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counter, mapper)) as pool:
+                pending = [pool.apply_async(fn, args) for fn, args in jobs]
+                while not all(p.ready() for p in pending):
+                    time.sleep(0.2)
+                    bar.update(counter.value - bar.n)
+                results = [p.get() for p in pending]  # re-raises a worker's BadLineError here
+        bar.update(counter.value - bar.n)
+    finally:
+        bar.close()
     return results
 
 
