@@ -15,7 +15,7 @@ import os
 import sys
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
-from dlrmtrain.run.errors import EXIT_USER_ERROR, RunError, SetupError
+from dlrmtrain.run.errors import EXIT_USER_ERROR, RunError, RunInterrupted, SetupError
 from dlrmtrain.run.signals import install_stop_handlers
 from dlrmtrain.validation import resolve_config, validate_config
 
@@ -23,6 +23,14 @@ from dlrmtrain.validation import resolve_config, validate_config
 def _print_once(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
+
+
+def _stopped(error: RunError) -> None:
+    """End a rank whose run stopped: its records are closed and its peers may be gone,
+    so no teardown collective and no exit-time process-group teardown."""
+    _print_once(str(error) if isinstance(error, RunInterrupted) else f"error: {error}")
+    sys.stdout.flush()
+    os._exit(error.exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,13 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         _print_once(f"error: {e}")
         shutdown_distributed()
         return EXIT_USER_ERROR
+    except RunError as e:  # a second stop signal while building
+        _stopped(e)
     try:
         trainer.train()
-    except RunError as e:  # records closed; the peers may be gone: no teardown collective
-        message = str(e) if str(e).startswith("interrupted") else f"error: {e}"
-        _print_once(message)
-        sys.stdout.flush()
-        os._exit(e.exit_code)  # skip the exit-time teardown of a process group whose peers left
+    except RunError as e:
+        _stopped(e)
     trainer.close()
     del trainer  # drop the sharded model before the process group goes away
     shutdown_distributed()

@@ -334,8 +334,10 @@ class Trainer:
             if signum is not None:
                 error = RunInterrupted(signum, self._interrupted_message(signum, run.completed))
             elif (announced := announced_stop()) is not None:
-                error = RunError(announced["message"])
-                error.exit_code = announced["exit_code"]
+                code = announced["exit_code"]
+                error = (RunInterrupted(code - 128, announced["message"]) if code > 128
+                         else RunError(announced["message"]))
+                error.exit_code = code
             else:
                 return error
         if announced is None:  # this rank decided: tell the others

@@ -14,7 +14,7 @@ that is missing, truncated or altered makes the checkpoint invalid, and the
 previous one is used instead. (Assumes a filesystem all ranks share.)
 
 A checkpoint belongs to one run: its manifest holds the run id and the
-math-changing config (run_identity.py). Retention deletes only this run's
+math-changing config (identity.py). Retention deletes only this run's
 older valid checkpoints; resume takes only this run's and refuses one whose
 math-changing config differs, naming the keys. A `step_<N>.partial/` holds an
 owner file (host, pid) so the next start can remove those left by dead processes
@@ -115,7 +115,8 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-_BYTES_PER_ENTRY = 1536  # DCP's per-tensor cost (its pickled metadata and headers), measured
+# DCP's cost per tensor (pickled metadata, headers), measured on the tests' tiny model
+_BYTES_PER_ENTRY = 1536
 
 
 def _local_checkpoint_bytes(state: Any, rank: int) -> int:
