@@ -113,7 +113,8 @@ class Trainer:
         (retention deletes the oldest only after the next one is complete)."""
         if not self._checkpoints_enabled():
             return
-        size = estimate_checkpoint_bytes(self.model, self.optimizer, self.env.rank)  # collective
+        size = estimate_checkpoint_bytes(self.model, self.optimizer, self.env.rank,
+                                         self.env.device)  # a collective
         self.checkpointer.expected_bytes = size
         needed = (self.cfg.checkpoint.keep + 1) * size
         free = free_bytes(self.checkpointer.root)

@@ -138,12 +138,14 @@ def _local_checkpoint_bytes(state: Any, rank: int) -> int:
     return 0
 
 
-def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer, rank: int) -> int:
-    """About how many bytes one checkpoint takes (all ranks together; a collective)."""
+def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer, rank: int,
+                              device: torch.device) -> int:
+    """About how many bytes one checkpoint takes (all ranks together; a collective on
+    `device`, the process group's: NCCL reduces only CUDA tensors)."""
     local = _local_checkpoint_bytes({"model": model.state_dict(),
                                      "optim": optimizer.state_dict()}, rank)
     local += 8 * 1024  # this rank's RNG state file
-    total = torch.tensor([local], dtype=torch.int64)
+    total = torch.tensor([local], dtype=torch.int64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total)
     return int(total.item())
