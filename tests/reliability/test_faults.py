@@ -28,7 +28,7 @@ END_BOUND = 30       # a job whose rank died must be gone within this
 
 def _checkpoints(run_dir: Path) -> dict[int, str | None]:
     """step → None when the checkpoint verifies, else the reason it does not."""
-    from dlrmtrain.checkpoint import verify_checkpoint
+    from dlrmtrain.run.checkpoint import verify_checkpoint
 
     root = run_dir / "checkpoints"
     return {int(p.name.split("_")[1]): verify_checkpoint(p)
@@ -127,7 +127,11 @@ def test_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     finally:
         kill_job(job)
     assert rank0_seconds < timeout_s + slack, "rank 0 still waiting on the frozen rank"
-    assert rc != 0 and f"Timed out waiting {timeout_s * 1000}ms" in output_of(tmp_path)
+    # gloo's words depend on the collective rank 0 waits in (a barrier, or the all-gather
+    # by which the ranks agree on a checkpoint save's outcome)
+    out = output_of(tmp_path)
+    assert rc != 0 and (f"Timed out waiting {timeout_s * 1000}ms" in out
+                        or "Application timeout caused pair closure" in out), out[-3000:]
     assert any(p is None for p in _checkpoints(tmp_path / "f").values())
 
 

@@ -40,7 +40,7 @@ def _runs(out_dir, runs):
     from dlrmtrain.config import load_config
     from dlrmtrain.validation import validate_config
     from dlrmtrain.distributed.env import init_distributed
-    from dlrmtrain.errors import SetupError
+    from dlrmtrain.run.errors import SetupError
     from dlrmtrain.trainer import Trainer
 
     results = []
@@ -187,15 +187,15 @@ def test_data_without_one_full_batch_stops_at_once(tmp_path):
     assert result.startswith("SetupError")
     assert "200 training rows" in result and "global batch of 256" in result
     assert "world size 1" in result
-    run_dir = tmp_path / "own"  # refused before anything was written
-    assert not [p for p in run_dir.iterdir() if p.name != "checkpoints"]
+    run_dir = tmp_path / "own"  # refused before anything was written (but its lock file)
+    assert not [p for p in run_dir.iterdir() if p.name not in ("checkpoints", "run.lock")]
 
 
 def test_partial_checkpoints_of_dead_writers_are_removed(tmp_path):
     import os
     import socket
 
-    from dlrmtrain.checkpoint import OWNER, remove_dead_partials
+    from dlrmtrain.run.leftovers import OWNER, remove_dead_partials
 
     def partial(step, owner):
         path = tmp_path / f"step_{step}.partial"

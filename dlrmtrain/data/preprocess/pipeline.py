@@ -28,7 +28,7 @@ from dlrmtrain.features import log_transform_dense
 from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
-from dlrmtrain.leftovers import remove_dead_tmp_dirs
+from dlrmtrain.run.leftovers import remove_dead_tmp_dirs
 
 VOCAB_FILE = "vocabulary.npz"
 PASS1_DIR = "pass1"
@@ -203,23 +203,25 @@ def _run_pool(
     counter = ctx.Value("q", 0)
     bar = tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, disable=not progress)
     results: list[FileResult] = []
-    if workers <= 1:
-        _init_worker(counter, mapper)
-        try:
-            for fn, args in jobs:
-                results.append(fn(*args))
-                bar.update(counter.value - bar.n)
-        finally:
-            _init_worker(None)
-    else:
-        with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counter, mapper)) as pool:
-            pending = [pool.apply_async(fn, args) for fn, args in jobs]
-            while not all(p.ready() for p in pending):
-                time.sleep(0.2)
-                bar.update(counter.value - bar.n)
-            results = [p.get() for p in pending]  # re-raises a worker's BadLineError here
-    bar.update(counter.value - bar.n)
-    bar.close()
+    try:  # the bar ends its line even when a job fails: the error goes on a line of its own
+        if workers <= 1:
+            _init_worker(counter, mapper)
+            try:
+                for fn, args in jobs:
+                    results.append(fn(*args))
+                    bar.update(counter.value - bar.n)
+            finally:
+                _init_worker(None)
+        else:
+            with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=(counter, mapper)) as pool:
+                pending = [pool.apply_async(fn, args) for fn, args in jobs]
+                while not all(p.ready() for p in pending):
+                    time.sleep(0.2)
+                    bar.update(counter.value - bar.n)
+                results = [p.get() for p in pending]  # re-raises a worker's BadLineError here
+        bar.update(counter.value - bar.n)
+    finally:
+        bar.close()
     return results
 
 
