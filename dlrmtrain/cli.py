@@ -156,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlrmtrain: unknown subcommand {command!r} (one of: {', '.join(SUBCOMMANDS)})",
               file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    return {"train": train, "preprocess": preprocess, "mlperf": mlperf, "report": report}[command](rest)
+    try:
+        return {"train": train, "preprocess": preprocess, "mlperf": mlperf,
+                "report": report}[command](rest)
+    except KeyboardInterrupt:  # Ctrl-C before the ranks start (torchrun handles it after)
+        print(f"dlrmtrain {command}: interrupted by SIGINT", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,13 +4,22 @@
 command line (one place to add an option: a new `LaunchSpec` field and one
 line here); `launch(spec)` hands it to `torch.distributed.run` and turns a
 failed rank into its exit code and one line, instead of torchrun's traceback.
+SIGTERM or SIGINT to the launcher reaches every rank (torchrun forwards it); the
+ranks stop at a step boundary and rank 0 says where, so the launcher only exits
+with 128 + the signal, quietly.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
+
+from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 # Hosts that mean "this machine": a rendezvous there needs no real network.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -82,19 +91,34 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
     return [*argv, "-m", spec.module, *spec.args]
 
 
+def _quiet_agent() -> None:
+    """Silence torchrun's agent: its notes on a signal ("Received 15 death signal",
+    "Sending process N closing signal") and on a failed rank repeat what rank 0 and
+    `launch` say in one line. Each of its modules sets its own logger's level."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def launch(spec: LaunchSpec) -> int:
     """Run `spec` to completion; 0 on success, else the first failed rank's exit code."""
     spec.check()
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.omp_threads or default_omp_threads(spec.nproc)))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    _quiet_agent()
     args = parse_args(torchrun_argv(spec))
     try:
         run(args)
+    except SignalException as e:  # the ranks got the signal too and said where they stopped
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        if code in (EXIT_USER_ERROR, EXIT_RUN_FAILED) or code - 128 in STOP_SIGNALS:
+            return code  # refused or stopped on purpose: rank 0 said why, in one line
         how = f"exit code {failure.exitcode}" if failure.exitcode >= 0 else \
             f"signal {-failure.exitcode}"
         print(f"dlrmtrain: rank {rank} failed ({how}); its output is above", file=sys.stderr)

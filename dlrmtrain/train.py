@@ -1,8 +1,11 @@
 """Entry point: `torchrun --nproc_per_node N -m dlrmtrain.train --config C [section.key=value ...]`.
 
-A problem the user can fix (a config error, a run directory that holds another
-run, a checkpoint trained with another config, too little data) is printed once,
-by rank 0, and every rank exits with status 2.
+A problem the user can fix before training (a config error, a run directory that
+holds or is used by another run, a checkpoint trained with another config, too
+little data) is printed once, by rank 0, and every rank exits with status 2. A run
+stopped while training is one line too, after its records are closed: a signal
+(`interrupted by SIGTERM at step N; last checkpoint step M`, exit 128 + signal) or
+an error such as a checkpoint that cannot be written (exit 1).
 """
 
 from __future__ import annotations
@@ -12,11 +15,9 @@ import os
 import sys
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
-from dlrmtrain.validation import validate_config
-from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
-from dlrmtrain.errors import SetupError
-
-EXIT_USER_ERROR = 2
+from dlrmtrain.run.errors import EXIT_USER_ERROR, RunError, SetupError
+from dlrmtrain.run.signals import install_stop_handlers
+from dlrmtrain.validation import resolve_config, validate_config
 
 
 def _print_once(message: str) -> None:
@@ -26,9 +27,10 @@ def _print_once(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    install_stop_handlers()  # a signal from here on ends the run with one line
     try:  # every config error surfaces before a process group exists
         path, overrides = parse_cli(argv)
-        cfg = load_config(path, overrides)
+        cfg = resolve_config(load_config(path, overrides))
         validate_config(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as e:  # the same on every rank: no rank waits for another
         _print_once(f"config error: {e}")
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer  # heavy imports only after the config is good
 
     env = init_distributed(cfg.run.device, timeout_s=cfg.run.collective_timeout_s)
@@ -45,11 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         _print_once(f"error: {e}")
         shutdown_distributed()
         return EXIT_USER_ERROR
-    summary = trainer.train()
+    try:
+        trainer.train()
+    except RunError as e:  # records closed; the peers may be gone: no teardown collective
+        message = str(e) if str(e).startswith("interrupted") else f"error: {e}"
+        _print_once(message)
+        sys.stdout.flush()
+        os._exit(e.exit_code)  # skip the exit-time teardown of a process group whose peers left
     trainer.close()
     del trainer  # drop the sharded model before the process group goes away
     shutdown_distributed()
-    del summary
     return 0
 
 

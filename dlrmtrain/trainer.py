@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
-from dlrmtrain.checkpoint import Checkpointer, TrainerPosition, remove_dead_partials
+from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
-from dlrmtrain.comm.stats import collect_comm_stats, format_comm_summary
 from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
+from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.distributed.sharding import shard_model
-from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
-from dlrmtrain.errors import SetupError
 from dlrmtrain.features import TABLE_NAMES
-from dlrmtrain.metrics.run_records import (RunClaim, checkpoint_dir_of, claim_run_dir,
-                                           open_run_records)
+from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
 from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.models import build_model
@@ -35,84 +31,35 @@ from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
-from dlrmtrain.run_identity import math_config
-
-
-@dataclass
-class EvalResult:
-    step: int
-    epoch: float
-    auc: float
-    num_samples: int
-    seconds: float
-
-
-@dataclass
-class Summary:
-    """What a run did; printed at the end and written to summary.json."""
-
-    world_size: int
-    codec: str = "none"
-    """comm.codec, with per-table overrides: `dedup (t_cat_3: none)`"""
-    steps: int = 0
-    samples: int = 0
-    train_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    target_auc: Optional[float] = None
-    time_to_target_s: Optional[float] = None
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    evals: list[EvalResult] = field(default_factory=list)
-
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.train_seconds if self.train_seconds else 0.0
-
-    @property
-    def final_auc(self) -> Optional[float]:
-        return self.evals[-1].auc if self.evals else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size, "codec": self.codec, "steps": self.steps,
-            "samples": self.samples,
-            "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds,
-            "samples_per_second": self.samples_per_second, "final_auc": self.final_auc,
-            "target_auc": self.target_auc, "reached_target": self.time_to_target_s is not None,
-            "time_to_target_s": self.time_to_target_s,
-            "evals": [vars(e) for e in self.evals],
-            "losses": self.losses,
-        }
-
-    def render(self) -> str:
-        auc = f"{self.final_auc:.4f}" if self.final_auc is not None else "n/a (eval off)"
-        if self.target_auc is None:
-            target = "no target set"
-        elif self.time_to_target_s is not None:
-            target = f"reached {self.target_auc} after {self.time_to_target_s:.1f} s"
-        else:
-            target = f"NOT reached ({self.target_auc})"
-        return "\n".join([
-            "=" * 60,
-            "dlrmtrain run summary",
-            f"  ranks            {self.world_size}",
-            f"  codec            {self.codec}",
-            f"  steps            {self.steps}  ({self.samples:,} samples)",
-            f"  throughput       {self.samples_per_second:,.0f} samples/s "
-            f"(training time {self.train_seconds:.1f} s, wall {self.wall_seconds:.1f} s)",
-            f"  final eval AUC   {auc}",
-            f"  target AUC       {target}",
-            "=" * 60,
-        ])
-
+from dlrmtrain.run.checkpoint import (Checkpointer, TrainerPosition, estimate_checkpoint_bytes,
+                                      free_bytes, human_bytes)
+from dlrmtrain.run.console import comm_summary, plan_summary
+from dlrmtrain.run.directory import RunClaim, checkpoint_dir_of, claim_run_dir, run_dir_of
+from dlrmtrain.run.errors import CheckpointWriteError, RunError, RunInterrupted, SetupError, signal_name
+from dlrmtrain.run.identity import math_config
+from dlrmtrain.run.leftovers import remove_dead_partials
+from dlrmtrain.run.lock import RunLock
+from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
+from dlrmtrain.run.records import open_run_records
+from dlrmtrain.run.signals import stop_signal
+from dlrmtrain.run.stop import announce_stop, announced_stop
+from dlrmtrain.validation import unresolved_keys
 
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
+        """`cfg` is resolved (validation.resolve_config) and validated."""
+        missing = unresolved_keys(cfg)
+        if missing:
+            raise ValueError(f"Trainer needs a resolved config (validation.resolve_config): "
+                             f"{', '.join(missing)} still null")
         self.cfg = cfg
         self.env = env
         self.math = math_config(cfg, env.world_size)
         # Everything that can refuse the run comes before anything is written: whose run
-        # directory this is, which checkpoint to resume, whether the data fills a step.
-        claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.math), env.rank)
+        # directory this is (rank 0 locks it for the run's life), which checkpoint to
+        # resume, whether the data fills a step.
+        self.run_lock = RunLock(run_dir_of(cfg))
+        claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.run_lock), env.rank)
         self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
                                          env.rank, claim.run_id, self.math, log=self._print)
         if env.is_main:
@@ -139,11 +86,33 @@ class Trainer:
                          if cfg.run.pipeline else None)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
-        self._print(self.plan_text)
-        self.records.write_text("plan.txt", self.plan_text + "\n")
+        plan_path = self.records.write_text("plan.txt", self.plan_text + "\n")
+        rows = dict(zip(TABLE_NAMES, table_rows(cfg)))
+        self._print(plan_summary(f"sharding plan ({cfg.sharding.planner}, {len(rows)} tables)",
+                                 summarize_plan(self.model.plan, rows, cfg.model.embedding_dim),
+                                 str(plan_path) if plan_path else None))
+        self._check_checkpoint_space()
         self._resume(resume_from, claim)
         log_run_setup(self.mlperf, cfg, self.data.num_train_samples, self.data.num_eval_samples)
         self.mlperf.init_stop()
+
+    def _checkpoints_enabled(self) -> bool:
+        return bool(self.cfg.checkpoint.every_steps or self.cfg.checkpoint.at_end)
+
+    def _check_checkpoint_space(self) -> None:
+        """Warn at start when the checkpoint directory cannot hold `keep` + 1 checkpoints
+        (retention deletes the oldest only after the next one is complete)."""
+        if not self._checkpoints_enabled():
+            return
+        size = estimate_checkpoint_bytes(self.model, self.optimizer, self.env.rank)  # collective
+        self.checkpointer.expected_bytes = size
+        needed = (self.cfg.checkpoint.keep + 1) * size
+        free = free_bytes(self.checkpointer.root)
+        if free < needed:
+            self._print(f"warning: {self.checkpointer.root} has {human_bytes(free)} free; "
+                        f"checkpoint.keep={self.cfg.checkpoint.keep} needs room for "
+                        f"{self.cfg.checkpoint.keep + 1} checkpoints of about "
+                        f"{human_bytes(size)} ({human_bytes(needed)})")
 
     def _check_data_fills_a_step(self) -> None:
         """No full global batch means no step ever: stop now rather than loop over
@@ -263,10 +232,19 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------
     def save_checkpoint(self) -> None:
+        """Save; a failed save stops the run (CheckpointWriteError, on every rank), or
+        with `checkpoint.on_error=warn` is reported and training goes on."""
         position = TrainerPosition(step=self.step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
                                    schedule=self.schedule.state_dict())
-        path = self.checkpointer.save(self.model, self.optimizer, position)
+        try:
+            path = self.checkpointer.save(self.model, self.optimizer, position)
+        except CheckpointWriteError as e:
+            if self.cfg.checkpoint.on_error != "warn":
+                raise
+            self._print(f"warning: {e}; training on (checkpoint.on_error=warn)")
+            self.records.log("checkpoint_failed", step=self.step, error=str(e))
+            return
         self.records.log("checkpoint", step=self.step, path=str(path))
 
     def _resume(self, path: Optional[Path], claim: RunClaim) -> None:
@@ -303,21 +281,65 @@ class Trainer:
         return max(1, self.data.steps_per_epoch // per_epoch)
 
     def train(self) -> Summary:
-        """Train to the planned step or the target AUC; each step is a checklist."""
+        """Train to the planned step or the target AUC; each step is a checklist.
+        A run stopped by a signal or an error closes its records and raises RunError."""
         run = self._begin_run()
-        for loss in self._steps_until(run.total):
-            self._record_step(run, loss)
-            pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
-            if self._validation_due(run):
-                self._run_eval(run.summary, run.start)
-            if self._checkpoint_due(run):
-                self.save_checkpoint()
-            run.end_pause(pause_start)
-            if run.finished:
-                break
+        try:
+            for loss in self._steps_until(run.total):
+                self._record_step(run, loss)
+                self._stop_if_signalled()
+                pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
+                if self._eval_due(run):
+                    self._run_eval(run.summary, run.start)
+                if self._checkpoint_due(run):
+                    self.save_checkpoint()
+                run.end_pause(pause_start)
+                if run.finished:
+                    break
+        except BaseException as e:  # noqa: BLE001 - re-raised, as a RunError where it is one
+            stop = self._stop_run(run, e)
+            if stop is e:
+                raise
+            raise stop from None
         return self._end_run(run)
 
-    def _begin_run(self) -> "_RunProgress":
+    def _stop_if_signalled(self) -> None:
+        signum = stop_signal()
+        if signum is not None:
+            raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
+
+    def _interrupted_message(self, signum: int, step: int) -> str:
+        last = self.checkpointer.last_step
+        return (f"interrupted by {signal_name(signum)} at step {step}; last checkpoint "
+                + (f"step {last}" if last is not None else "none"))
+
+    def _stop_run(self, run: RunProgress, error: BaseException) -> BaseException:
+        """Close the progress bar and the records of a run that cannot go on; return the
+        error to raise. An error after a stop signal (a peer that stopped first broke a
+        collective) is the interruption; one after another rank announced its stop ends
+        this rank the same way. Anything else is a bug and keeps its traceback."""
+        run.bar.close()  # what follows is printed on its own line
+        announced = None
+        if not isinstance(error, RunError):
+            signum = stop_signal()
+            if signum is not None:
+                error = RunInterrupted(signum, self._interrupted_message(signum, run.completed))
+            elif (announced := announced_stop()) is not None:
+                error = RunError(announced["message"])
+                error.exit_code = announced["exit_code"]
+            else:
+                return error
+        if announced is None:  # this rank decided: tell the others
+            announce_stop(str(error), error.exit_code)
+        try:
+            self.records.log("stopped", step=run.completed, reason=str(error))
+            self.mlperf.run_stop("aborted", self.step / self.data.steps_per_epoch)
+        except Exception:  # noqa: BLE001 - the records themselves may be what failed
+            pass
+        self.close()
+        return error
+
+    def _begin_run(self) -> RunProgress:
         cfg, env = self.cfg, self.env
         total = self.planned_steps()
         bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
@@ -325,8 +347,8 @@ class Trainer:
         if env.world_size > 1:
             dist.barrier()  # the MLPerf clock starts when every rank is ready
         self.mlperf.run_start()
-        return _RunProgress(
-            total=total, first_step=self.step, bar=bar,
+        return RunProgress(
+            total=total, first_step=self.step, completed=self.step, bar=bar,
             summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
                             codec=self._codec_label()),
             window_loss=torch.zeros((), device=env.device))
@@ -339,11 +361,12 @@ class Trainer:
     def _steps_until(self, total: int) -> Iterator[torch.Tensor]:
         return self._steps() if self.step < total else iter(())
 
-    def _record_step(self, run: "_RunProgress", loss: torch.Tensor) -> None:
+    def _record_step(self, run: RunProgress, loss: torch.Tensor) -> None:
         """Add the step to the metrics window; every `metrics_every_steps` steps (and at
         the last) log the window's mean loss over ranks, the lr and the sample rate."""
         run.window_loss += loss
         run.window_steps += 1
+        run.completed = self.step
         run.bar.update(1)
         run.last = self.step >= run.total
         if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
@@ -358,15 +381,15 @@ class Trainer:
         run.window_loss.zero_()
         run.window_steps = 0
 
-    def _validation_due(self, run: "_RunProgress") -> bool:
+    def _eval_due(self, run: RunProgress) -> bool:
         interval = self.eval_interval()
         return self.cfg.eval.enabled and ((interval and self.step % interval == 0) or run.last)
 
-    def _checkpoint_due(self, run: "_RunProgress") -> bool:
+    def _checkpoint_due(self, run: RunProgress) -> bool:
         every = self.cfg.checkpoint.every_steps
         return bool((every and self.step % every == 0) or (run.last and self.cfg.checkpoint.at_end))
 
-    def _end_run(self, run: "_RunProgress") -> Summary:
+    def _end_run(self, run: RunProgress) -> Summary:
         """Stop the MLPerf clock; report comm stats, step breakdown and the summary."""
         summary = run.summary
         self.mlperf.run_stop("success" if summary.time_to_target_s is not None else "aborted",
@@ -375,8 +398,8 @@ class Trainer:
         self.timer.close()
         comm_stats = collect_comm_stats(self.model, all_ranks=True)  # collective
         if comm_stats["tables"]:
-            self._print(format_comm_summary(comm_stats))
-            self.records.write_json("comm_stats.json", comm_stats)
+            stats_path = self.records.write_json("comm_stats.json", comm_stats)
+            self._print(comm_summary(comm_stats, str(stats_path) if stats_path else None))
         if isinstance(self.timer, StepBreakdown):
             self._print(self.timer.render())
             self.records.write_json("step_breakdown.json", self.timer.report())
@@ -406,30 +429,7 @@ class Trainer:
             summary.time_to_target_s = time.perf_counter() - run_start
 
     def close(self) -> None:
+        """Close the records and release the run directory (safe to call twice)."""
         self.records.close()
         self.mlperf.close()
-
-
-@dataclass
-class _RunProgress:
-    """The state `Trainer.train` carries from step to step."""
-
-    total: int               # the step to stop at
-    first_step: int          # the step this process started from (after a resume)
-    bar: Any                 # the tqdm progress bar
-    summary: Summary
-    window_loss: torch.Tensor  # sum of local losses since the last metrics line
-    window_steps: int = 0
-    start: float = field(default_factory=time.perf_counter)
-    window_start: float = field(default_factory=time.perf_counter)
-    paused: float = 0.0      # seconds spent in evaluation and checkpoints
-    last: bool = False       # this step is the planned last one
-
-    def end_pause(self, pause_start: float) -> None:
-        self.paused += time.perf_counter() - pause_start
-        if self.window_steps == 0:  # a new metrics window starts after the pause
-            self.window_start = time.perf_counter()
-
-    @property
-    def finished(self) -> bool:
-        return self.last or self.summary.time_to_target_s is not None
+        self.run_lock.release()

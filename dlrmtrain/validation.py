@@ -1,4 +1,10 @@
-"""Every check of a loaded Config, in order, before any process group exists.
+"""A loaded Config made ready to run: `resolve_config` fills in what comes from the
+dataset; `validate_config` checks everything, in order, and changes nothing. Both
+run before any process group exists (and again in every rank, on the same files).
+
+    cfg = resolve_config(load_config(path, overrides))
+    validate_config(cfg, world_size)
+    Trainer(cfg, env)      # refuses a config that is not resolved
 
 Each package owns the rules it knows (config: sizes, ranges, table names; data: the
 tables against the feature layout and the source settings; distributed: placements
@@ -7,6 +13,8 @@ sits below those packages and must not import them.
 """
 
 from __future__ import annotations
+
+import copy
 
 from dlrmtrain.comm.registry import available_codecs, validate_codec_choice
 from dlrmtrain.config import checks
@@ -38,11 +46,27 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
         raise ConfigError(str(e)) from None
 
 
+def resolve_config(cfg: Config) -> Config:
+    """A copy of `cfg` with what comes from the data filled in (null table sizes and
+    bag sizes from the dataset's metadata, or the synthetic profile's); raises
+    ConfigError when the data and the config disagree. `cfg` itself is unchanged."""
+    resolved = copy.deepcopy(cfg)
+    apply_dataset_metadata(resolved)
+    return resolved
+
+
+def unresolved_keys(cfg: Config) -> list[str]:
+    """Keys still null that `resolve_config` fills in (empty for a resolved config)."""
+    return ["data.table_sizes"] if cfg.data.table_sizes is None else []
+
+
 def validate_config(cfg: Config, world_size: int) -> None:
-    """Raise ConfigError naming the key for any impossible combination."""
+    """Raise ConfigError naming the key for any impossible combination. Pure: `cfg`
+    is not changed; it is checked as `resolve_config` makes it (so sizes that
+    disagree with the dataset's are refused here too)."""
+    cfg = resolve_config(cfg)
     device_type = resolved_device_type(cfg)
     checks.check_run(cfg, world_size)
-    apply_dataset_metadata(cfg)  # null table sizes come from the data itself
     data_checks.check_config(cfg)
     checks.check_model(cfg)
     checks.check_table_keys(cfg)

@@ -190,7 +190,7 @@ def main() -> None:
 
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.config import load_config
-    from dlrmtrain.validation import validate_config
+    from dlrmtrain.validation import resolve_config, validate_config
     from dlrmtrain.data import table_rows
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer
@@ -200,13 +200,13 @@ def main() -> None:
     config, shape_overrides = shape_config(args)
     common = [*shape_overrides, "logging.progress_bar=false", "eval.enabled=false",
               "mlperf.enabled=false", "run.output_dir=/tmp/dlrmtrain-bench", "run.overwrite=true"]
-    cfg = load_config(config, common)
+    cfg = resolve_config(load_config(config, common))
     validate_config(cfg, env.world_size)
     trainer = Trainer(cfg, env)
     steppers: dict[str, object] = {"dlrmtrain": trainer.train_step}
     others = []
     for i, vs in enumerate(args.vs):  # each its own run directory
-        other_cfg = load_config(config, common + [f"run.name=bench_vs{i}"] + vs.split())
+        other_cfg = resolve_config(load_config(config, common + [f"run.name=bench_vs{i}"] + vs.split()))
         validate_config(other_cfg, env.world_size)
         others.append(Trainer(other_cfg, env))
         steppers[f"dlrmtrain {vs}"] = others[-1].train_step

@@ -46,6 +46,7 @@ def main() -> None:
     from dlrmtrain.comm.dedup import buffers, table_wise, transport
     from dlrmtrain.comm.dedup.dist import DedupDist
     from dlrmtrain.config import load_config
+    from dlrmtrain.validation import resolve_config
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer
 
@@ -64,7 +65,7 @@ def main() -> None:
                  "run.name=profile_dedup", "run.output_dir=/tmp/dlrmtrain_profile", "run.overwrite=true",
                  "logging.progress_bar=false",
                  *args.overrides]
-    cfg = load_config(args.config, overrides)
+    cfg = resolve_config(load_config(args.config, overrides))
     env = init_distributed(cfg.run.device)
     trainer = Trainer(cfg, env)
     trainer.train()

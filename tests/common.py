@@ -27,11 +27,11 @@ def tiny_config(tmp_dir: str, *overrides: str) -> Config:
 def train_on_rank(rank: int, world_size: int, config: str | None, overrides: list[str]) -> dict:
     """Validate `config` + overrides, train on this rank, return the summary as a dict.
     Module level, so `run_ranks` can spawn it."""
-    from dlrmtrain.validation import validate_config
+    from dlrmtrain.validation import resolve_config, validate_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
 
-    cfg = load_config(config, overrides)
+    cfg = resolve_config(load_config(config, overrides))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
     summary = trainer.train().as_dict()

@@ -75,18 +75,31 @@ def test_torchrun_arguments_single_and_multi_node():
 
 
 def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
+    """The quick start's console: before, 26 lines of plan and 26 of per-table bytes
+    (a `distinct` of 1.000 for a codec that never counted it); now about 25 lines in
+    all, the full tables in plan.txt and comm_stats.json."""
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
-                     *tiny_overrides(str(tmp_path), "run.max_steps=3", "eval.enabled=false",
-                                     "run.name=launched", "comm.codec=dedup",
-                                     "comm.table_codecs={t_cat_3: none}"))
+                     f"run.output_dir={tmp_path}", "run.max_steps=3", "eval.evals_per_epoch=1",
+                     "run.name=launched", "comm.codec=dedup", "comm.table_codecs={t_cat_3: none}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("dlrmtrain: building launched: dlrm_v1, 26 tables")
     assert "  codec            dedup (t_cat_3: none)\n" in proc.stdout   # the summary names it
     assert "OMP_NUM_THREADS" not in proc.stderr          # torchrun's banner
     assert "Warning" not in proc.stdout + proc.stderr     # TorchRec's deprecation warnings
-    summary = json.loads((tmp_path / "launched" / "summary.json").read_text())
+    run_dir = tmp_path / "launched"
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3
     assert summary["codec"] == "dedup (t_cat_3: none)"
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if line.strip() and not line.startswith("train:")]  # the progress bar
+    assert len(lines) <= 25, "\n".join(lines)
+    assert f"full plan: {run_dir / 'plan.txt'}" in proc.stdout
+    assert len((run_dir / "plan.txt").read_text().splitlines()) == 27  # a title + every table
+    assert f"per table: {run_dir / 'comm_stats.json'}" in proc.stdout
+    [none_row] = [line.split() for line in lines if line.split()[:2] == ["none", "1"]]
+    [dedup_row] = [line.split() for line in lines if line.split()[:2] == ["dedup", "25"]]
+    assert none_row[2] == "—"                          # codec none counts no distinct bags
+    assert 0 < float(dedup_row[2]) < 1                 # dedup does
 
 
 def test_a_failing_rank_gives_its_exit_code_and_one_line(tmp_path):

@@ -24,9 +24,34 @@ class ConfigError(ValueError):
     """A configuration problem, with the dotted key that caused it."""
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A key given twice in one YAML mapping (PyYAML would keep the last silently)."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(f"line {line}: key {key!r} given twice in one mapping "
+                         f"(first at line {first_line})")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-3` and `5E+4` as numbers: YAML 1.1 (PyYAML)
-    wants a dot in a float, so `optim.lr=1e-3` would otherwise be a string."""
+    """SafeLoader that refuses a key given twice in one mapping, and also reads
+    `1e-3` and `5E+4` as numbers: YAML 1.1 (PyYAML) wants a dot in a float, so
+    `optim.lr=1e-3` would otherwise be a string."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are meant to be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first_line:
+                    raise DuplicateKey(key, line, first_line[key])
+            except TypeError:  # an unhashable key: SafeLoader reports it below
+                continue
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _YamlLoader.add_implicit_resolver(
@@ -161,6 +186,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r}: the key must be section.key (or section=PRESET)")
     try:
         value = _load_yaml(raw) if raw.strip() else ""
+    except DuplicateKey as e:
+        raise ConfigError(f"override {key}: key {e.key!r} given twice in {raw!r}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"override {key}: cannot parse value {raw!r}: {e}") from None
     return key, value
@@ -185,6 +212,9 @@ def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{path}: `base` chain loops back to itself")
     try:
         loaded = _load_yaml(path.read_text())
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}:{e.line}: key {e.key!r} given twice in one mapping (first at "
+                          f"line {e.first_line}); give each key once") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if loaded is None:

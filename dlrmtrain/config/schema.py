@@ -368,6 +368,9 @@ class CheckpointConfig:
     """How many complete checkpoints to keep (older ones are deleted)."""
     resume: bool = False
     """Start from the latest complete, verified checkpoint in `dir` (if there is one)."""
+    on_error: Literal["stop", "warn"] = "stop"
+    """A save that fails (full disk, I/O error): `stop` the run with one clear error, or
+    `warn` at every failed save and train on without that checkpoint."""
 
 
 @dataclass

@@ -124,3 +124,39 @@ def describe_plan(plan: ShardingPlan) -> str:
             ranks = sorted(set(ps.ranks)) if ps.ranks else "all"
             lines.append(f"  {table:<10} {ps.sharding_type:<14} {ps.compute_kernel:<6} ranks {ranks}")
     return "\n".join(lines)
+
+
+def _table_order(name: str):
+    tail = name.rsplit("_", 1)[-1]
+    return (0, int(tail)) if tail.isdigit() else (1, name)
+
+
+def summarize_plan(plan: ShardingPlan, rows: dict[str, int], dim: int, top: int = 3) -> list[str]:
+    """The plan in a few lines: one per sharding type (tables and where they live),
+    one per rank (tables and bytes it holds), and the largest tables. `rows`: table →
+    rows; bytes are fp32 weights (rows × `dim` × 4), a row-wise or column-wise table's
+    bytes split evenly over its ranks."""
+    by_type: dict[str, list[str]] = {}
+    per_rank: dict[int, list[float]] = {}  # rank -> [tables, bytes]
+    placed: dict[str, str] = {}
+    for module_plan in plan.plan.values():
+        for table, ps in module_plan.items():
+            by_type.setdefault(ps.sharding_type, []).append(table)
+            ranks = sorted(set(ps.ranks)) if ps.ranks else []
+            placed[table] = (f"rank {ranks[0]}" if len(ranks) == 1
+                             else f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "every rank")
+            weight_bytes = rows.get(table, 0) * dim * 4
+            for r in ranks:
+                entry = per_rank.setdefault(r, [0, 0.0])
+                entry[0] += 1
+                entry[1] += weight_bytes / len(ranks)
+    lines = []
+    for kind, tables in sorted(by_type.items()):
+        total_rows = sum(rows.get(t, 0) for t in tables)
+        lines.append(f"  {kind:<13} {len(tables):>3} tables  {total_rows:>12,} rows")
+    for rank, (count, nbytes) in sorted(per_rank.items()):
+        lines.append(f"  rank {rank:<8} {count:>3} tables  {nbytes / 2**20:>9.2f} MiB of weights")
+    largest = sorted(rows, key=lambda t: (-rows[t], _table_order(t)))[:top]
+    lines.append("  largest: " + ", ".join(
+        f"{t} {rows[t]:,} rows ({placed.get(t, '?')})" for t in largest))
+    return lines

@@ -1,1 +1,1 @@
-"""Metrics: exact ROC AUC over the whole eval set, run-directory records, the step-time breakdown."""
+"""Metrics: exact ROC AUC over the whole eval set and the step-time breakdown."""

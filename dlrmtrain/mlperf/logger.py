@@ -91,6 +91,7 @@ from dlrmtrain.mlperf.benchmarks import (
     dlrm_v1_hyperparameters,
     mlperf_layer_names,
 )
+from dlrmtrain.run.records import StrictFileHandler
 
 if TYPE_CHECKING:
     from dlrmtrain.config.schema import Config
@@ -257,7 +258,7 @@ class MLPerfLogger:
         path.parent.mkdir(parents=True, exist_ok=True)
         # A private, unregistered logger: no propagation to the root, no global state.
         py_logger = logging.Logger(f"dlrmtrain.mlperf:{path}", level=logging.INFO)
-        handler = logging.FileHandler(path, mode="a" if append else "w", encoding="utf-8")
+        handler = StrictFileHandler(path, mode="a" if append else "w", encoding="utf-8")
         py_logger.addHandler(handler)
         return py_logger, handler
 

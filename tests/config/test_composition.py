@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dlrmtrain.config import ConfigError, load_config
-from dlrmtrain.validation import validate_config
+from dlrmtrain.validation import resolve_config, validate_config
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from tests.data.raw_rows import REPO_ROOT, random_raw_lines, write_lines
 
@@ -69,7 +69,8 @@ def _criteo(path, *extra):
 def test_null_table_sizes_come_from_dataset_json(prepared):
     cfg = _criteo(prepared, "data.table_sizes=null")
     validate_config(cfg, 2)
-    assert cfg.data.table_sizes == HASH_SIZES
+    assert cfg.data.table_sizes is None  # checking changes nothing
+    assert resolve_config(cfg).data.table_sizes == HASH_SIZES
 
 
 def test_given_sizes_that_disagree_name_both(prepared):
@@ -90,7 +91,7 @@ def test_multi_hot_sizes_recorded_in_the_manifest_are_used(prepared, tmp_path):
     manifest = json.loads((copy / "dataset.json").read_text())
     manifest["multi_hot_sizes"] = [2] * 26
     (copy / "dataset.json").write_text(json.dumps(manifest))
-    cfg = _criteo(copy, "data.table_sizes=null")
+    cfg = resolve_config(_criteo(copy, "data.table_sizes=null"))
     validate_config(cfg, 2)
     assert cfg.data.multi_hot_sizes == [2] * 26
 

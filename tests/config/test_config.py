@@ -28,7 +28,9 @@ def test_defaults_are_mlperf_v1_shapes():
     assert cfg.comm.codec == "none"
     assert cfg.data.table_sizes is None     # synthetic, profile custom: 1000 rows each
     validate_config(cfg, 1)
-    assert cfg.data.table_sizes == [1000] * 26
+    from dlrmtrain.validation import resolve_config
+
+    assert resolve_config(cfg).data.table_sizes == [1000] * 26
 
 
 def test_yaml_then_overrides_take_precedence(tmp_path):
@@ -185,3 +187,35 @@ def test_base_loop_and_missing_base_are_errors(tmp_path):
     (tmp_path / "c.yaml").write_text("base: nowhere.yaml\n")
     with pytest.raises(ConfigError, match="nowhere.yaml does not exist"):
         load_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("run: {name: a, name: b}\n", 1, "name"),
+    ("run:\n  name: a\n  seed: 1\n  name: b\n", 4, "name"),
+    ("run:\n  name: a\noptim:\n  lr: 0.1\nrun:\n  seed: 2\n", 5, "run"),
+])
+def test_a_key_given_twice_is_an_error_naming_file_line_and_key(tmp_path, text, line, key):
+    """PyYAML keeps the last of two equal keys silently: `run: {name: a, name: b}` ran as b."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}:{line}: key '{key}' given twice")
+
+
+def test_a_key_given_twice_in_an_override_is_an_error():
+    with pytest.raises(ConfigError, match=r"override run: key 'name' given twice"):
+        load_config(None, ["run={name: a, name: b}"])
+
+
+def test_validation_checks_without_changing_the_config_and_resolve_fills_in():
+    """`validate_config` used to fill null table sizes in as it checked."""
+    from dlrmtrain.validation import resolve_config, unresolved_keys
+
+    cfg = load_config(None, ["data.synthetic.profile=kaggle", "run.global_batch_size=256"])
+    assert unresolved_keys(cfg) == ["data.table_sizes"]
+    validate_config(cfg, 2)
+    assert cfg.data.table_sizes is None
+    resolved = resolve_config(cfg)
+    assert cfg.data.table_sizes is None and len(resolved.data.table_sizes) == 26
+    assert unresolved_keys(resolved) == []

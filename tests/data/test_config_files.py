@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dlrmtrain.config import load_config
-from dlrmtrain.validation import validate_config
+from dlrmtrain.validation import resolve_config, validate_config
 from dlrmtrain.data import build_datasets, table_rows
 from dlrmtrain.data.formats.binary import read_manifest
 from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
@@ -47,8 +47,10 @@ def test_kaggle_sample_config_matches_its_preprocessing(tmp_path):
         pytest.skip(f"real Criteo sample not found at {sample} (set DLRMTRAIN_SHARED_DATA)")
     preprocess([sample], tmp_path / "prep", "mlperf_vocab", progress=False)
     cfg = load_config(CONFIGS / "criteo_kaggle_sample.yaml", [f"data.path={tmp_path / 'prep'}"])
-    assert cfg.data.table_sizes is None   # taken from the dataset by validation
+    assert cfg.data.table_sizes is None   # taken from the dataset by resolve_config
     validate_config(cfg, 2)
+    assert cfg.data.table_sizes is None   # validation only checks
+    cfg = resolve_config(cfg)
     assert cfg.data.table_sizes == read_manifest(tmp_path / "prep")["table_sizes"]
     data = build_datasets(cfg, 0, 1)
     assert data.num_train_samples + data.num_eval_samples == 49_285

@@ -75,7 +75,7 @@ def test_damaged_checkpoint_is_refused_and_the_previous_one_used(tmp_path):
 
 
 def test_verify_names_the_truncated_file(tmp_path):
-    from dlrmtrain.checkpoint import verify_checkpoint
+    from dlrmtrain.run.checkpoint import verify_checkpoint
 
     _run(tmp_path, "v", "run.max_steps=5")
     ckpt = tmp_path / "v" / "checkpoints" / "step_5"

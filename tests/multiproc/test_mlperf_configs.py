@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config import load_config
-from dlrmtrain.validation import validate_config
+from dlrmtrain.validation import resolve_config, validate_config
 from tests.multiproc import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ def _run_config(rank, world_size, path, overrides):
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
 
-    cfg = load_config(path, overrides)
+    cfg = resolve_config(load_config(path, overrides))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
     summary = trainer.train().as_dict()

@@ -30,6 +30,18 @@ def start_job(out_dir: Path, *overrides: str, nproc: int = 2) -> subprocess.Pope
                             start_new_session=True)
 
 
+def start_cli_job(out_dir: Path, *overrides: str, nproc: int = 2,
+                  log_name: str | None = None) -> subprocess.Popen:
+    """`dlrmtrain train --nproc N` as a user starts it (the launcher runs torchrun in-process)."""
+    cmd = [sys.executable, "-m", "dlrmtrain", "train", "--config", "configs/quickstart.yaml",
+           f"--nproc={nproc}", *tiny_overrides(str(out_dir), *overrides)]
+    log = open(out_dir / (log_name or f"job-{time.monotonic_ns()}.out"), "w")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                            start_new_session=True)
+
+
 def output_of(out_dir: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(out_dir.glob("job-*.out")))
 

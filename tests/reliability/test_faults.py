@@ -28,7 +28,7 @@ END_BOUND = 30       # a job whose rank died must be gone within this
 
 def _checkpoints(run_dir: Path) -> dict[int, str | None]:
     """step → None when the checkpoint verifies, else the reason it does not."""
-    from dlrmtrain.checkpoint import verify_checkpoint
+    from dlrmtrain.run.checkpoint import verify_checkpoint
 
     root = run_dir / "checkpoints"
     return {int(p.name.split("_")[1]): verify_checkpoint(p)

@@ -40,7 +40,7 @@ def _runs(out_dir, runs):
     from dlrmtrain.config import load_config
     from dlrmtrain.validation import validate_config
     from dlrmtrain.distributed.env import init_distributed
-    from dlrmtrain.errors import SetupError
+    from dlrmtrain.run.errors import SetupError
     from dlrmtrain.trainer import Trainer
 
     results = []
@@ -195,7 +195,7 @@ def test_partial_checkpoints_of_dead_writers_are_removed(tmp_path):
     import os
     import socket
 
-    from dlrmtrain.checkpoint import OWNER, remove_dead_partials
+    from dlrmtrain.run.leftovers import OWNER, remove_dead_partials
 
     def partial(step, owner):
         path = tmp_path / f"step_{step}.partial"

@@ -28,7 +28,7 @@ from dlrmtrain.features import log_transform_dense
 from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
-from dlrmtrain.leftovers import remove_dead_tmp_dirs
+from dlrmtrain.run.leftovers import remove_dead_tmp_dirs
 
 VOCAB_FILE = "vocabulary.npz"
 PASS1_DIR = "pass1"

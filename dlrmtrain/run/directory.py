@@ -1,14 +1,14 @@
-"""The run directory: resolved config, metrics as JSON lines, closing summary.
+"""The run directory and the checkpoint directory: where they are and whose they are.
 
 A run directory holds one run. `claim_run_dir` (rank 0, before anything is
-written) decides whose it is:
+written) first takes the directory's lock (lock.py: a second live run is refused),
+then decides whose it is:
   - a new run refuses a directory (or checkpoint directory) that holds another
     run, unless `run.overwrite=true`, which first removes that run's records and
     checkpoints, so no stale file (e.g. comm_stats.json) outlives it;
   - a resumed run (`checkpoint.resume=true`) keeps the run's id and appends to
     its records, marking where it resumed.
 Both directories are checked for writing at start, not at the first save.
-Only rank 0 writes; other ranks get a `NullRunRecords` with the same methods.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import json
 import os
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrmtrain.config.loader import config_to_dict, dump_config
 from dlrmtrain.config.schema import Config
-from dlrmtrain.errors import SetupError
-from dlrmtrain.run_identity import fingerprint, new_run_id
+from dlrmtrain.run.errors import SetupError
+from dlrmtrain.run.identity import new_run_id
+from dlrmtrain.run.lock import RunLock
 
 RUN_FILE = "run.json"  # {"run_id", "config_fingerprint", "started"}
 # Everything a run writes into its directory (removed by run.overwrite=true).
@@ -59,15 +58,17 @@ def _check_writable(directory: Path, key: str) -> None:
         raise SetupError(f"{key}: cannot write to {directory} ({e.strerror or e})") from None
 
 
-def claim_run_dir(cfg: Config, math: dict[str, Any]) -> RunClaim:
-    """Check, and if asked clear, the run and checkpoint directories (rank 0 only)."""
+def claim_run_dir(cfg: Config, lock: RunLock) -> RunClaim:
+    """Lock, check, and if asked clear, the run and checkpoint directories (rank 0 only).
+    The caller keeps `lock` held until the run ends."""
     run_dir, ckpt_dir = run_dir_of(cfg), checkpoint_dir_of(cfg)
     _check_writable(run_dir, "run.output_dir / run.name")
+    lock.acquire()
     _check_writable(ckpt_dir, "checkpoint.dir")
     records = [run_dir / n for n in RECORD_FILES if (run_dir / n).exists()]
     checkpoints = sorted(p for p in ckpt_dir.iterdir() if _CHECKPOINT_ENTRY.match(p.name))
     if cfg.checkpoint.resume:
-        identity = _read_identity(run_dir)
+        identity = read_identity(run_dir)
         if identity is not None:
             return RunClaim(identity["run_id"], resuming=True, adopt_run_id=False)
         return RunClaim(new_run_id(), resuming=bool(records), adopt_run_id=True)
@@ -86,75 +87,8 @@ def claim_run_dir(cfg: Config, math: dict[str, Any]) -> RunClaim:
     return RunClaim(new_run_id(), resuming=False, adopt_run_id=False)
 
 
-def _read_identity(run_dir: Path) -> Optional[dict[str, Any]]:
+def read_identity(run_dir: Path) -> Optional[dict[str, Any]]:
     try:
         return json.loads((run_dir / RUN_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-
-
-class RunRecords:
-    def __init__(self, run_dir: Path, cfg: Config, claim: RunClaim) -> None:
-        self.run_dir = run_dir
-        self.cfg = cfg
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not claim.resuming:  # a resumed run keeps the config it started with
-            dump_config(cfg, run_dir / "config.yaml")
-        self._metrics = open(run_dir / "metrics.jsonl", "a" if claim.resuming else "w",
-                             buffering=1)
-
-    def set_identity(self, run_id: str, math: dict[str, Any]) -> None:
-        self.write_json(RUN_FILE, {"run_id": run_id, "config_fingerprint": fingerprint(math),
-                                   "started": time.time()})
-
-    def log_resumed(self, step: int, checkpoint: Optional[str], **position: Any) -> None:
-        """The marker between a run's records before and after a restart."""
-        self.log("resumed", step=step, checkpoint=checkpoint, **position,
-                 config=config_to_dict(self.cfg))
-
-    def log(self, kind: str, **values: Any) -> None:
-        """Append one JSON line: {"kind": ..., "time": ..., **values}."""
-        self._metrics.write(json.dumps({"kind": kind, "time": time.time(), **values}) + "\n")
-
-    def write_json(self, name: str, payload: dict[str, Any]) -> Path:
-        path = self.run_dir / name
-        path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-        return path
-
-    def write_text(self, name: str, text: str) -> Path:
-        path = self.run_dir / name
-        path.write_text(text)
-        return path
-
-    def close(self) -> None:
-        self._metrics.close()
-
-
-class NullRunRecords:
-    """Stand-in on non-zero ranks: accepts every call, writes nothing."""
-
-    run_dir = None
-
-    def set_identity(self, run_id: str, math: dict[str, Any]) -> None:
-        pass
-
-    def log_resumed(self, step: int, checkpoint: Optional[str], **position: Any) -> None:
-        pass
-
-    def log(self, kind: str, **values: Any) -> None:
-        pass
-
-    def write_json(self, name: str, payload: dict[str, Any]) -> None:
-        return None
-
-    def write_text(self, name: str, text: str) -> None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-def open_run_records(cfg: Config, rank: int, claim: RunClaim) -> RunRecords | NullRunRecords:
-    if rank != 0:
-        return NullRunRecords()
-    return RunRecords(run_dir_of(cfg), cfg, claim)

@@ -1,0 +1,17 @@
+"""A run's life, from claiming its directory to its last record.
+
+  identity.py    run id and the fingerprint of the math-changing config
+  directory.py   the run and checkpoint directories: whose they are (claim_run_dir)
+  lock.py        one run per directory: rank 0 holds an fcntl lock for the run's life
+  records.py     metrics.jsonl, summary.json and the other files a run writes
+  checkpoint.py  atomic, verified checkpoints; retention; size against free space
+  leftovers.py   temporary folders of writers that died
+  signals.py     SIGTERM / SIGINT: stop at a step boundary, say where, exit 128+signal
+  stop.py        a rank that stops the job on purpose tells the others why
+  progress.py    the per-step state of Trainer.train and the closing summary
+  console.py     what a person reads: the compact plan and comm summary, errors on their own line
+  errors.py      the errors a user can act on, and the exit codes they map to
+
+The Trainer builds on this package, never the other way round: run/ imports
+the config, torch and (console.py, for the codec registry) comm/, nothing above.
+"""

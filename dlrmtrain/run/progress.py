@@ -1,0 +1,102 @@
+"""The state a run carries from step to step, and what it did (the closing summary)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass
+class EvalResult:
+    step: int
+    epoch: float
+    auc: float
+    num_samples: int
+    seconds: float
+
+
+@dataclass
+class Summary:
+    """What a run did; printed at the end and written to summary.json."""
+
+    world_size: int
+    codec: str = "none"
+    """comm.codec, with per-table overrides: `dedup (t_cat_3: none)`"""
+    steps: int = 0
+    samples: int = 0
+    train_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    target_auc: Optional[float] = None
+    time_to_target_s: Optional[float] = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.train_seconds if self.train_seconds else 0.0
+
+    @property
+    def final_auc(self) -> Optional[float]:
+        return self.evals[-1].auc if self.evals else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size, "codec": self.codec, "steps": self.steps,
+            "samples": self.samples,
+            "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds,
+            "samples_per_second": self.samples_per_second, "final_auc": self.final_auc,
+            "target_auc": self.target_auc, "reached_target": self.time_to_target_s is not None,
+            "time_to_target_s": self.time_to_target_s,
+            "evals": [vars(e) for e in self.evals],
+            "losses": self.losses,
+        }
+
+    def render(self) -> str:
+        auc = f"{self.final_auc:.4f}" if self.final_auc is not None else "n/a (eval off)"
+        if self.target_auc is None:
+            target = "no target set"
+        elif self.time_to_target_s is not None:
+            target = f"reached {self.target_auc} after {self.time_to_target_s:.1f} s"
+        else:
+            target = f"NOT reached ({self.target_auc})"
+        return "\n".join([
+            "=" * 60,
+            "dlrmtrain run summary",
+            f"  ranks            {self.world_size}",
+            f"  codec            {self.codec}",
+            f"  steps            {self.steps}  ({self.samples:,} samples)",
+            f"  throughput       {self.samples_per_second:,.0f} samples/s "
+            f"(training time {self.train_seconds:.1f} s, wall {self.wall_seconds:.1f} s)",
+            f"  final eval AUC   {auc}",
+            f"  target AUC       {target}",
+            "=" * 60,
+        ])
+
+
+@dataclass
+class RunProgress:
+    """The state `Trainer.train` carries from step to step."""
+
+    total: int               # the step to stop at
+    first_step: int          # the step this process started from (after a resume)
+    bar: Any                 # the tqdm progress bar
+    summary: Summary
+    window_loss: torch.Tensor  # sum of local losses since the last metrics line
+    window_steps: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    window_start: float = field(default_factory=time.perf_counter)
+    paused: float = 0.0      # seconds spent in evaluation and checkpoints
+    completed: int = 0       # the last step whose loss was recorded (a step that broke off is not)
+    last: bool = False       # this step is the planned last one
+
+    def end_pause(self, pause_start: float) -> None:
+        self.paused += time.perf_counter() - pause_start
+        if self.window_steps == 0:  # a new metrics window starts after the pause
+            self.window_start = time.perf_counter()
+
+    @property
+    def finished(self) -> bool:
+        return self.last or self.summary.time_to_target_s is not None

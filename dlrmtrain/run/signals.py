@@ -1,0 +1,36 @@
+"""SIGTERM and SIGINT end a run cleanly: at the next step boundary, with one line.
+
+torchrun's agent forwards the signal it gets to every rank; a rank can also be
+signalled by itself (a scheduler, `kill`). The first signal only asks the run to
+stop: `Trainer.train` looks at `stop_signal()` after each step and raises
+`RunInterrupted` there, so every record up to that step is written. A second
+signal stops at once (the same error, from wherever the rank is).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+from dlrmtrain.run.errors import RunInterrupted, signal_name
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_received: Optional[int] = None
+
+
+def _handle(signum: int, frame) -> None:
+    global _received
+    if _received is not None:
+        raise RunInterrupted(signum, f"interrupted by {signal_name(signum)} again; stopped at once")
+    _received = signum
+
+
+def install_stop_handlers() -> None:
+    """Catch the stop signals in this process (the main thread of a rank)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _handle)
+
+
+def stop_signal() -> Optional[int]:
+    """The stop signal this process got, if any."""
+    return _received
