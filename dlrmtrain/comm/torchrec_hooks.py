@@ -19,13 +19,18 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torchrec
+from torchrec.distributed.embedding import (
+    EmbeddingCollectionContext,
+    EmbeddingCollectionSharder,
+    ShardedEmbeddingCollection,
+)
 from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
 from torchrec.distributed.types import ShardingEnv
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 SUPPORTED_TORCHREC = "1.8.0"
@@ -190,3 +195,69 @@ def build_sharded_ebc(cls: type[ShardedEmbeddingBagCollection], sharder: Embeddi
         **extra,
     )
 
+
+
+# ------------------------------------------- sequence embeddings (EmbeddingCollection)
+def ec_shardings(ec: ShardedEmbeddingCollection) -> list[tuple[str, Any]]:
+    """(sharding type, TorchRec sequence sharding object) per output dist, in dist order.
+
+    `output_dists`, `replace_output_dist` and `sharding_env` work on a sharded EC as on an EBC.
+    """
+    return list(zip(ec._sharding_types, ec._sharding_type_to_sharding.values()))
+
+
+class IdRecordingShardedEC(ShardedEmbeddingCollection):
+    """TorchRec's sharded EmbeddingCollection that leaves both ends' ids in each sharding context.
+
+    TorchRec keeps the sample end's KJT itself (`features_before_input_dist`,
+    unbucketized for row-wise); it is copied to `SAMPLE_FEATURES` after the input
+    dist, and the owner's KJT (after the id all-to-all; row-wise: ids relative to
+    this rank's row block) is recorded as `OWNER_FEATURES` before the output
+    dists run, so `ids_of_both_ends` reads an EC's contexts like an EBC's.
+    """
+
+    def input_dist(self, ctx: EmbeddingCollectionContext, features: KeyedJaggedTensor):
+        awaitable = super().input_dist(ctx, features)
+        for sharding_ctx in ctx.sharding_contexts:
+            setattr(sharding_ctx, SAMPLE_FEATURES, sharding_ctx.features_before_input_dist)
+        return awaitable
+
+    def _record_owner_features(self, ctx: EmbeddingCollectionContext, dist_input) -> None:
+        for features, sharding_ctx in zip(dist_input, ctx.sharding_contexts):
+            setattr(sharding_ctx, OWNER_FEATURES, features)
+
+    def compute_and_output_dist(self, ctx: EmbeddingCollectionContext, input):
+        self._record_owner_features(ctx, input)
+        return super().compute_and_output_dist(ctx, input)
+
+    def compute(self, ctx: EmbeddingCollectionContext, dist_input):
+        self._record_owner_features(ctx, dist_input)
+        return super().compute(ctx, dist_input)
+
+
+EC_SHARD_SIGNATURE = ("(self, module: torchrec.modules.embedding_modules.EmbeddingCollection, "
+                      "params: Dict[str, torchrec.distributed.types.ParameterSharding], "
+                      "env: torchrec.distributed.types.ShardingEnv, device: Optional[torch.device] = None, "
+                      "module_fqn: Optional[str] = None) -> "
+                      "torchrec.distributed.embedding.ShardedEmbeddingCollection")
+"""`EmbeddingCollectionSharder.shard` as of TorchRec 1.8.0, whose call `build_sharded_ec` repeats"""
+SHARDED_EC_PARAMETERS = ("self", "module", "table_name_to_parameter_sharding", "env", "fused_params",
+                         "device", "qcomm_codecs_registry", "use_index_dedup", "module_fqn")
+"""`ShardedEmbeddingCollection.__init__`'s parameters as of TorchRec 1.8.0 (all passed below)"""
+
+
+def build_sharded_ec(cls: type[ShardedEmbeddingCollection], sharder: EmbeddingCollectionSharder,
+                     module: EmbeddingCollection, params, env: ShardingEnv,
+                     device: torch.device | None, module_fqn: str | None, **extra: Any):
+    """What `EmbeddingCollectionSharder.shard` does, building `cls` with `extra` arguments."""
+    return cls(
+        module=module,
+        table_name_to_parameter_sharding=params,
+        env=env,
+        fused_params=sharder.fused_params,
+        device=device,
+        qcomm_codecs_registry=sharder.qcomm_codecs_registry,
+        use_index_dedup=sharder._use_index_dedup,
+        module_fqn=module_fqn,
+        **extra,
+    )

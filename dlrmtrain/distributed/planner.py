@@ -9,6 +9,8 @@ Two ways, chosen by `sharding.planner`:
   per-table sharding types, planned on rank 0 and broadcast.
 Sharded tables use the `fused` kernel so the optimizer runs inside the
 backward pass; data-parallel tables are replicated and updated densely.
+The same plans serve DLRM's EmbeddingBagCollection (at EBC_PATH) and DLRMv4's
+sequence EmbeddingCollection (`build_sharding_plan(..., module_path=...)`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torchrec.distributed.sharding_plan import (
     table_wise,
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config, ShardingConfig
@@ -58,17 +60,26 @@ def check_sharding_config(cfg: Config, world_size: int, device_type: str) -> Non
 
 
 def build_sharding_plan(model: torch.nn.Module, cfg: ShardingConfig, world_size: int,
-                        device_type: str, sharder: ModuleSharder) -> ShardingPlan:
-    """The plan for DLRMTrain `model` (its EBC at EBC_PATH)."""
-    ebc = model.get_submodule(EBC_PATH)
+                        device_type: str, sharder: ModuleSharder, module_path: str = EBC_PATH) -> ShardingPlan:
+    """The plan for the embedding module at `module_path` of `model` (DLRM: its EBC at EBC_PATH;
+    DLRMv4: its EmbeddingCollection, sharded with an EC sharder)."""
+    ebc = model.get_submodule(module_path)
     if cfg.planner == "torchrec":
         return _torchrec_plan(model, ebc, cfg, world_size, device_type, sharder)
-    return _manual_plan(ebc, cfg, world_size, device_type, sharder)
+    return _manual_plan(ebc, cfg, world_size, device_type, sharder, module_path)
 
 
-def _torchrec_plan(model: torch.nn.Module, ebc: EmbeddingBagCollection, cfg: ShardingConfig,
-                   world_size: int, device_type: str, sharder: ModuleSharder) -> ShardingPlan:
-    kinds = table_sharding_types(cfg, [c.name for c in ebc.embedding_bag_configs()])
+def _table_configs(module: EmbeddingBagCollection | EmbeddingCollection) -> list:
+    """The table configs of an EBC or an EC."""
+    if isinstance(module, EmbeddingCollection):
+        return module.embedding_configs()
+    return module.embedding_bag_configs()
+
+
+def _torchrec_plan(model: torch.nn.Module, ebc: EmbeddingBagCollection | EmbeddingCollection,
+                   cfg: ShardingConfig, world_size: int, device_type: str,
+                   sharder: ModuleSharder) -> ShardingPlan:
+    kinds = table_sharding_types(cfg, [c.name for c in _table_configs(ebc)])
     constraints = {
         name: ParameterConstraints(
             sharding_types=[kind],
@@ -83,9 +94,9 @@ def _torchrec_plan(model: torch.nn.Module, ebc: EmbeddingBagCollection, cfg: Sha
     return planner.plan(model, [sharder])
 
 
-def _manual_plan(ebc: EmbeddingBagCollection, cfg: ShardingConfig, world_size: int,
-                 device_type: str, sharder: ModuleSharder) -> ShardingPlan:
-    configs = {c.name: c for c in ebc.embedding_bag_configs()}
+def _manual_plan(ebc: EmbeddingBagCollection | EmbeddingCollection, cfg: ShardingConfig, world_size: int,
+                 device_type: str, sharder: ModuleSharder, module_path: str = EBC_PATH) -> ShardingPlan:
+    configs = {c.name: c for c in _table_configs(ebc)}
     kinds = table_sharding_types(cfg, list(configs))
     load = [0] * world_size
     for name, rank in cfg.table_ranks.items():
@@ -111,7 +122,7 @@ def _manual_plan(ebc: EmbeddingBagCollection, cfg: ShardingConfig, world_size: i
     module_plan = construct_module_sharding_plan(
         ebc, generators, sharder=sharder, local_size=world_size, world_size=world_size,
         device_type=device_type)
-    return ShardingPlan({EBC_PATH: module_plan})
+    return ShardingPlan({module_path: module_plan})
 
 
 def describe_plan(plan: ShardingPlan) -> str:

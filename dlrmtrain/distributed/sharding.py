@@ -1,4 +1,8 @@
-"""Sharders and DistributedModelParallel: the one place the model gets sharded."""
+"""Sharders and DistributedModelParallel: the one place the model gets sharded.
+
+DLRM's EmbeddingBagCollection (`shard_model`) and DLRMv4's sequence
+EmbeddingCollection (`shard_sequence_model`) go through the same planner.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
+from dlrmtrain.comm.sequence.sharder import make_ec_sharder
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.comm.stock_bytes import count_stock_dists
-from dlrmtrain.config.schema import CommConfig, Config, OptimConfig
+from dlrmtrain.config.schema import CommConfig, Config, OptimConfig, ShardingConfig
 from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
 from dlrmtrain.precision import embedding_output_dtype
 
@@ -43,4 +48,36 @@ def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
                                    data_parallel_wrapper=DefaultDataParallelWrapper(
                                        bucket_cap_mb=cfg.run.ddp_bucket_mb))
     count_stock_dists(dmp)  # bytes of the all-to-alls left to TorchRec's stock dist (codec none)
+    return dmp, describe_plan(plan)
+
+
+# ------------------------------------------------ DLRMv4: the sequence EmbeddingCollection
+def rowwise_adagrad_fused_params(lr: float, eps: float, output_dtype=None) -> dict[str, Any]:
+    """The fused kernel's parameters for DLRMv4's tables: RowWiseAdagrad (one accumulator per row)
+    inside the embedding backward, as the MLPerf reference's sparse optimizer."""
+    params: dict[str, Any] = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": lr, "eps": eps}
+    if output_dtype is not None:
+        params["output_dtype"] = output_dtype
+    return params
+
+
+def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
+    """The EmbeddingCollection sharder: TorchRec's own when every table's codec is `none`, else
+    the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/sequence)."""
+    return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type)
+
+
+def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: ShardingConfig, comm: CommConfig,
+                         fused_params: dict[str, Any], device: torch.device, world_size: int,
+                         ddp_bucket_mb: float | None = None) -> tuple[DistributedModelParallel, str]:
+    """Wrap a model whose sequence tables are the EmbeddingCollection at `ec_path` in DMP.
+
+    `sharding.default_type` row_wise is the reference's layout; table-/column-wise per
+    table by config. Returns the sharded model and a printable plan.
+    """
+    sharder = build_ec_sharder(comm, fused_params, device.type)
+    plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ec_path)
+    wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
+                                   data_parallel_wrapper=wrapper)
     return dmp, describe_plan(plan)

@@ -1,0 +1,140 @@
+"""dedup on the sequence-embedding all-to-all vs TorchRec's stock one, on real Gloo ranks.
+
+The same EC (DLRMv4's tables, item_id shared by item_id and item_candidate_id,
+...) is sharded twice, `none` (TorchRec's `SequenceEmbeddingsAllToAll`,
+untouched) and `dedup`, with equal weights and batches of short sequences
+with heavy repetition (sequence_ranks.py). Bounds as in test_dedup_training.py:
+step 1's forward bitwise equal; gradients differ only in float summation order,
+so later outputs, losses and tables track `none` to fp32 rounding. Bytes are
+counted independently from the ids: distinct (table, destination rank) rows ×
+row bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlrmtrain.comm.sequence.sharder import make_ec_sharder
+from tests.comm.sequence_ranks import (
+    DIM,
+    SeqScenario,
+    feature_table,
+    features,
+    make_ec,
+    sequences_for,
+    table_rows,
+    train,
+)
+from tests.multiproc import run_ranks
+
+WORLD = 2
+SCENARIOS = {
+    "row_wise": SeqScenario(default_type="row_wise"),
+    "table_wise": SeqScenario(default_type="table_wise"),
+    "mixed": SeqScenario(default_type="table_wise", sharding_tables={"item_id": "row_wise", "album_id": "row_wise"}),
+}
+RTOL, ATOL = 1e-5, 1e-6
+CODECS = {name: ("none", "dedup") for name in SCENARIOS}
+CODECS["mixed"] += ("dedup+fp16",)
+
+
+def _all_runs(rank: int, world_size: int) -> dict:
+    return {(name, codec): train(SCENARIOS[name], codec, rank, world_size)
+            for name in SCENARIOS for codec in CODECS[name]}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """One spawned 2-rank group trains every (scenario, codec) (shared by the tests below)."""
+    return run_ranks(_all_runs, WORLD, timeout=500)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_dedup_forward_bitwise_equal_to_none(runs, name):
+    for rank in range(WORLD):
+        none, dedup = runs[rank][(name, "none")], runs[rank][(name, "dedup")]
+        for f in features():
+            assert np.array_equal(none["outputs"][0][f], dedup["outputs"][0][f]), f"rank {rank} {f}"
+            assert none["outputs"][0][f].shape[0] > 0 or f not in ("item_id", "item_candidate_id")
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_dedup_training_tracks_none(runs, name):
+    for rank in range(WORLD):
+        none, dedup = runs[rank][(name, "none")], runs[rank][(name, "dedup")]
+        np.testing.assert_allclose(dedup["losses"], none["losses"], rtol=RTOL)
+        for step in range(1, SCENARIOS[name].steps):
+            for f in features():
+                np.testing.assert_allclose(dedup["outputs"][step][f], none["outputs"][step][f],
+                                           rtol=RTOL, atol=ATOL, err_msg=f"step {step} rank {rank} {f}")
+    for t, w in runs[0][(name, "none")]["tables"].items():
+        np.testing.assert_allclose(runs[0][(name, "dedup")]["tables"][t], w, rtol=RTOL, atol=ATOL, err_msg=t)
+    # the tables moved: the comparison is not between untouched weights
+    initial = make_ec().embeddings["item_id"].weight.detach().numpy()
+    assert not np.array_equal(initial, runs[0][(name, "dedup")]["tables"]["item_id"])
+
+
+def _ids_by_table(sc: SeqScenario, step: int, rank: int) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for f, seqs in sequences_for(sc, step, rank).items():
+        out.setdefault(feature_table()[f], set()).update(i for s in seqs for i in s)
+    return out
+
+
+def _positions_by_table(sc: SeqScenario, step: int, rank: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f, seqs in sequences_for(sc, step, rank).items():
+        out[feature_table()[f]] = out.get(feature_table()[f], 0) + sum(len(s) for s in seqs)
+    return out
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
+    sc = SCENARIOS[name]
+    row_bytes = DIM * 4
+    sent_total: dict[str, int] = {}
+    for rank in range(WORLD):
+        tables = runs[rank][(name, "dedup")]["stats"]["tables"]
+        assert set(tables) == set(table_rows())
+        for t, got in tables.items():
+            # the receiver: its distinct ids of t (all features sharing t), whoever owns them
+            distinct = sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
+            positions = sum(_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps))
+            assert got["payload_fwd_recv_bytes"] == distinct * row_bytes, (rank, t)
+            assert got["payload_bwd_sent_bytes"] == distinct * row_bytes, (rank, t)
+            assert got["uncompressed_fwd_recv_bytes"] == positions * row_bytes, (rank, t)
+            assert got["bags"] == positions and got["unique_bags"] == distinct
+            sent_total[t] = sent_total.get(t, 0) + got["payload_fwd_sent_bytes"]
+            if sc.sharding_tables.get(t, sc.default_type) == "row_wise":
+                # owner `rank` sends each sample rank the distinct ids in its row block
+                block = -(-table_rows()[t] // WORLD)
+                sent = sum(len({i for i in _ids_by_table(sc, step, s).get(t, ()) if i // block == rank})
+                           for step in range(sc.steps) for s in range(WORLD))
+                assert got["payload_fwd_sent_bytes"] == sent * row_bytes, (rank, t)
+    for t, sent in sent_total.items():  # every row sent is received
+        assert sent == sum(runs[r][(name, "dedup")]["stats"]["tables"][t]["payload_fwd_recv_bytes"]
+                           for r in range(WORLD)), t
+    ratio = runs[0][(name, "dedup")]["stats"]["payload_ratio_vs_none"]
+    assert ratio is not None and ratio > 1.5  # repetition: fewer rows than positions (per-sample features too)
+
+
+def test_dedup_fp16_halves_dedup_bytes_and_is_labelled_lossy(runs):
+    for rank in range(WORLD):
+        lossless, lossy = runs[rank][("mixed", "dedup")], runs[rank][("mixed", "dedup+fp16")]
+        assert lossy["stats"]["lossy_codecs"] == ["dedup+fp16"] and lossless["stats"]["lossy_codecs"] == []
+        for t, row in lossy["stats"]["tables"].items():
+            assert 2 * row["payload_fwd_recv_bytes"] == lossless["stats"]["tables"][t]["payload_fwd_recv_bytes"]
+        none = runs[rank][("mixed", "none")]
+        for f in features():  # rounded to fp16 on the wire: close, not equal
+            np.testing.assert_allclose(lossy["outputs"][0][f], none["outputs"][0][f], rtol=1e-3, atol=1e-3)
+
+
+def test_none_keeps_torchrec_sharder_and_auto_is_refused():
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+
+    assert type(make_ec_sharder("none", {}, {})) is EmbeddingCollectionSharder
+    with pytest.raises(ValueError, match="'auto' does not yet carry sequence embeddings"):
+        make_ec_sharder("auto", {}, {})
+    with pytest.raises(ValueError, match="comm.codec: unknown codec"):
+        make_ec_sharder("dedupp", {}, {})
