@@ -24,10 +24,23 @@ def _dense_optimizer_factory(cfg: OptimConfig):
     if cfg.name == "sgd":
         return lambda params: torch.optim.SGD(params, lr=cfg.lr)
     if cfg.name == "adam":
-        beta1, beta2 = cfg.adam_betas
-        return lambda params: torch.optim.Adam(params, lr=cfg.lr, betas=(beta1, beta2),
-                                               eps=cfg.adam_eps, weight_decay=0.0)
+        return lambda params: _adam_with_state(params, cfg)
     return lambda params: torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.adagrad_eps)
+
+
+def _adam_with_state(params: list[torch.Tensor], cfg: OptimConfig) -> torch.optim.Adam:
+    """torch's Adam with its state made now, as its first step would (step 0, zero
+    moments), not lazily: a checkpoint loads into the state that exists (as Adagrad's
+    does from its construction), so a run resumed before any step of its own restores
+    the moments and the step count instead of silently starting them afresh."""
+    beta1, beta2 = cfg.adam_betas
+    adam = torch.optim.Adam(params, lr=cfg.lr, betas=(beta1, beta2), eps=cfg.adam_eps,
+                            weight_decay=0.0)
+    for p in params:
+        adam.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32),
+                         "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    return adam
 
 
 class DenseClippedOptimizer(CombinedOptimizer):

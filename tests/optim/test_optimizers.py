@@ -27,7 +27,9 @@ def test_adam_with_clipping_equals_torch_adam_on_clipped_gradients():
             p[k].grad = g.clone()
     opt = DenseClippedOptimizer([KeyedOptimizerWrapper(ours, _dense_optimizer_factory(cfg))],
                                 list(ours.values()), cfg.grad_clip_norm)
-    opt.step()
+    # the moments exist before the first step (a checkpoint loads into them), at zero
+    assert all(torch.equal(opt.state[ours[k]]["exp_avg_sq"], torch.zeros_like(ours[k])) for k in ours)
+    opt.step()  # and still equals torch's lazily initialised Adam
     torch.nn.utils.clip_grad_norm_(list(ref.values()), 1.0)
     torch.optim.Adam(list(ref.values()), lr=0.01, betas=(0.95, 0.999), eps=1e-8).step()
     for k in ours:
