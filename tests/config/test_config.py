@@ -114,6 +114,8 @@ def test_missing_config_file_is_named(tmp_path):
     (["data.source=synthetic_yambda"], 2, r"data\.source: 'synthetic_yambda' does not feed model\.arch 'dlrm_v1'"),
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "model.max_table_rows=1000"], 2,
      r"model\.max_table_rows: the Yambda sources size every table from the data"),
+    (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "run.pipeline=true"], 2,
+     r"run\.pipeline: not available for model\.arch dlrmv4_hstu: .* fx-traces"),
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "model.hstu.max_seq_len=64"], 2,
      r"data\.yambda\.max_seq_len: 4096 exceeds model\.hstu\.max_seq_len 64"),
     (["run.ddp_bucket_mb=0"], 2, r"run\.ddp_bucket_mb: must be positive"),
