@@ -51,6 +51,7 @@ def _open_mlperf_logger(cfg: Config, rank: int, append: bool) -> MLPerfLogger:
         return NullMLPerfLogger(DLRM_DCNV2)  # emits nothing; only its benchmark name is checked
     return open_mlperf_logger(cfg, rank, append=append)
 
+
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         """`cfg` is resolved (validation.resolve_config) and validated."""
