@@ -21,7 +21,7 @@ from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_n
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data import checks as data_checks
+from dlrmtrain.data import YAMBDA_SOURCES, checks as data_checks
 from dlrmtrain.data.metadata import apply_dataset_metadata
 from dlrmtrain.distributed.planner import check_sharding_config
 
@@ -63,13 +63,28 @@ def resolve_config(cfg: Config) -> Config:
     bag sizes from the dataset's metadata, or the synthetic profile's); raises
     ConfigError when the data and the config disagree. `cfg` itself is unchanged."""
     resolved = copy.deepcopy(cfg)
-    apply_dataset_metadata(resolved)
+    if cfg.data.source not in YAMBDA_SOURCES:  # DLRMv4 tables are sized by the data's loaders
+        apply_dataset_metadata(resolved)
     return resolved
 
 
 def unresolved_keys(cfg: Config) -> list[str]:
     """Keys still null that `resolve_config` fills in (empty for a resolved config)."""
+    if cfg.data.source in YAMBDA_SOURCES:
+        return []
     return ["data.table_sizes"] if cfg.data.table_sizes is None else []
+
+
+def _check_data(cfg: Config, world_size: int) -> None:
+    """The data section by its kind: DLRM's Criteo-shaped sources, or DLRMv4's sequences."""
+    data_checks.check_arch_and_source(cfg)
+    if cfg.data.source in YAMBDA_SOURCES:
+        from dlrmtrain.data.yambda.checks import check_yambda_data  # torch: DLRMv4 configs only
+
+        check_yambda_data(cfg.data, cfg.run.global_batch_size, world_size)
+        data_checks.check_sequence_model_fits(cfg)
+    else:
+        data_checks.check_config(cfg)
 
 
 def validate_config(cfg: Config, world_size: int) -> None:
@@ -79,7 +94,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     cfg = resolve_config(cfg)
     device_type = resolved_device_type(cfg)
     checks.check_run(cfg, world_size)
-    data_checks.check_config(cfg)
+    _check_data(cfg, world_size)
     checks.check_model(cfg)
     checks.check_table_keys(cfg)
     check_sharding_config(cfg, world_size, device_type)

@@ -60,6 +60,12 @@ def check_model(cfg: Config) -> None:
 def check_hstu_model(cfg: Config) -> None:
     """model.hstu (arch dlrmv4_hstu): sizes, rates, and room for a history in max_seq_len."""
     h = cfg.model.hstu
+    if cfg.run.pipeline:
+        raise ConfigError("run.pipeline: not available for model.arch dlrmv4_hstu: TorchRec's "
+                          "TrainPipelineSparseDist fx-traces the model's forward to find the "
+                          "sharded tables' input, and the HSTU forward sizes its attention from "
+                          "the batch's longest sequence (a host value fx cannot trace); use "
+                          "run.pipeline=false")
     if cfg.model.embedding_dim < 1:
         raise ConfigError(f"model.embedding_dim: must be positive, got {cfg.model.embedding_dim}")
     for key in ("dim", "num_layers", "num_heads", "attn_qk_dim", "attn_linear_dim",
@@ -98,12 +104,25 @@ def check_table_keys(cfg: Config) -> None:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")
 
 
-def check_schedule_and_outputs(cfg: Config) -> None:
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr: must be positive, got {cfg.optim.lr}")
+def check_optim(cfg: Config) -> None:
+    """optim: the rate, the schedule's steps and each optimizer's constants."""
+    o = cfg.optim
+    if o.lr <= 0:
+        raise ConfigError(f"optim.lr: must be positive, got {o.lr}")
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
-        if getattr(cfg.optim, key) < 0:
+        if getattr(o, key) < 0:
             raise ConfigError(f"optim.{key}: must not be negative")
+    for key in ("adagrad_eps", "adam_eps"):
+        if getattr(o, key) <= 0:
+            raise ConfigError(f"optim.{key}: must be positive, got {getattr(o, key)}")
+    if len(o.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in o.adam_betas):
+        raise ConfigError(f"optim.adam_betas: two decay rates in [0, 1), got {o.adam_betas}")
+    if o.grad_clip_norm is not None and o.grad_clip_norm <= 0:
+        raise ConfigError(f"optim.grad_clip_norm: must be positive or null, got {o.grad_clip_norm}")
+
+
+def check_schedule_and_outputs(cfg: Config) -> None:
+    check_optim(cfg)
     if cfg.checkpoint.every_steps < 0:
         raise ConfigError("checkpoint.every_steps: must not be negative")
     if cfg.checkpoint.keep < 1:

@@ -36,7 +36,7 @@ ModelArch = Literal["dlrm_v1", "dlrm_dcnv2", "dlrmv4_hstu"]
 HSTUPostprocessor = Literal["timestamp_layer_norm", "layer_norm", "l2_norm"]
 Planner = Literal["manual", "torchrec"]
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
-OptimizerName = Literal["sgd", "adagrad"]
+OptimizerName = Literal["sgd", "adagrad", "adam"]
 Hierarchy = Literal["flat", "node"]
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
@@ -331,7 +331,9 @@ class CommConfig:
 @dataclass
 class OptimConfig:
     name: OptimizerName = "sgd"
-    """`sgd` (MLPerf DLRM v1) or `adagrad` (MLPerf DCNv2); used for dense and embedding parameters."""
+    """`sgd` (MLPerf DLRM v1) or `adagrad` (MLPerf DCNv2): the same rule for dense and embedding
+    parameters; `adam` (MLPerf DLRMv4): Adam on the dense parameters (adam_betas, adam_eps, no
+    weight decay) and fused RowWiseAdagrad (adagrad_eps) on the sharded tables, as the reference."""
     lr: float = 1.0
     """Peak learning rate."""
     warmup_steps: int = 0
@@ -343,7 +345,15 @@ class OptimConfig:
     end_lr: float = 0.0
     """Learning rate at the end of the decay."""
     adagrad_eps: float = 1e-8
-    """Adagrad epsilon (MLPerf DCNv2: 1e-8)."""
+    """Adagrad epsilon (MLPerf DCNv2: 1e-8); with `adam`, the tables' RowWiseAdagrad epsilon."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.95, 0.999])
+    """`adam`: the two moment decay rates, each in [0, 1) (MLPerf DLRMv4 reference: 0.95, 0.999)."""
+    adam_eps: float = 1e-8
+    """`adam`: the dense Adam's epsilon (reference: 1e-8)."""
+    grad_clip_norm: Optional[float] = None
+    """Clip the dense parameters' gradients (after the all-reduce) to this total L2 norm
+    before each dense step (MLPerf DLRMv4: 1.0); null: no clipping. The tables' fused
+    update inside the backward pass is never clipped, as in the reference."""
 
 
 @dataclass

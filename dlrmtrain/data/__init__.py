@@ -1,16 +1,17 @@
 """Data: sources of samples and their per-rank batches.
 
-`build_datasets` is the one entry the trainer uses. Every source is a list of
-Parts (parts.py) read by one loader (loader.py): `criteo` files in any layout
+`build_datasets` is the one entry the trainer uses. The DLRM sources are a list
+of Parts (parts.py) read by one loader (loader.py): `criteo` files in any layout
 (formats/, opened by sources.py, split by splits.py) or `synthetic` rows generated
-in memory (synthetic/). preprocess/ is the offline step (data_prep/); checks.py
-holds the data section's config rules.
+in memory (synthetic/). The DLRMv4 sources (`yambda`, `synthetic_yambda`) are
+sequences read by yambda/ (`SequenceBatch`es). preprocess/ is the offline step
+(data_prep/); checks.py holds the data section's config rules.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Union
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -20,19 +21,26 @@ from dlrmtrain.data.criteo_source import build_criteo_loaders
 from dlrmtrain.data.loader import CriteoBatchLoader
 from dlrmtrain.data.synthetic.generator import tables_and_exponents
 from dlrmtrain.data.synthetic.source import build_synthetic_loaders
+from dlrmtrain.features import TABLE_NAMES
+from dlrmtrain.sequence_features import SequenceBatch
+
+YAMBDA_SOURCES = ("synthetic_yambda", "yambda")
+"""The DLRMv4 sources: sequence batches for model.arch dlrmv4_hstu."""
 
 
 @dataclass
 class Datasets:
     """What the trainer needs from the data, already sliced for one rank."""
 
-    train_batches: Callable[[int, int], Iterable[Batch]]
+    train_batches: Callable[[int, int], Iterable[Union[Batch, SequenceBatch]]]
     """(epoch, first batch) → this rank's training batches of that epoch from that batch on."""
-    eval_batches: Callable[[], Iterable[tuple[Batch, torch.Tensor]]]
+    eval_batches: Callable[[], Iterable[tuple[Union[Batch, SequenceBatch], torch.Tensor]]]
     """→ this rank's evaluation batches with per-sample weights (0 = padding)."""
     num_train_samples: int
     num_eval_samples: int
     steps_per_epoch: int
+    table_rows: dict[str, int]
+    """Embedding table → rows, in the model's table order (ids of the data are below them)."""
 
 
 def data_table_sizes(cfg: Config) -> list[int]:
@@ -48,7 +56,7 @@ def table_rows(cfg: Config) -> list[int]:
     return [min(n, cap) if cap else n for n in data_table_sizes(cfg)]
 
 
-def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader) -> Datasets:
+def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: list[int]) -> Datasets:
     def train_for_epoch(epoch: int, start: int = 0) -> Iterable[Batch]:
         train.set_epoch(epoch)
         return train.batches_from(start)
@@ -59,14 +67,33 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader) -> Datase
         num_train_samples=train.source.rows,
         num_eval_samples=evaluation.source.rows,
         steps_per_epoch=train.full_batches,
+        table_rows=dict(zip(TABLE_NAMES, rows)),
+    )
+
+
+def _yambda_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
+    from dlrmtrain.data.yambda import build_yambda_loaders  # pyarrow and friends: DLRMv4 runs only
+
+    loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
+                                   cfg.eval.batch_size)
+    return Datasets(
+        train_batches=lambda epoch, start=0: loaders.train.batches_from(start),
+        eval_batches=loaders.eval.iter_weighted,
+        num_train_samples=loaders.train.num_real_samples,
+        num_eval_samples=loaders.eval.num_real_samples,
+        steps_per_epoch=loaders.train.num_batches,
+        table_rows=dict(loaders.table_rows),
     )
 
 
 def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    """This rank's train and eval batches; every source is read by the same loader."""
+    """This rank's train and eval batches: the DLRM sources through one loader, the
+    DLRMv4 sources through yambda/."""
+    if cfg.data.source in YAMBDA_SOURCES:
+        return _yambda_datasets(cfg, rank, world_size)
     rows = table_rows(cfg)
     if cfg.data.source == "criteo":
-        return _datasets(*build_criteo_loaders(cfg, rank, world_size, rows))
+        return _datasets(*build_criteo_loaders(cfg, rank, world_size, rows), rows)
     if cfg.data.source == "synthetic":
-        return _datasets(*build_synthetic_loaders(cfg, rank, world_size, rows))
+        return _datasets(*build_synthetic_loaders(cfg, rank, world_size, rows), rows)
     raise ValueError(f"data.source: unknown source {cfg.data.source!r}")  # the loader refuses it first

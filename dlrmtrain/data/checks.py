@@ -1,4 +1,5 @@
-"""The data section's rules: tables against the Criteo feature layout, source settings."""
+"""The data section's rules: which sources feed which model, tables against the Criteo
+feature layout, source settings (the DLRMv4 sources' own rules: yambda/checks.py)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,30 @@ def check_config(cfg: Config) -> None:
                           f"than one global batch ({cfg.run.global_batch_size})")
     if cfg.eval.enabled and syn.num_eval_samples < 1:
         raise ConfigError("data.synthetic.num_eval_samples: must be positive when eval is enabled")
+
+
+_SEQUENCE_SOURCES = ("synthetic_yambda", "yambda")
+
+
+def check_arch_and_source(cfg: Config) -> None:
+    """DLRMv4 (dlrmv4_hstu) reads sequences (the Yambda sources); DLRM models read rows."""
+    sequences = cfg.data.source in _SEQUENCE_SOURCES
+    if sequences != (cfg.model.arch == "dlrmv4_hstu"):
+        wanted = "synthetic_yambda or yambda" if cfg.model.arch == "dlrmv4_hstu" else "synthetic or criteo"
+        raise ConfigError(f"data.source: {cfg.data.source!r} does not feed model.arch "
+                          f"{cfg.model.arch!r} (it reads {wanted})")
+
+
+def check_sequence_model_fits(cfg: Config) -> None:
+    """The DLRMv4 data against the model: sequences fit, tables are sized by the data."""
+    data_len, model_len = cfg.data.yambda.max_seq_len, cfg.model.hstu.max_seq_len
+    if data_len > model_len:
+        raise ConfigError(f"data.yambda.max_seq_len: {data_len} exceeds model.hstu.max_seq_len "
+                          f"{model_len}; the model would refuse the longest samples")
+    if cfg.model.max_table_rows is not None:
+        raise ConfigError("model.max_table_rows: the Yambda sources size every table from the "
+                          "data (ids are not folded); set it null and shrink the data instead "
+                          "(data.yambda.cross_rows, data.yambda.synthetic's catalog)")
+    if cfg.data.table_sizes is not None:
+        raise ConfigError("data.table_sizes: the Yambda sources size their tables themselves; "
+                          "leave it null")

@@ -30,6 +30,8 @@ def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[s
                               "output_dtype": embedding_output_dtype(precision, device_type)}
     if optim.name == "sgd":
         return {**params, "optimizer": EmbOptimType.EXACT_SGD}
+    if optim.name == "adam":  # DLRMv4: dense Adam, tables RowWiseAdagrad (the reference's pairing)
+        return {**params, "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "eps": optim.adagrad_eps}
     return {**params, "optimizer": EmbOptimType.EXACT_ADAGRAD, "eps": optim.adagrad_eps}
 
 

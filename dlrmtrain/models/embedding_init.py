@@ -55,7 +55,9 @@ def init_embeddings(model: torch.nn.Module, table_rows: dict[str, int], seed: in
     touched = 0
     with torch.no_grad():
         for key, value in model.state_dict().items():
-            table = next((t for t in names if key.endswith(f"embedding_bags.{t}.weight")), None)
+            # EmbeddingBagCollection (DLRM) or EmbeddingCollection (DLRMv4) weights
+            table = next((t for t in names if key.endswith((f"embedding_bags.{t}.weight",
+                                                            f"embeddings.{t}.weight"))), None)
             if table is None:
                 continue
             index = names.index(table)
