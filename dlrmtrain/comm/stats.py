@@ -4,7 +4,8 @@ Codec dists add to a `DistCommStats` each step (host integers only: the counts
 come from the one host sync the all-to-all needs anyway). Every counter of an
 all-to-all (the codec dists, `none`'s stock counters) is a `CountsCommBytes`,
 listed by its sharded module in `comm_counters`; `collect_comm_stats` gathers
-them into one JSON-serialisable dict for the run directory; `format_comm_summary` renders it for the end-of-run log.
+them into one JSON-serialisable dict for the run directory (`run/console.py`
+renders it for the console).
 All figures are this rank's: bytes it put into / took out of the collectives
 (its own block included, as the all-to-all split sizes include it).
 """
@@ -237,50 +238,3 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
                                   if total.payload_fwd_recv_bytes + total.payload_bwd_recv_bytes else None),
         "tables": tables,
     }
-
-
-def _mb(n: float) -> str:
-    return f"{n / 2**20:9.2f}"
-
-
-def format_comm_summary(stats: dict) -> str:
-    """A readable table of `collect_comm_stats` output."""
-    if not stats["tables"]:
-        return "comm: no codec dists (codec none everywhere: TorchRec's stock all-to-all)"
-    steps = max(stats["steps"], 1)
-    lines = [f"comm codec: {', '.join(stats.get('codecs', []))}"]
-    lines += [f"  auto {line}" for line in stats.get("auto_decisions", [])]
-    lines += [f"embedding all-to-all over {stats['steps']} forward passes (training steps and "
-             f"eval batches; {stats['scope']}; MiB per pass)",
-             f"{'table':<12} {'codec':<10} {'distinct':>8} {'fwd recv':>9} {'none':>9} {'ratio':>6} {'ids sent':>9}"]
-    for name, t in stats["tables"].items():
-        frac = f"{t['distinct_fraction']:.3f}" if t["distinct_fraction"] is not None else "-"
-        ratio = f"{t['payload_fwd_ratio']:.2f}" if t["payload_fwd_ratio"] else "-"
-        lines.append(f"{name:<12} {t['codec']:<10} {frac:>8} {_mb(t['payload_fwd_recv_bytes'] / steps)} "
-                     f"{_mb(t['uncompressed_fwd_recv_bytes'] / steps)} {ratio:>6} {_mb(t['id_sent_bytes'] / steps)}")
-    tot = stats["total"]
-    payload = tot["payload_fwd_recv_bytes"] + tot["payload_bwd_recv_bytes"]
-    stock = 2 * tot["uncompressed_fwd_recv_bytes"]
-    ids = tot["id_recv_bytes"]
-    with_ids = f"; with id all-to-all {(stock + ids) / (payload + ids):.2f}x" if ids else \
-        " (id all-to-all not counted)"
-    lines.append(f"{'total':<12} {'':<10} {'':>8} {_mb(tot['payload_fwd_recv_bytes'] / steps)} "
-                 f"{_mb(tot['uncompressed_fwd_recv_bytes'] / steps)}")
-    lines.append(f"payload ratio to none (fwd+bwd) {stock / payload:.2f}x{with_ids}" if payload
-                 else "payload: 0 bytes")
-    lines.append(f"codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, "
-                 f"transfer {stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, "
-                 f"extra host syncs {stats['extra_syncs']}")
-    if stats.get("messages_per_step"):
-        lines.append(f"hierarchy {'/'.join(stats['hierarchy'])}: {stats['messages_per_step']:.1f} messages/step "
-                     f"({stats['inter_node_messages_per_step']:.1f} between nodes); payload between nodes "
-                     f"{_mb(stats['inter_node_bytes_per_step']).strip()} MiB/step, inside nodes "
-                     f"{_mb(stats['intra_node_bytes_per_step']).strip()} MiB/step, node id exchange "
-                     f"{_mb(stats['id_exchange_bytes_per_step']).strip()} MiB/step")
-    if stats.get("fallback_steps"):
-        lines.append(f"row-wise: {stats['fallback_steps']} steps had multi-id bags and used "
-                     f"TorchRec's reduce-scatter (codec none)")
-    if stats.get("lossy_codecs"):
-        lines.append(f"LOSSY codecs {', '.join(stats['lossy_codecs'])}: embeddings and gradients rounded "
-                     f"on the wire; training differs from codec none")
-    return "\n".join(lines)

@@ -71,6 +71,12 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
     if decisions:
         lines.append(f"  auto: {decisions[0]}" + (f" (+{len(decisions) - 1} more decisions)"
                                                    if len(decisions) > 1 else ""))
+    if stats.get("messages_per_step"):
+        lines.append(f"  hierarchy {'/'.join(stats['hierarchy'])}: {stats['messages_per_step']:.1f} "
+                     f"messages/step ({stats['inter_node_messages_per_step']:.1f} between nodes); "
+                     f"MiB/step between nodes {_mib(stats['inter_node_bytes_per_step'])}, inside "
+                     f"{_mib(stats['intra_node_bytes_per_step'])}, node id exchange "
+                     f"{_mib(stats['id_exchange_bytes_per_step'])}")
     if stats.get("fallback_steps"):
         lines.append(f"  row-wise: {stats['fallback_steps']} steps had multi-id bags and used "
                      f"TorchRec's reduce-scatter (codec none)")

@@ -30,7 +30,8 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrmtrain.comm.sharder import make_ebc_sharder
-from dlrmtrain.comm.stats import collect_comm_stats, comm_counters, format_comm_summary
+from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 
@@ -235,7 +236,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
     result["split_path_pooled"] = split_path_pooled
     result["stats"] = collect_comm_stats(dmp)
     result["stats_all_ranks"] = collect_comm_stats(dmp, all_ranks=True)
-    result["summary"] = format_comm_summary(result["stats"])
+    result["summary"] = comm_summary(result["stats"])
     del dmp, dense_opt, sebc
     return result
 

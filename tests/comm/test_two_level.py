@@ -175,6 +175,7 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         np.testing.assert_allclose(node["losses"], none["losses"], rtol=LOSS_RTOL)
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
+        assert "messages/step" in node["summary"] and "between nodes" in node["summary"]  # console
         assert stats["fallback_steps"] == 0  # one-hot row-wise steps never need the reduce-scatter
         # between nodes a rank talks only to its rail peer: per all-to-all, rows forward if it owns
         # a table there, gradients back if the peer does
