@@ -38,6 +38,9 @@ def resolved_device_type(cfg: Config) -> str:
 def _check_hierarchy(cfg: Config, world_size: int) -> None:
     """comm.hierarchy: node takes dedup (and per-table none) only, and whole nodes."""
     comm = cfg.comm
+    if comm.hierarchy == "node" and cfg.model.arch == "dlrmv4_hstu":
+        raise ConfigError("comm.hierarchy: node covers pooled embeddings (model.arch dlrm_v1 / "
+                          "dlrm_dcnv2) only; DLRMv4's sequence embeddings take comm.hierarchy: flat")
     try:
         validate_hierarchy(Hierarchy(comm.hierarchy, comm.ranks_per_node), comm.codec, comm.table_codecs)
         if comm.hierarchy == "node":

@@ -13,6 +13,8 @@ receives are checked against brute force without ranks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,7 @@ from tests.comm.test_dedup_training import GRAD_ATOL, GRAD_RTOL, LOSS_RTOL
 from tests.multiproc import run_ranks
 
 WORLD, PER_NODE = 4, 2
+REPO = Path(__file__).resolve().parents[2]
 NODE = Hierarchy("node", PER_NODE)
 SC = Scenario(tables=(
     Table("a", 20, 8, ("tw", 0)),
@@ -113,6 +116,14 @@ def test_config_refuses_what_two_level_cannot_carry(overrides, key):
     cfg = load_config(None, ["comm.hierarchy=node", "comm.ranks_per_node=2", *overrides])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(cfg, world_size=4)
+
+
+
+def test_config_refuses_two_levels_for_sequence_embeddings():
+    cfg = load_config(REPO / "configs" / "mini_dlrmv4.yaml", ["comm.codec=dedup", "comm.hierarchy=node",
+                                                              "comm.ranks_per_node=1"])
+    with pytest.raises(ConfigError, match=r"comm\.hierarchy.*sequence embeddings"):
+        validate_config(cfg, world_size=2)
 
 
 # ------------------------------------------------------------------ 4 ranks
