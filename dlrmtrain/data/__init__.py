@@ -72,7 +72,7 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
 
 
 def _yambda_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    from dlrmtrain.data.yambda import build_yambda_loaders  # pyarrow and friends: DLRMv4 runs only
+    from dlrmtrain.data.yambda import build_yambda_loaders  # the sequence data path: DLRMv4 runs only
 
     loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
                                    cfg.eval.batch_size)
