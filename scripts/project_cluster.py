@@ -62,6 +62,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,9 +196,14 @@ def validate(sweep: dict, comm: dict, kernels_ms: tuple[float, float, float],
 
 
 # ---------------------------------------------------------------- the data profile
+@lru_cache(maxsize=None)
+def _distinct(n: int, s: float, batch: int) -> float:
+    return expected_distinct_fraction(n, s, batch) * batch
+
+
 def distinct_rows(sizes: list[int], exponents: list[float], batch: int) -> list[float]:
     """Expected distinct rows U_t(batch) of each table for `batch` draws of the profile."""
-    return [expected_distinct_fraction(n, s, batch) * batch for n, s in zip(sizes, exponents)]
+    return [_distinct(n, s, batch) for n, s in zip(sizes, exponents)]
 
 
 def node_distinct_ratio(sizes: list[int], exponents: list[float], ranks_per_node: int, batch: int) -> float:
