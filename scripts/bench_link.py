@@ -176,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
           f"blocks of {args.steps} steps, each bandwidth one run); {where}")
     for shape, points in sweep.items():
         keys = list(points[0]["ratios"])
-        print(f"  {shape}: {'link Gbit/s':>12}" + "".join(f"{k:>14}" for k in keys))
+        widths = [max(14, len(k) + 2) for k in keys]
+        print(f"  {shape}: {'link Gbit/s':>12}" + "".join(f"{k:>{w}}" for k, w in zip(keys, widths)))
         for p in points:
             print(f"  {'':{len(shape) + 1}} {p['link']:>12}"
-                  + "".join(f"{p['ratios'][k]:14.3f}" for k in keys)
+                  + "".join(f"{p['ratios'][k]:{w}.3f}" for k, w in zip(keys, widths))
                   + ("   MB through the link: " + ", ".join(
                       f"{k.replace('dlrmtrain comm.codec=', '').replace('dlrmtrain', 'none')} {v:.1f}"
                       for k, v in p["loopback_mb_per_step"].items())
