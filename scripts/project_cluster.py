@@ -513,7 +513,7 @@ def plot_node_validation(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = list(dict.fromkeys(r["ranks"] for r in rows))
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.8), squeeze=False)
     for ax, run in zip(axes[0], runs):
         pts = [r for r in rows if r["ranks"] == run]
         xs = range(len(pts))
@@ -527,7 +527,7 @@ def plot_node_validation(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("step-time ratio")
         ax.set_title(f"{run} simulated nodes: model vs measurement", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
