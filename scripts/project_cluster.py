@@ -65,13 +65,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, NUM_DENSE  # noqa: E402
 from dlrmtrain.data.synthetic.profiles import expected_distinct_fraction, profile_tables  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 DIM = 128
 BOTTOM = [512, 256, 128]
@@ -242,7 +242,8 @@ def default_criteo_sample() -> Path | None:
     return sample if sample and sample.is_file() else None
 
 
-# Node shapes the issue quotes for the real sample (L ranks x B samples)
+# Node shapes shown (L ranks x B samples): 2 x 2, 2 x 4 and 8 ranks per node as simulated or
+# quoted by issue 18, then the projection's 8-GPU nodes at 64 and 512 GPUs (DLRM v1)
 NODE_SHAPES = ((2, 2048), (4, 1024), (8, 1024), (8, 864), (8, 108))
 
 
@@ -602,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: criteo_kaggle_sample.tsv.gz in $DLRMTRAIN_SHARED_DATA)")
     p.add_argument("--out", type=Path, default=Path("/tmp/project_cluster"))
     args = p.parse_args(argv)
+    if args.criteo is not None and not args.criteo.is_file():
+        p.error(f"--criteo {args.criteo}: no such file")
+    for folder in args.node_sweep:
+        if not (folder / "sweep.json").is_file():
+            p.error(f"--node-sweep {folder}: no sweep.json there (bench_link.py --sim-nodes --out {folder})")
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {}
     if args.sweep:
