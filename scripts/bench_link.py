@@ -9,13 +9,17 @@ block per contender is kept. Prints the ratios per bandwidth and saves a plot.
 
     python scripts/bench_link.py [--shapes mlperf quickstart] [--gbit 10 5 2 1 0.5]
         [--codecs dedup auto] [--steps 5] [--warmup-steps 8] [--rounds 3] [--out /tmp/bench_link]
-        [--world-size 2] [--sim-nodes N]
+        [--world-size 2] [--sim-nodes N] [--set KEY=VALUE ...]
 
 The link is ONE loopback shared by both ranks and both directions (see
 shaped_link.py): at B Gbit/s the two ranks together move B Gbit/s.
 With `--sim-nodes N` the --world-size ranks run as N simulated nodes
 (sim_nodes.py): only traffic between nodes crosses a link, B Gbit/s each way
 per node, and the unshaped point is the same nodes with unshaped links.
+A codec may carry further overrides (`--codecs dedup "dedup comm.hierarchy=node"`:
+the two-level dedup); where both `dedup` and that one run, the ratio of the
+two-level to the one-level dedup is printed too. `--set` overrides apply to
+every contender (e.g. smaller MLPs).
 Needs root, unshare and tc (and ip for nodes); without them it says so and stops.
 """
 
@@ -54,7 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--world-size", type=int, default=2, help="ranks in all (default: 2)")
     p.add_argument("--sim-nodes", type=int, default=None,
                    help="run the ranks as N simulated nodes; the link joins the nodes")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every contender (bench_train's overrides)")
     return p.parse_args(argv)
+
+
+TWO_LEVEL = "dedup comm.hierarchy=node"
 
 
 def run_point(shape: str, link: LinkSpec | None, args: argparse.Namespace) -> dict:
@@ -64,7 +73,7 @@ def run_point(shape: str, link: LinkSpec | None, args: argparse.Namespace) -> di
     cmd = [sys.executable, str(REPO / "scripts/bench_train.py"), "--shape", shape,
            "--steps", str(args.steps), "--rounds", str(args.rounds), "--json", str(result),
            "--warmup-steps", str(args.warmup_steps), "--world-size", str(args.world_size),
-           "comm.codec=none", *(f"--vs=comm.codec={c}" for c in args.codecs)]
+           "comm.codec=none", *args.set, *(f"--vs=comm.codec={c}" for c in args.codecs)]
     if args.no_plain:
         cmd.append("--no-plain")
     if link is not None:  # bench_train puts itself behind the link
@@ -87,6 +96,8 @@ def run_point(shape: str, link: LinkSpec | None, args: argparse.Namespace) -> di
 def ratios(point: dict, codecs: list[str]) -> dict[str, float]:
     ms = point["ms_per_step"]
     out = {c: ms[f"dlrmtrain comm.codec={c}"] / ms["dlrmtrain"] for c in codecs}
+    if "dedup" in codecs and TWO_LEVEL in codecs:  # two levels against one, same run
+        out["two-level/dedup"] = out[TWO_LEVEL] / out["dedup"]
     if "plain TorchRec DMP" in ms:
         out["none/plain"] = ms["dlrmtrain"] / ms["plain TorchRec DMP"]
         for c in codecs:
@@ -165,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
           f"blocks of {args.steps} steps, each bandwidth one run); {where}")
     for shape, points in sweep.items():
         keys = list(points[0]["ratios"])
-        print(f"  {shape}: {'link Gbit/s':>12}" + "".join(f"{k:>14}" for k in keys))
+        widths = [max(14, len(k) + 2) for k in keys]
+        print(f"  {shape}: {'link Gbit/s':>12}" + "".join(f"{k:>{w}}" for k, w in zip(keys, widths)))
         for p in points:
             print(f"  {'':{len(shape) + 1}} {p['link']:>12}"
-                  + "".join(f"{p['ratios'][k]:14.3f}" for k in keys))
+                  + "".join(f"{p['ratios'][k]:{w}.3f}" for k, w in zip(keys, widths))
+                  + ("   MB through the link: " + ", ".join(
+                      f"{k.replace('dlrmtrain comm.codec=', '').replace('dlrmtrain', 'none')} {v:.1f}"
+                      for k, v in p["loopback_mb_per_step"].items())
+                     if p.get("loopback_mb_per_step") else ""))
     print(f"  plot {png}; raw {args.out / 'sweep.json'}")
     print("=" * 72)
     return 0
