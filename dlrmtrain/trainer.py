@@ -23,8 +23,9 @@ from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
-from dlrmtrain.mlperf.benchmarks import DLRM_DCNV2
-from dlrmtrain.mlperf.logger import MLPerfLogger, NullMLPerfLogger, log_run_setup, open_mlperf_logger
+from dlrmtrain.mlperf.benchmarks import COUNTS_SAMPLES, benchmark_for_arch
+from dlrmtrain.mlperf.eval_grid import EvalGrid, eval_grid_for_config
+from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
@@ -44,12 +45,16 @@ from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_sharded_model
 
 
-def _open_mlperf_logger(cfg: Config, rank: int, append: bool) -> MLPerfLogger:
-    """The MLPerf logger (a no-op unless rank 0 and enabled). dlrmtrain.mlperf does not
-    know the dlrmv4 benchmark yet; a dlrmv4 run that logs nothing does not need it."""
-    if cfg.model.arch == "dlrmv4_hstu" and not cfg.mlperf.enabled:
-        return NullMLPerfLogger(DLRM_DCNV2)  # emits nothing; only its benchmark name is checked
-    return open_mlperf_logger(cfg, rank, append=append)
+def _mlperf_eval_grid(cfg: Config, train_samples: int) -> Optional[EvalGrid]:
+    """The steps a run logged for a benchmark that counts samples (dlrmv4) must evaluate
+    at: its rules fix the grid (mlperf.eval_every_data_pct, skip_eval_epoch_pct), so
+    eval.evals_per_epoch does not apply. None: evaluate as the eval section says."""
+    if not (cfg.mlperf.enabled and benchmark_for_arch(cfg.model.arch) in COUNTS_SAMPLES):
+        return None
+    try:
+        return eval_grid_for_config(cfg, train_samples)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
 
 
 
@@ -84,7 +89,8 @@ class Trainer:
                        if cfg.checkpoint.resume else None)
         self.data = build_datasets(cfg, env.rank, env.world_size)
         self._check_data_fills_a_step()
-        self.mlperf = _open_mlperf_logger(cfg, env.rank, append=claim.resuming)
+        self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
+        self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank, claim)
@@ -206,14 +212,14 @@ class Trainer:
     def _steps(self) -> Iterator[torch.Tensor]:
         """Run steps across epochs, forever; yields each step's local loss."""
         while True:
-            self.mlperf.epoch_start(self.epoch)
+            self.mlperf.epoch_start(self.epoch, samples_count=self._samples_trained())
             batches = self._batches(self.epoch, skip=self.step_in_epoch)
             steps = (self._pipelined_steps(batches) if self.pipeline is not None
                      else (self.train_step(b) for b in batches))
             for loss in steps:
                 self.step_in_epoch += 1
                 yield loss
-            self.mlperf.epoch_stop(self.epoch)
+            self.mlperf.epoch_stop(self.epoch, samples_count=self._samples_trained())
             self.epoch += 1
             self.step_in_epoch = 0
 
@@ -348,7 +354,8 @@ class Trainer:
             announce_stop(str(error), error.exit_code)
         try:
             self.records.log("stopped", step=run.completed, reason=str(error))
-            self.mlperf.run_stop("aborted", self.step / self.data.steps_per_epoch)
+            self.mlperf.run_stop("aborted", self.step / self.data.steps_per_epoch,
+                                samples_count=self._samples_trained())
         except Exception:  # noqa: BLE001 - the records themselves may be what failed
             pass
         self.close()
@@ -396,7 +403,13 @@ class Trainer:
         run.window_loss.zero_()
         run.window_steps = 0
 
+    def _samples_trained(self) -> int:
+        """Global samples trained so far (what dlrmv4's MLPerf log counts in)."""
+        return self.step * self.cfg.run.global_batch_size
+
     def _eval_due(self, run: RunProgress) -> bool:
+        if self.eval_grid is not None:  # the benchmark's rules place every eval
+            return self.cfg.eval.enabled and self.eval_grid.is_eval_step(self.step)
         interval = self.eval_interval()
         return self.cfg.eval.enabled and ((interval and self.step % interval == 0) or run.last)
 
@@ -408,7 +421,7 @@ class Trainer:
         """Stop the MLPerf clock; report comm stats, step breakdown and the summary."""
         summary = run.summary
         self.mlperf.run_stop("success" if summary.time_to_target_s is not None else "aborted",
-                             self.step / self.data.steps_per_epoch)
+                             self.step / self.data.steps_per_epoch, samples_count=self._samples_trained())
         run.bar.close()
         self.timer.close()
         comm_stats = collect_comm_stats(self.model, all_ranks=True)  # collective
@@ -428,11 +441,12 @@ class Trainer:
 
     def _run_eval(self, summary: Summary, run_start: float) -> None:
         epochs_done = self.step / self.data.steps_per_epoch
-        self.mlperf.eval_start(epochs_done)
+        samples = self._samples_trained()
+        self.mlperf.eval_start(epochs_done, samples_count=samples)
         t0 = time.perf_counter()
         auc, n = self.evaluate()
-        self.mlperf.eval_accuracy(auc, epochs_done)
-        self.mlperf.eval_stop(epochs_done)
+        self.mlperf.eval_accuracy(auc, epochs_done, samples_count=samples)
+        self.mlperf.eval_stop(epochs_done, samples_count=samples)
         result = EvalResult(step=self.step, epoch=self.step / self.data.steps_per_epoch,
                             auc=auc, num_samples=n, seconds=time.perf_counter() - t0)
         summary.evals.append(result)
