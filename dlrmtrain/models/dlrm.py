@@ -9,11 +9,14 @@ all-to-all (under sharding the EBC returns a LazyAwaitable with the transfer in
 flight) before the bottom MLP, and waits for the rows only at the
 interaction, so the bottom MLP runs while they travel. The math is the same
 (same ops on the same values; the old order stays as `sparse_first = False`).
-In backward nothing needs reordering: autograd runs ready nodes newest first,
-and the all-to-all's wait half is created at the interaction, after the
-bottom MLP, so its backward (which launches the gradient all-to-all) runs
-right after the interaction's, before the bottom MLP's backward; its start
-half, created before the bottom MLP, runs (and waits) after it.
+In backward nothing needs reordering: autograd runs ready nodes newest first.
+The all-to-all's wait half is created at the interaction, so its backward
+(which launches the gradient all-to-all) runs right after the interaction's,
+in either order; its start half (which waits for the gradients and hands them
+to the embedding update) was created before the bottom MLP, so it runs after
+the bottom MLP's backward. Under torchrec's order it was created after the
+bottom MLP and waited at once, before it (tests/multiproc/test_overlap.py
+checks both sequences).
 """
 
 from __future__ import annotations

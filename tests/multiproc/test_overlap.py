@@ -1,5 +1,5 @@
-"""Sparse first (models/dlrm.py): the embedding all-to-all is in flight during the bottom MLP,
-and training gives bitwise the losses of torchrec's order, for `none` and `dedup`, table- and
+"""Sparse first (models/dlrm.py): the embedding all-to-all is in flight during the bottom MLP
+(forward) and the embedding-gradient all-to-all during the bottom MLP's backward, and training gives bitwise the losses of torchrec's order, for `none` and `dedup`, table- and
 row-wise, DLRM v1 and DCNv2 (2 real Gloo ranks, tiny shapes)."""
 
 from __future__ import annotations
@@ -42,11 +42,17 @@ def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
                 dlrm = next(m for m in model.modules() if hasattr(m, "sparse_first"))
                 dlrm.dense_arch.register_forward_pre_hook(lambda *_: order.append("bottom mlp"))
                 dlrm.inter_arch.register_forward_pre_hook(lambda *_: order.append("interaction"))
+                dlrm.dense_arch.register_full_backward_hook(lambda *_: order.append("bottom mlp backward"))
+
+                def launched(_dist, args):
+                    order.append("all-to-all")
+                    # the rows' gradient reaches the lookup once the gradient all-to-all is waited for
+                    args[0].register_hook(lambda _grad: order.append("embedding grad"))
                 ebc = next(m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection))
                 kinds = set()
                 for (kind, _), out_dist in zip(hooks.shardings(ebc), hooks.output_dists(ebc)):
                     kinds.add(kind)
-                    out_dist.register_forward_pre_hook(lambda *_: order.append("all-to-all"))
+                    out_dist.register_forward_pre_hook(launched)
                 losses = []
                 for step, batch in enumerate(data.train_batches(0, 0)):
                     if step == STEPS:
@@ -56,8 +62,10 @@ def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
                     loss.backward()
                     optimizer.step()
                     losses.append(loss.detach().clone())
+                    if step == 0:
+                        first_step = list(order)
                 results[(arch, codec, sparse_first)] = {
-                    "losses": torch.stack(losses), "order": order[:4], "kinds": kinds}
+                    "losses": torch.stack(losses), "order": first_step, "kinds": kinds}
                 del model, optimizer
     torch.distributed.barrier()
     return results
@@ -71,8 +79,11 @@ def test_sparse_first_overlaps_and_trains_bitwise_like_torchrecs_order(tmp_path)
                 first, old = res[(arch, codec, True)], res[(arch, codec, False)]
                 where = f"rank {rank} {arch} {codec}"
                 assert first["kinds"] == {"table_wise", "row_wise"}, where
-                # both all-to-alls launched before the bottom MLP; rows waited for at the interaction
-                assert first["order"] == ["all-to-all", "all-to-all", "bottom mlp", "interaction"], where
-                assert old["order"] == ["bottom mlp", "all-to-all", "all-to-all", "interaction"], where
+                # forward: both all-to-alls launched before the bottom MLP, rows waited for at the
+                # interaction; backward: the gradients' all-to-alls waited for after the bottom MLP's
+                assert first["order"] == ["all-to-all", "all-to-all", "bottom mlp", "interaction",
+                                          "bottom mlp backward", "embedding grad", "embedding grad"], where
+                assert old["order"] == ["bottom mlp", "all-to-all", "all-to-all", "interaction",
+                                        "embedding grad", "embedding grad", "bottom mlp backward"], where
                 assert first["losses"].equal(old["losses"]), f"{where}: {first['losses']} != {old['losses']}"
                 assert not first["losses"][0].equal(first["losses"][-1]), f"{where}: did not train"
