@@ -82,10 +82,10 @@ class AutoDist(nn.Module):
         self._settled_left = 0       # training steps the stock dist still runs alone
         self._untimed_periods = 0    # training steps that ran settled, for the policy's step count
         self._settled_counts: dict[tuple, int] = {}  # (batch sizes, rows, element size) → passes
-        self._say(f"comm auto ({sharding_type} tables {sorted(self.tables)}): probing none vs dedup "
-                  f"over the first {policy.warmup_steps + 2 * policy.min_probe_steps}-"
+        self._say(f"comm auto ({self._what()}): timing none and dedup steps in turn over the first "
+                  f"{policy.warmup_steps + 2 * policy.min_probe_steps}-"
                   f"{policy.warmup_steps + 2 * policy.probe_steps} training steps; dedup "
-                  f"is kept only if its step is > {policy.margin:.0%} faster")
+                  f"is used only if its step is > {policy.margin:.0%} faster")
 
     # ------------------------------------------------------------- forward
     def forward(self, local_embs: torch.Tensor,
@@ -222,10 +222,27 @@ class AutoDist(nn.Module):
         elif not hasattr(self.dedup_dist.planner, "dedup_tables"):
             self.table_choice = {t: "dedup" for t in names}
         decision.reason = reason
-        fr = ", ".join(f"{t} {f:.2f}" for t, f in fractions.items())
-        line = f"step {decision.step}: {decision.choice} ({reason}; distinct fractions {fr})"
+        line = f"step {decision.step}: {decision.choice} ({reason}; {self._fractions_text(fractions, overall)})"
         self.none_stats.decisions.append(line)
-        self._say(f"comm auto ({self.sharding_type}): {line}")
+        self._say(f"comm auto ({self._what()}): {line}")
+
+    def _what(self) -> str:
+        """The all-to-all in words: its sharding type and its tables (named when few)."""
+        names = sorted(self.tables)
+        return f"{self.sharding_type} {names[0]}" if len(names) == 1 else \
+            f"{self.sharding_type}, {len(names)} tables" + (f" {names}" if len(names) <= 4 else "")
+
+    @staticmethod
+    def _fractions_text(fractions: dict[str, float], overall: float | None) -> str:
+        """Distinct rows per batch: overall and per table (the extremes only when many)."""
+        if not fractions:
+            return "no distinct fractions measured"
+        head = f"distinct rows per batch {overall:.0%}" if overall is not None else "distinct rows per batch"
+        if len(fractions) <= 4:
+            return head + " (" + ", ".join(f"{t} {f:.2f}" for t, f in fractions.items()) + ")"
+        ranked = sorted(fractions.items(), key=lambda kv: kv[1])
+        (lo, f_lo), (hi, f_hi) = ranked[0], ranked[-1]
+        return f"{head} ({lo} {f_lo:.2f} to {hi} {f_hi:.2f}; every table in comm_stats.json)"
 
     def _check_drift(self, device: torch.device) -> None:
         frac = None
@@ -235,8 +252,8 @@ class AutoDist(nn.Module):
             frac = sum(t.unique_bags for t in tot) / bags if bags else None
         drifted, = self._agree([float(self.policy.local_drift(frac))], device, op=dist.ReduceOp.MAX)
         if drifted:
-            self._say(f"comm auto ({self.sharding_type}): step time or distinct fraction drifted at step "
-                      f"{self.policy.step}; probing again")
+            self._say(f"comm auto ({self._what()}): step time or distinct fraction drifted at step "
+                      f"{self.policy.step}; timing both paths again")
             self.policy.reprobe()
 
     def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:

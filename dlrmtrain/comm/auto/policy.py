@@ -143,14 +143,16 @@ class AutoPolicy:
         current = self.choice
         other = "dedup" if current == "none" else "none"
         gain = 1.0 - times[other] / times[current] if times[current] > 0 else 0.0
+        measured = f"a {other} step took {times[other] * 1e3:.1f} ms, a {current} step " \
+                   f"{times[current] * 1e3:.1f} ms"
         if gain > self.margin:
             choice = other
-            reason = f"{other} step {times[other] * 1e3:.1f} ms vs {current} {times[current] * 1e3:.1f} ms " \
-                     f"({gain:.1%} faster, > {self.margin:.0%} margin)"
+            reason = f"{measured}: {other} is {gain:.1%} faster (> the {self.margin:.0%} margin)"
         else:
             choice = current
-            reason = f"{current} kept: {other} step {times[other] * 1e3:.1f} ms vs {current} " \
-                     f"{times[current] * 1e3:.1f} ms ({gain:+.1%}, needs > {self.margin:.0%})"
+            verdict = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
+            reason = f"{current} kept: {measured}; {other} is {verdict} " \
+                     f"(it must be > {self.margin:.0%} faster to switch)"
         decision = AutoDecision(choice, reason, self.step, none_seconds, dedup_seconds)
         self.decisions.append(decision)
         self.choice = choice
