@@ -101,3 +101,39 @@ def test_auto_settled_on_none_runs_the_stock_dist_and_still_rechecks_on_drift():
             got = auto["stats"]["tables"][name]
             for key in ("uncompressed_fwd_sent_bytes", "uncompressed_fwd_recv_bytes", "bags"):
                 assert got[key] == counted[key], (rank, name, key, got[key], counted[key])
+
+
+def _sequence_settled_run(rank: int, world_size: int) -> dict:
+    import gc
+
+    import torch
+
+    from dlrmtrain.comm.auto.policy import AutoPolicy
+    from dlrmtrain.comm.sequence.auto import SequenceAutoDist
+    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from tests.comm.sequence_ranks import SeqScenario, kjt_of, loss_of, probe_vectors, sequences_for, shard
+
+    sc = SeqScenario(default_type="row_wise")
+    dmp, _ = shard(sc, "auto", world_size)
+    [d] = [c for c in comm_counters(dmp) if isinstance(c, SequenceAutoDist)]
+    d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0,
+                          check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2, drift=1e9)
+    probes, settled = probe_vectors(), []
+    steps = 12
+    for step in range(steps):
+        out = dmp(kjt_of(sequences_for(sc, step, rank)))
+        out = out.wait() if hasattr(out, "wait") else out
+        loss_of(out, sc.batch_of(rank), probes).backward()
+        settled.append(d.settled)
+    stats = collect_comm_stats(dmp)
+    torch.distributed.barrier()
+    del dmp
+    gc.collect()
+    return {"settled": settled, "steps": stats["steps"], "forward_passes": steps}
+
+
+@pytest.mark.timeout(200)
+def test_sequence_auto_settles_and_counts_every_pass():
+    for rank, res in enumerate(run_ranks(_sequence_settled_run, 2, timeout=180)):
+        assert any(res["settled"]), (rank, res)
+        assert res["steps"] == res["forward_passes"], (rank, res)  # settled passes counted too
