@@ -3,6 +3,20 @@
 The embedding tables are created on the meta device: DistributedModelParallel
 materialises only each rank's shards. Layer counts follow MLPerf even when a
 config scales widths down, so the MLPerf log can name every layer.
+
+Sparse first: the forward starts the embedding lookup and its output
+all-to-all (under sharding the EBC returns a LazyAwaitable with the transfer in
+flight) before the bottom MLP, and waits for the rows only at the
+interaction, so the bottom MLP runs while they travel. The math is the same
+(same ops on the same values; the old order stays as `sparse_first = False`).
+In backward nothing needs reordering: autograd runs ready nodes newest first.
+The all-to-all's wait half is created at the interaction, so its backward
+(which launches the gradient all-to-all) runs right after the interaction's,
+in either order; its start half (which waits for the gradients and hands them
+to the embedding update) was created before the bottom MLP, so it runs after
+the bottom MLP's backward. Under torchrec's order it was created after the
+bottom MLP and waited at once, before it (tests/multiproc/test_overlap.py
+checks both sequences).
 """
 
 from __future__ import annotations
@@ -36,6 +50,46 @@ def _mlperf_v1_linear_init(module: nn.Module) -> None:
                 layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
 
 
+def _pooled_rows(sparse_arch: nn.Module, pooled) -> torch.Tensor:
+    """SparseArch's forward after the lookup: [B, F, D] in feature order (waits for the rows)."""
+    by_name = pooled.to_dict()
+    return torch.cat([by_name[name] for name in sparse_arch.sparse_feature_names],
+                     dim=1).reshape(-1, sparse_arch.F, sparse_arch.D)
+
+
+class _SparseFirst:
+    """DLRM's forward with the embedding all-to-all in flight during the bottom MLP."""
+
+    sparse_first = True
+    """False: torchrec's order (bottom MLP, then lookup and all-to-all, waited at once)"""
+
+    def forward(self, dense_features: torch.Tensor, sparse_features) -> torch.Tensor:
+        if not self.sparse_first:
+            return super().forward(dense_features, sparse_features)
+        pooled = self.sparse_arch.embedding_bag_collection(sparse_features)  # not waited yet
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = _pooled_rows(self.sparse_arch, pooled)  # the wait
+        return self.over_arch(self.inter_arch(dense_features=embedded_dense,
+                                              sparse_features=embedded_sparse))
+
+
+class SparseFirstDLRM(_SparseFirst, DLRM):
+    """DLRM v1 (dot interaction), sparse first."""
+
+
+class SparseFirstDLRM_DCN(_SparseFirst, DLRM_DCN):
+    """DLRM-DCNv2 (low-rank cross net), sparse first."""
+
+
+def set_sparse_first(model: nn.Module, on: bool) -> int:
+    """Switch every DLRM in `model` (sharded or not) to sparse-first (True) or torchrec's
+    order (False); returns how many were switched."""
+    found = [m for m in model.modules() if isinstance(m, _SparseFirst)]
+    for m in found:
+        m.sparse_first = on
+    return len(found)
+
+
 def build_model(cfg: Config, rows: list[int], dense_device: torch.device) -> DLRMTrain:
     """The training module (model + BCE loss) with its tables on the meta device.
 
@@ -51,11 +105,11 @@ def build_model(cfg: Config, rows: list[int], dense_device: torch.device) -> DLR
                   over_arch_layer_sizes=list(m.top_mlp),
                   dense_device=dense_device)
     if m.arch == "dlrm_v1":
-        dlrm = DLRM(**common)
+        dlrm = SparseFirstDLRM(**common)
         _mlperf_v1_linear_init(dlrm.dense_arch)
         _mlperf_v1_linear_init(dlrm.over_arch)
     else:  # dlrm_dcnv2: torchrec's defaults are the MLPerf reference's init
-        dlrm = DLRM_DCN(dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
+        dlrm = SparseFirstDLRM_DCN(dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
                         **common)
         dlrm.inter_arch.to(dense_device)
     return DLRMTrain(dlrm)

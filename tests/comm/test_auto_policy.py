@@ -33,7 +33,7 @@ def test_none_when_dedup_cannot_pay():
     paths = run(p, {"none": 0.010, "dedup": 0.0137}, 200)
     assert [d.choice for d in p.decisions] == ["none"]
     assert set(paths[2 + 8:]) == {"none"}
-    assert "none kept" in p.decisions[0].reason
+    assert "none kept" in p.decisions[0].reason and "dedup is 37.0% slower" in p.decisions[0].reason
 
 
 def test_none_when_dedup_gains_less_than_the_margin():
@@ -47,7 +47,7 @@ def test_dedup_when_it_clearly_pays():
     paths = run(p, {"none": 0.010, "dedup": 0.006}, 200)
     assert [d.choice for d in p.decisions] == ["dedup"]
     assert set(paths[2 + 8:]) == {"dedup"}
-    assert "40.0% faster" in p.decisions[0].reason
+    assert "dedup is 40.0% faster" in p.decisions[0].reason
 
 
 def test_no_flapping_when_paths_are_close_and_noisy():
@@ -141,3 +141,66 @@ def test_clear_cut_uses_every_ranks_extremes():
     slow_rank = [0.021, -0.019, 0.0185, -0.0105]    # another rank's slowest dedup step
     agreed = [max(a, b) for a, b in zip(one_rank, slow_rank)]
     assert p.clear_cut(one_rank) and not p.clear_cut(agreed)
+
+
+def run_settling(policy: AutoPolicy, step_seconds, steps: int) -> list[bool]:
+    """Drive `policy` as AutoDist does: each entered step first observes the previous step's time,
+    and once settled on none the steps `untimed_steps` allows skip auto altogether (their
+    periods are counted with `advance` when auto is entered again). `step_seconds(path, i)`.
+    Returns, per step, whether auto's per-step logic ran."""
+    entered, untimed_left, skipped, previous = [], 0, 0, None
+    for i in range(steps):
+        if untimed_left:
+            untimed_left -= 1
+            skipped += 1
+            entered.append(False)
+            continue
+        entered.append(True)
+        if skipped:
+            policy.advance(skipped)
+            skipped = 0
+        elif previous is not None:
+            policy.observe(previous)
+        if policy.needs_decision() or (policy.early_check_due()
+                                       and policy.clear_cut(policy.local_extremes())):
+            policy.decide(*policy.local_medians())
+        elif policy.check_due() and policy.local_drift():
+            policy.reprobe()
+        path = policy.path()
+        previous = step_seconds(path, i)
+        u = policy.untimed_steps() if policy.choice == "none" else 0
+        if u >= 2:  # this step's period is not timed either
+            untimed_left, skipped, previous = u - 1, 1, None
+    return entered
+
+
+def test_settled_none_times_only_the_steps_before_each_check_and_still_sees_drift():
+    p = AutoPolicy(warmup_steps=1, probe_steps=4, check_every=10, min_dwell=20, drift_samples=3)
+
+    def seconds(path: str, i: int) -> float:  # from step 60 the link is slow: none's step drifts
+        if i < 60:
+            return {"none": 0.010, "dedup": 0.020}[path]
+        return {"none": 0.050, "dedup": 0.011}[path]
+
+    entered = run_settling(p, seconds, 60)
+    assert [d.choice for d in p.decisions] == ["none"]
+    steady = entered[p.decisions[0].step + 2:]
+    # after the decision auto runs only in the windows of drift_samples + 1 steps before each check
+    assert steady.count(True) <= len(steady) // 2, steady
+    p = AutoPolicy(warmup_steps=1, probe_steps=4, check_every=10, min_dwell=20, drift_samples=3)
+    run_settling(p, seconds, 100)
+    assert [d.choice for d in p.decisions] == ["none", "dedup"]
+    assert 60 < p.decisions[1].step <= 60 + p.check_every + 2 * p.probe_steps + 2
+
+
+def test_untimed_steps_end_drift_samples_before_the_next_useful_check():
+    p = AutoPolicy(warmup_steps=1, probe_steps=2, check_every=10, min_dwell=25, drift_samples=4)
+    while p.phase != "steady":
+        if p.needs_decision():
+            p.decide(*p.local_medians())
+            break
+        p.observe({"none": 0.01, "dedup": 0.02}[p.path()])
+    start = p.step
+    assert p.untimed_steps() == 30 - 4  # first check able to see drift: 30 steps on (>= min_dwell)
+    p.advance(26)
+    assert p.untimed_steps() == 0 and p.step == start + 26

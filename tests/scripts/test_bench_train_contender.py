@@ -37,7 +37,8 @@ def test_plain_contender_is_the_configs_architecture(shape):
     cfg = load_config(REPO / config, overrides + ["model.max_table_rows=100"])
     plain = script.plain_torchrec_model(cfg, table_rows(cfg), torch.device("cpu"))
     ours = build_model(cfg, table_rows(cfg), torch.device("cpu"))
-    assert type(plain.model) is type(ours.model)
+    # ours is torchrec's class with a sparse-first forward (models/dlrm.py); plain keeps torchrec's
+    assert type(plain.model) in type(ours.model).__bases__, (type(ours.model), type(plain.model))
     assert dense_shapes(plain) == dense_shapes(ours)
 
 

@@ -7,6 +7,14 @@ one stays. Every choice is agreed over ranks with one small all-reduce, so
 both ends of every block always use the same path. Evaluation batches use the
 current choice (`none` while probing) and are not timed. Lossless either way:
 both paths give bitwise the same forward.
+
+Settled: once the whole all-to-all is decided `none`, auto gets out of the
+way. `AutoDist.forward` is shadowed by the stock dist's own call, so each
+step runs TorchRec's dist as under `codec: none`; a forward pre-hook only
+tallies the step (its bytes are counted in bulk when the counters are read)
+and counts down to the next drift check. There auto steps back in for the
+`drift_samples` timed steps that check needs (policy.py, `untimed_steps`),
+checks, and settles again unless something drifted.
 """
 
 from __future__ import annotations
@@ -69,10 +77,15 @@ class AutoDist(nn.Module):
         self._step_started: float | None = None  # perf_counter of the running training step
         self._untimed = False                    # something else ran inside the current period
         self._probe_base: dict[str, TableCommStats] | None = None  # dedup's counters when the probe began
-        self._say(f"comm auto ({sharding_type} tables {sorted(self.tables)}): probing none vs dedup "
-                  f"over the first {policy.warmup_steps + 2 * policy.min_probe_steps}-"
+        # settled on none (see the module's docstring)
+        self._settled_hook = None
+        self._settled_left = 0       # training steps the stock dist still runs alone
+        self._untimed_periods = 0    # training steps that ran settled, for the policy's step count
+        self._settled_counts: dict[tuple, int] = {}  # (batch sizes, rows, element size) → passes
+        self._say(f"comm auto ({self._what()}): timing none and dedup steps in turn over the first "
+                  f"{policy.warmup_steps + 2 * policy.min_probe_steps}-"
                   f"{policy.warmup_steps + 2 * policy.probe_steps} training steps; dedup "
-                  f"is kept only if its step is > {policy.margin:.0%} faster")
+                  f"is used only if its step is > {policy.margin:.0%} faster")
 
     # ------------------------------------------------------------- forward
     def forward(self, local_embs: torch.Tensor,
@@ -82,6 +95,9 @@ class AutoDist(nn.Module):
             self._untimed = True
             path = self.policy.choice if self.policy.phase == "steady" else "none"
             return self._run(path, local_embs, sharding_ctx)
+        if self._untimed_periods:  # back from a settled run: count its steps
+            self.policy.advance(self._untimed_periods)
+            self._untimed_periods = 0
         now = time.perf_counter()
         if self._step_started is not None:
             if self._untimed:
@@ -98,7 +114,11 @@ class AutoDist(nn.Module):
             self._decide(local_embs.device)
         elif self.policy.check_due():
             self._check_drift(local_embs.device)
-        return self._run(self.policy.path(), local_embs, sharding_ctx)
+        awaitable = self._run(self.policy.path(), local_embs, sharding_ctx)
+        untimed = self.policy.untimed_steps() if self.policy.choice == "none" else 0
+        if untimed >= 2:  # this step and at least one more need no auto
+            self._settle(untimed)
+        return awaitable
 
     def _run(self, path: str, local_embs: torch.Tensor, sharding_ctx) -> Awaitable[torch.Tensor]:
         if path == "dedup":
@@ -109,6 +129,56 @@ class AutoDist(nn.Module):
             sizes = [local_embs.shape[0] // W] * W
         count_stock_step(self.none_stats, self.layout, self.rank, sizes, local_embs.element_size())
         return self.stock_dist(local_embs, sharding_ctx)
+
+    # ------------------------------------------------------------- settled
+    def _settle(self, untimed: int) -> None:
+        """Hand the next `untimed - 1` training steps straight to the stock dist."""
+        self._settled_left = untimed - 1
+        self._untimed_periods = 1  # the current step's period is not timed either
+        self._step_started = None
+        # an instance attribute shadows AutoDist.forward: nn.Module.__call__ runs the stock dist
+        self.forward = self.stock_dist.__call__
+        self._settled_hook = self.register_forward_pre_hook(self._settled_step, with_kwargs=True)
+
+    def _settled_step(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The settled path's only per-step Python: tally the pass, count down to the next check."""
+        local_embs = args[0] if args else kwargs["local_embs"]
+        ctx = args[1] if len(args) > 1 else kwargs.get("sharding_ctx")
+        self._tally_settled(local_embs, ctx)
+        if torch.is_grad_enabled() and local_embs.requires_grad:
+            self._untimed_periods += 1
+            self._settled_left -= 1
+            if self._settled_left <= 0:
+                self._unsettle()
+
+    def _unsettle(self) -> None:
+        """The next call enters `forward` again (this one is already on its way to the stock dist)."""
+        del self.forward
+        self._settled_hook.remove()
+        self._settled_hook = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the stock dist runs each step with auto out of the way."""
+        return self._settled_hook is not None
+
+    def _tally_settled(self, local_embs: torch.Tensor, sharding_ctx) -> None:
+        key = (tuple(getattr(sharding_ctx, "batch_size_per_rank", None) or ()), local_embs.shape[0],
+               local_embs.element_size())
+        self._settled_counts[key] = self._settled_counts.get(key, 0) + 1
+
+    def _flush_settled(self) -> None:
+        """Add the tallied settled passes to none's counters (one counted pass times its tally)."""
+        W = self.layout.world_size
+        for (sizes, rows, elem), n in self._settled_counts.items():
+            one = DistCommStats(codec="none", sharding_type=self.sharding_type)
+            count_stock_step(one, self.layout, self.rank, list(sizes) or [rows // W] * W, elem)
+            for name, t in one.tables.items():
+                dst = self.none_stats.table(name)
+                for f in dataclasses.fields(t):
+                    setattr(dst, f.name, getattr(dst, f.name) + n * getattr(t, f.name))
+            self.none_stats.steps += n
+        self._settled_counts = {}
 
     # ------------------------------------------------------------ decisions
     def _agree(self, values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
@@ -152,10 +222,27 @@ class AutoDist(nn.Module):
         elif not hasattr(self.dedup_dist.planner, "dedup_tables"):
             self.table_choice = {t: "dedup" for t in names}
         decision.reason = reason
-        fr = ", ".join(f"{t} {f:.2f}" for t, f in fractions.items())
-        line = f"step {decision.step}: {decision.choice} ({reason}; distinct fractions {fr})"
+        line = f"step {decision.step}: {decision.choice} ({reason}; {self._fractions_text(fractions, overall)})"
         self.none_stats.decisions.append(line)
-        self._say(f"comm auto ({self.sharding_type}): {line}")
+        self._say(f"comm auto ({self._what()}): {line}")
+
+    def _what(self) -> str:
+        """The all-to-all in words: its sharding type and its tables (named when few)."""
+        names = sorted(self.tables)
+        return f"{self.sharding_type} {names[0]}" if len(names) == 1 else \
+            f"{self.sharding_type}, {len(names)} tables" + (f" {names}" if len(names) <= 4 else "")
+
+    @staticmethod
+    def _fractions_text(fractions: dict[str, float], overall: float | None) -> str:
+        """Distinct rows per batch: overall and per table (the extremes only when many)."""
+        if not fractions:
+            return "no distinct fractions measured"
+        head = f"distinct rows per batch {overall:.0%}" if overall is not None else "distinct rows per batch"
+        if len(fractions) <= 4:
+            return head + " (" + ", ".join(f"{t} {f:.2f}" for t, f in fractions.items()) + ")"
+        ranked = sorted(fractions.items(), key=lambda kv: kv[1])
+        (lo, f_lo), (hi, f_hi) = ranked[0], ranked[-1]
+        return f"{head} ({lo} {f_lo:.2f} to {hi} {f_hi:.2f}; every table in comm_stats.json)"
 
     def _check_drift(self, device: torch.device) -> None:
         frac = None
@@ -165,8 +252,8 @@ class AutoDist(nn.Module):
             frac = sum(t.unique_bags for t in tot) / bags if bags else None
         drifted, = self._agree([float(self.policy.local_drift(frac))], device, op=dist.ReduceOp.MAX)
         if drifted:
-            self._say(f"comm auto ({self.sharding_type}): step time or distinct fraction drifted at step "
-                      f"{self.policy.step}; probing again")
+            self._say(f"comm auto ({self._what()}): step time or distinct fraction drifted at step "
+                      f"{self.policy.step}; timing both paths again")
             self.policy.reprobe()
 
     def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:
@@ -190,6 +277,7 @@ class AutoDist(nn.Module):
     @property
     def comm_stats(self) -> DistCommStats:
         """Both paths' counters as one codec dist's."""
+        self._flush_settled()
         d = self.dedup_dist.comm_stats
         tables: dict[str, TableCommStats] = {}
         for src in (d.tables, self.none_stats.tables):
@@ -207,6 +295,7 @@ class AutoDist(nn.Module):
     @comm_stats.setter
     def comm_stats(self, value: DistCommStats) -> None:
         """Restart the counters from `value` (tests count training steps only)."""
+        self._settled_counts = {}
         d = self.dedup_dist.comm_stats
         self.dedup_dist.comm_stats = dataclasses.replace(value, codec=d.codec, table_codecs=d.table_codecs,
                                                          decisions=[])

@@ -25,7 +25,10 @@ between two training passes through one all-to-all) under each path:
    agreed over ranks); after at least `min_dwell` steps on one decision, a
    step time or distinct fraction that moved by more than `drift` from what
    the decision saw starts a new probe. Without drift the decision stays:
-   no flapping.
+   no flapping. A step time needs `drift_samples` recent steps, so under a
+   `none` decision the caller may skip timing altogether between checks
+   (`untimed_steps`): only the `drift_samples` steps before each check point
+   that can see drift are timed again (`advance` accounts the skipped ones).
 
 Per table, within a `dedup` decision: a table whose distinct fraction is at
 least `table_keep_fraction` saves almost no bytes yet pays its unique; it
@@ -65,6 +68,8 @@ class AutoPolicy:
     check_every: int = 50
     min_dwell: int = 200
     drift: float = 0.25
+    drift_samples: int = 8
+    """recent step times a drift check needs (timed steps before each check point)"""
     table_keep_fraction: float = 0.9
 
     # state (not settings: `dataclasses.replace(policy)` gives a fresh policy with the same settings)
@@ -138,14 +143,16 @@ class AutoPolicy:
         current = self.choice
         other = "dedup" if current == "none" else "none"
         gain = 1.0 - times[other] / times[current] if times[current] > 0 else 0.0
+        measured = f"a {other} step took {times[other] * 1e3:.1f} ms, a {current} step " \
+                   f"{times[current] * 1e3:.1f} ms"
         if gain > self.margin:
             choice = other
-            reason = f"{other} step {times[other] * 1e3:.1f} ms vs {current} {times[current] * 1e3:.1f} ms " \
-                     f"({gain:.1%} faster, > {self.margin:.0%} margin)"
+            reason = f"{measured}: {other} is {gain:.1%} faster (> the {self.margin:.0%} margin)"
         else:
             choice = current
-            reason = f"{current} kept: {other} step {times[other] * 1e3:.1f} ms vs {current} " \
-                     f"{times[current] * 1e3:.1f} ms ({gain:+.1%}, needs > {self.margin:.0%})"
+            verdict = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
+            reason = f"{current} kept: {measured}; {other} is {verdict} " \
+                     f"(it must be > {self.margin:.0%} faster to switch)"
         decision = AutoDecision(choice, reason, self.step, none_seconds, dedup_seconds)
         self.decisions.append(decision)
         self.choice = choice
@@ -164,13 +171,29 @@ class AutoPolicy:
         """This rank's view: has the chosen path's step time or distinct fraction moved by > `drift`?"""
         if self.step - self._phase_start < self.min_dwell or self._reference is None:
             return False
-        if len(self._recent) >= 8:
+        if len(self._recent) >= self.drift_samples:
             now = statistics.median(self._recent)
             if abs(now - self._reference) > self.drift * self._reference:
                 return True
         if distinct_fraction is not None and self._reference_fraction is not None:
             return abs(distinct_fraction - self._reference_fraction) > self.drift * self._reference_fraction
         return False
+
+    def untimed_steps(self) -> int:
+        """Steady: training steps, from the current one on, that need no timing: those before
+        the `drift_samples` timed ones that precede the next check point able to see drift."""
+        if self.phase != "steady":
+            return 0
+        since = self.step - self._phase_start
+        checks = max(1, -(-max(self.min_dwell, since + 1) // self.check_every))  # ceil
+        next_check = self._phase_start + checks * self.check_every
+        return max(0, next_check - self.drift_samples - self.step)
+
+    def advance(self, steps: int) -> None:
+        """`steps` steady training steps ran untimed (`untimed_steps`): count them; the recent
+        step times are stale now."""
+        self.step += steps
+        self._recent = []
 
     def reprobe(self) -> None:
         """Some rank saw drift (agreed by the caller): probe both paths again."""

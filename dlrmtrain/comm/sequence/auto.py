@@ -4,7 +4,7 @@ The pooled path's `AutoDist` (comm/auto/codec.py) decides per all-to-all with
 the same policy; only what its `none` path counts differs: a sequence
 all-to-all moves one row per id position, not one per bag, counted by a
 `SequenceStockCounter` (stock_bytes.py: summed on the device, read back only
-with the counters, so the `none` path adds no host sync).
+with the counters, so the `none` path adds no host sync), also once settled.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ class SequenceAutoDist(AutoDist):
             return self.dedup_dist(local_embs, sharding_ctx)
         self.stock_counter.count(sharding_ctx, local_embs.element_size())
         return self.stock_dist(local_embs, sharding_ctx)
+
+    def _tally_settled(self, local_embs: torch.Tensor, sharding_ctx) -> None:
+        """Settled on none: count positions as `_run`'s none path does (summed on the device)."""
+        self.stock_counter.count(sharding_ctx, local_embs.element_size())
 
     def _merged_stats(self) -> DistCommStats:
         counted = self.stock_counter.flush()
