@@ -415,7 +415,8 @@ class Trainer:
 
     def _checkpoint_due(self, run: RunProgress) -> bool:
         every = self.cfg.checkpoint.every_steps
-        return bool((every and self.step % every == 0) or (run.last and self.cfg.checkpoint.at_end))
+        # at_end: also a run that stops early at its target AUC ends here
+        return bool((every and self.step % every == 0) or (run.finished and self.cfg.checkpoint.at_end))
 
     def _end_run(self, run: RunProgress) -> Summary:
         """Stop the MLPerf clock; report comm stats, step breakdown and the summary."""

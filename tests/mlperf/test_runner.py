@@ -141,6 +141,6 @@ def test_dlrmv4_derived_rules_take_their_numbers_from_the_config():
     assert (scale.eval_every_data_pct, scale.skip_eval_epoch_pct) == (0.25, 0.25)
     # The rules' own first eval (45.8 M samples at batch 256) is beyond a small run: refused.
     with pytest.raises(SystemExit, match="mlperf.skip_eval_epoch_pct"):
-        dlrmv4_scale(load_config(mini), train)
+        dlrmv4_scale(load_config(mini, ["mlperf.skip_eval_epoch_pct=null"]), train)
     with pytest.raises(SystemExit, match="--train-samples"):
         expected_train_samples(load_config(mini, ["data.source=yambda"]))

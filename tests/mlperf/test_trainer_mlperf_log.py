@@ -3,6 +3,10 @@ and that fails the official rules on exactly the accuracy target (and dcnv2's ev
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,31 +56,37 @@ def test_two_rank_run_log_passes_derived_rules_and_fails_official_only_on_target
     assert official.failed_keys == expected, official.failures
 
 
-def test_dlrmv4_runner_run_evaluates_on_the_rules_grid_and_passes_derived_rules(tmp_path):
-    """`dlrmtrain mlperf` on a tiny mini_dlrmv4: the trainer evaluates exactly on the
-    dlrmv4 eval grid (every 4 steps from step 4 here) and the log passes derived 6.1.0 rules."""
-    import json
-    import os
-    import subprocess
-    import sys
 
+def test_dlrmv4_end_to_end_mlperf_run_on_two_ranks(tmp_path):
+    """`dlrmtrain mlperf` on a tiny mini_dlrmv4 with dedup, from the command line: the run
+    trains on 2 ranks, evaluates exactly on the dlrmv4 eval grid (every 4 steps from step 4
+    here), counts the sequence all-to-all, checkpoints, and its log passes derived 6.1.0 rules."""
     repo = Path(__file__).resolve().parents[2]
     tiny = ["data.yambda.synthetic.num_users=64", "data.yambda.synthetic.min_history_fraction=1.0",
             "run.global_batch_size=32", "eval.batch_size=64", "optim.warmup_steps=2",
-            "eval.target_auc=0.5", "mlperf.eval_every_data_pct=0.25", "mlperf.skip_eval_epoch_pct=0.25"]
+            "eval.target_auc=0.5", "mlperf.eval_every_data_pct=0.25",
+            "mlperf.skip_eval_epoch_pct=0.25", "checkpoint.at_end=true"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "dlrmtrain", "mlperf", "--config",
-                           str(repo / "configs" / "mini_dlrmv4.yaml"), "--out", str(tmp_path / "out"),
-                           "--codecs", "none", "--runs", "1", *tiny],
+                           str(repo / "configs" / "mini_dlrmv4.yaml"), "--out", str(out),
+                           "--codecs", "dedup", "--runs", "1", *tiny],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     # exit 1: one run gives no olympic score (dlrmv4 needs 10); anything else is a failure
     assert proc.returncode in (0, 1) and "too few runs" in proc.stdout, proc.stdout + proc.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["benchmark"] == "dlrmv4" and summary["unofficial"]
-    assert summary["codecs"]["none"]["failed_rules"] == [[]], summary["codecs"]
-    [log] = (tmp_path / "out" / "results").rglob("result_0.txt")
+    assert summary["codecs"]["dedup"]["failed_rules"] == [[]], summary["codecs"]
+    [log] = (out / "results").rglob("result_0.txt")
     evals = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
              if '"key": "eval_accuracy"' in line]
-    assert evals, "no eval logged"
     counts = [e["metadata"]["samples_count"] for e in evals]
-    assert counts == [4 * 32 * (i + 1) for i in range(len(counts))], counts  # the grid, from step 4
+    assert counts and counts == [4 * 32 * (i + 1) for i in range(len(counts))], counts  # the grid
+
+    [run_dir] = (out / "runs").glob("*codec-dedup/run0_seed0")
+    run = json.loads((run_dir / "summary.json").read_text())
+    assert (run["world_size"], run["codec"]) == (2, "dedup")
+    assert run["evals"] and run["evals"][-1]["num_samples"] == 64  # every eval candidate, once
+    stats = json.loads((run_dir / "comm_stats.json").read_text())
+    assert "item_id" in stats["tables"]  # the sequence tables' all-to-all was counted
+    assert any((run_dir / "checkpoints").iterdir())
