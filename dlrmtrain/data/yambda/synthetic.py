@@ -33,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dlrmtrain.config.schema import SyntheticYambdaConfig
 from dlrmtrain.data.yambda.batch import SampleColumns
 from dlrmtrain.data.yambda.cross_hash import cross_ids, hour_of_day, unit_hash
 from dlrmtrain.data.yambda.events import LIKE_BIT, LP_BIT, SKIP_BIT
@@ -40,35 +41,33 @@ from dlrmtrain.data.yambda.events import LIKE_BIT, LP_BIT, SKIP_BIT
 CrossSpec = tuple[str, Sequence[str], int, int]
 
 
+# The calibrated defaults live once, in the config section users set them through.
+_CALIBRATED = SyntheticYambdaConfig()
+
+
 @dataclass(frozen=True)
 class YambdaLikeProfile:
-    """Shape of the synthetic data. The defaults are the reference-shape calibration
-    (calibration.py: in-batch unique rates 2.4 % item, 1.5 % album, 0.6 % artist at
-    local batch 1024, ~2627 history events per sample) over a full-size catalog."""
+    """Shape of the synthetic data (fields as `data.yambda.synthetic`, documented there).
+    The defaults are the reference-shape calibration (calibration.py: in-batch unique
+    rates 2.4 % item, 1.5 % album, 0.6 % artist at local batch 1024, ~2627 history
+    events per sample) over a full-size catalog (9.38 M items)."""
 
-    num_users: int = 8192
-    num_artists: int = 391_000
-    """Catalog: items = num_artists * albums_per_artist * tracks_per_album (9.38 M by default)."""
-    albums_per_artist: int = 6
-    tracks_per_album: int = 4
-    artist_zipf: float = 1.0
-    """Skew of artists' global popularity (who are the favourites)."""
-    artists_per_user: float = 331.4
-    """Mean favourite artists per user (calibrated: sets the artist rate)."""
-    user_zipf: float = 0.8
-    """Skew of a user's listens over its favourites."""
-    album_zipf: float = 2.227
-    """Skew over an artist's albums (calibrated: sets the album rate)."""
-    track_zipf: float = 2.296
-    """Skew over an album's tracks (calibrated: sets the item rate)."""
-    history_length: int = 2627
-    min_history_fraction: float = 1.0
-    """Per-user history length is uniform in [this * history_length, history_length]."""
-    anchors_per_user: int = 8
-    eval_anchors_per_user: int = 2
+    num_users: int = _CALIBRATED.num_users
+    num_artists: int = _CALIBRATED.num_artists
+    albums_per_artist: int = _CALIBRATED.albums_per_artist
+    tracks_per_album: int = _CALIBRATED.tracks_per_album
+    artist_zipf: float = _CALIBRATED.artist_zipf
+    artists_per_user: float = _CALIBRATED.artists_per_user
+    user_zipf: float = _CALIBRATED.user_zipf
+    album_zipf: float = _CALIBRATED.album_zipf
+    track_zipf: float = _CALIBRATED.track_zipf
+    history_length: int = _CALIBRATED.history_length
+    min_history_fraction: float = _CALIBRATED.min_history_fraction
+    anchors_per_user: int = _CALIBRATED.anchors_per_user
+    eval_anchors_per_user: int = _CALIBRATED.eval_anchors_per_user
     like_share: float = 0.019
     organic_share: float = 0.5
-    seed: int = 0
+    seed: int = _CALIBRATED.seed
 
     @property
     def num_items(self) -> int:
