@@ -98,6 +98,18 @@ def _timed_wait(work, stats: DistCommStats) -> None:
     stats.transfer_seconds += time.perf_counter() - t0
 
 
+def owner_gradient(owner: DedupDistState, grad_rows: torch.Tensor, send_index: torch.Tensor,
+                   local_shape: torch.Size, unit: int) -> torch.Tensor:
+    """The gradient of the owner's local embeddings: each received row sum where its row was
+    sent from, zeros elsewhere (for the fused embedding backward), divided by the world
+    size as TorchRec's all-to-all backward does."""
+    if comm_ops.get_gradient_division():
+        grad_rows = grad_rows / owner.world_size
+    numel = math.prod(local_shape)
+    grad = owner.grad_pool.scattered((numel // unit, unit), send_index, grad_rows.view(-1, unit))
+    return grad.view(local_shape)
+
+
 class _DedupStart(torch.autograd.Function):
     """Forward: pick (and round) the unique rows, launch the all-to-all. Backward: the mirror's end."""
 
@@ -123,15 +135,11 @@ class _DedupStart(torch.autograd.Function):
         plan, owner = req.plan, req.owner
         _timed_wait(req.grad_work, owner.comm_stats)
         t0 = time.perf_counter()
-        grad_send = _decode(req.grad_send, req.dtype)
-        if comm_ops.get_gradient_division():  # as TorchRec's all-to-all backward
-            grad_send = grad_send / owner.world_size
-        numel = math.prod(req.local_shape)
-        grad_local = owner.grad_pool.scattered((numel // plan.unit, plan.unit), plan.send_index,
-                                               grad_send.view(-1, plan.unit))
+        grad_local = owner_gradient(owner, _decode(req.grad_send, req.dtype), plan.send_index,
+                                    req.local_shape, plan.unit)
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = None
-        return grad_local.view(req.local_shape), None
+        return grad_local, None
 
 
 class _DedupWait(torch.autograd.Function):

@@ -16,17 +16,15 @@ rounded wire would round twice.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torchrec.distributed import comm_ops
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
-from dlrmtrain.comm.dedup.transport import DedupDistState, _start_all_to_all, _timed_wait
+from dlrmtrain.comm.dedup.transport import DedupDistState, _start_all_to_all, _timed_wait, owner_gradient
 from dlrmtrain.comm.dedup.two_level import TwoLevelPlan
 
 
@@ -68,16 +66,12 @@ class _TwoLevelStart(torch.autograd.Function):
         plan, owner = req.plan, req.owner
         _timed_wait(req.grad_work, owner.comm_stats)
         t0 = time.perf_counter()
-        grad_send = req.grad_rail_recv
-        if comm_ops.get_gradient_division():  # as TorchRec's all-to-all backward
-            grad_send = grad_send / owner.world_size
-        numel = math.prod(req.local_shape)
-        grad_local = owner.grad_pool.scattered((numel // plan.unit, plan.unit), plan.rail_send_index,
-                                               grad_send.view(-1, plan.unit))
+        grad_local = owner_gradient(owner, req.grad_rail_recv, plan.rail_send_index, req.local_shape,
+                                    plan.unit)
         req.grad_rail_send = req.grad_rail_recv = req.grad_work = None
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = None
-        return grad_local.view(req.local_shape), None
+        return grad_local, None
 
 
 class _TwoLevelWait(torch.autograd.Function):
