@@ -24,6 +24,8 @@ Shapes (`--shape`, default quickstart; `--config` + overrides for anything else)
               MLP widths, global batch 8192 on 2 ranks, synthetic `kaggle` profile)
   dcnv2       configs/mlperf_dcnv2.yaml scaled to a CPU (tables capped at 20000 rows,
               global batch 4096): multi-hot bags, DCN interaction, Adagrad
+  dlrmv4      configs/mini_dlrmv4.yaml: HSTU on synthetic Yambda-like users, sequence
+              embeddings (TorchRec has no plain HSTU model: no plain contender)
 Overrides are dlrmtrain config overrides on top of the shape's config.
 Each `--vs "KEY=VALUE ..."` adds a contender: dlrmtrain again with those extra
 overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`. The plain
@@ -61,7 +63,10 @@ SHAPES = {
     "dcnv2": ("configs/mlperf_dcnv2.yaml",
               ["run.device=cpu", "model.max_table_rows=20000", "run.global_batch_size=4096",
                "data.synthetic.num_train_samples=262144", "mlperf.enabled=false"]),
+    "dlrmv4": ("configs/mini_dlrmv4.yaml", []),
 }
+# Archs with a plain TorchRec model to race against (bench_train's `plain` contender).
+PLAIN_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -314,6 +319,11 @@ def main() -> None:
         args.vs.append("(torchrec's order)")
         steppers["dlrmtrain (torchrec's order)"] = others[-1].train_step
     plain = None
+    if not args.no_plain and cfg.model.arch not in PLAIN_ARCHS:
+        args.no_plain = True
+        if env.is_main:
+            print(f"bench_train: TorchRec has no plain model for {cfg.model.arch}: "
+                  "no plain contender", flush=True)
     if not args.no_plain:
         plain = build_plain_torchrec(cfg, table_rows(cfg), env.device, trainer.model.plan)
         plain_model, plain_opt = plain
@@ -375,7 +385,7 @@ def main() -> None:
               f"{args.rounds} alternating blocks of {args.steps} steps (medians)")
         print(f"  config {Path(config).name} {' '.join(shape_overrides)}")
         print(f"  model {cfg.model.arch}, emb dim {cfg.model.embedding_dim}, "
-              f"{len(cfg.data.table_sizes)} tables, optimizer {cfg.optim.name}")
+              f"{len(trainer.data.table_rows)} tables, optimizer {cfg.optim.name}")
         width = max(24, *(len(n) + 2 for n in names))
         print(f"  {'':{width}}{'ms/step':>10}{'samples/s':>14}   blocks (ms/step)")
         for name in names:
