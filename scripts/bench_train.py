@@ -408,6 +408,10 @@ def main() -> None:
             if ms > 0:
                 print(f"    {name:<{width}} codec {ms:7.1f} ms/step = "
                       f"{100 * ms / max(1000 * base_all_to_all, 1e-9):.0f}% of it")
+        seconds, hidden = overlap[base]
+        print(f"  bound: a free codec that moved nothing would step in "
+              f"{1 - seconds * (1 - hidden) / median[base]:.3f} of ({base})'s time (its exposed "
+              "embedding all-to-all removed; Amdahl, rank 0)")
         print("  embedding all-to-all wall time hidden behind compute, rank 0 (one profiled block; "
               "a lower bound; rough):")
         for name in names:
@@ -435,6 +439,7 @@ def main() -> None:
                 "base_all_to_all_ms_per_step": 1000 * base_all_to_all,
                 "all_to_all_ms_per_step": {n: 1000 * o[0] for n, o in overlap.items()},
                 "all_to_all_hidden_fraction": {n: o[1] for n, o in overlap.items()},
+                "free_codec_bound": 1 - overlap[base][0] * (1 - overlap[base][1]) / median[base],
             }, indent=2) + "\n")
     del steppers
     trainer.close()
