@@ -13,7 +13,6 @@ from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
 from dlrmtrain.comm.stats import collect_comm_stats
@@ -41,6 +40,7 @@ from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records
 from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import announce_stop, announced_stop
+from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_sharded_model
 
@@ -102,9 +102,8 @@ class Trainer:
         self.step = 0           # optimizer steps taken
         self.epoch = 0          # current pass over the training data
         self.step_in_epoch = 0  # batches of this epoch already trained on
-        self.pipeline = (TrainPipelineSparseDist(self.model, self.optimizer, env.device,
-                                                 custom_model_fwd=self._autocast_forward)
-                         if cfg.run.pipeline else None)
+        self.pipeline = build_train_pipeline(cfg.run.pipeline, self.model, self.optimizer,
+                                             env.device, self._autocast_forward)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
         plan_path = self.records.write_text("plan.txt", self.plan_text + "\n")
@@ -193,10 +192,17 @@ class Trainer:
                 return
             yield batch
 
+    def train_on(self, batches) -> Iterator[torch.Tensor]:
+        """Train on `batches` (on the device) as run.pipeline says; yields each step's
+        local loss. A pipeline drains the batches in flight at their end."""
+        if self.pipeline is None:
+            return (self.train_step(b) for b in batches)
+        return self._pipelined_steps(batches)
+
     def _pipelined_steps(self, batches) -> Iterator[torch.Tensor]:
-        """TrainPipelineSparseDist: the input all-to-all of batch i+1 runs during batch i.
-        Numerically the plain loop: batch i+1 is looked up after batch i's update.
-        At the end of the data it drains the batches in flight by itself."""
+        """Steps through the run.pipeline pipeline (dlrmtrain/train_pipeline.py): the
+        plain loop's numbers, batch i+1 looked up after batch i's update. At the end
+        of the data it drains the batches in flight by itself."""
         it = iter(batches)
         while True:
             self.schedule.apply(self.step + 1, [self.optimizer])  # before its zero_grad
@@ -214,9 +220,7 @@ class Trainer:
         while True:
             self.mlperf.epoch_start(self.epoch, samples_count=self._samples_trained())
             batches = self._batches(self.epoch, skip=self.step_in_epoch)
-            steps = (self._pipelined_steps(batches) if self.pipeline is not None
-                     else (self.train_step(b) for b in batches))
-            for loss in steps:
+            for loss in self.train_on(batches):
                 self.step_in_epoch += 1
                 yield loss
             self.mlperf.epoch_stop(self.epoch, samples_count=self._samples_trained())

@@ -61,6 +61,27 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
         raise ConfigError(str(e)) from None
 
 
+def _check_pipeline(cfg: Config, device_type: str) -> None:
+    """run.pipeline: every choice trains the plain loop's numbers; refuse where that is
+    not known to hold (schema.PipelineMode refuses the stale semi_sync outright)."""
+    mode = cfg.run.pipeline
+    if mode == "off":
+        return
+    if cfg.model.arch == "dlrmv4_hstu":
+        raise ConfigError(f"run.pipeline: {mode} is not available for model.arch dlrmv4_hstu: "
+                          "TorchRec's pipelines fx-trace the model's forward to find the sharded "
+                          "tables' input, and the HSTU forward sizes its attention from the "
+                          "batch's longest sequence (a host value fx cannot trace); use "
+                          "run.pipeline=off")
+    if mode == "fused_sparse_dist" and device_type != "cpu":
+        raise ConfigError(
+            "run.pipeline: fused_sparse_dist runs on CPU only: on a GPU TorchRec looks the next "
+            "batch up on a side stream that is not ordered after this step's updates "
+            "(data-parallel tables and the fused update of the last backward could be read "
+            "stale), and dlrmtrain's same-numbers check of it has only run on CPU; use "
+            "run.pipeline=sparse_dist")
+
+
 def resolve_config(cfg: Config) -> Config:
     """A copy of `cfg` with what comes from the data filled in (null table sizes and
     bag sizes from the dataset's metadata, or the synthetic profile's); raises
@@ -99,6 +120,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     checks.check_run(cfg, world_size)
     _check_data(cfg, world_size)
     checks.check_model(cfg)
+    _check_pipeline(cfg, device_type)
     checks.check_table_keys(cfg)
     check_sharding_config(cfg, world_size, device_type)
     _check_codecs(cfg, device_type)

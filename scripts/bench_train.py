@@ -28,7 +28,9 @@ Shapes (`--shape`, default quickstart; `--config` + overrides for anything else)
               embeddings (TorchRec has no plain HSTU model: no plain contender)
 Overrides are dlrmtrain config overrides on top of the shape's config.
 Each `--vs "KEY=VALUE ..."` adds a contender: dlrmtrain again with those extra
-overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`. The plain
+overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`; with
+`--vs run.pipeline=fused_sparse_dist` its blocks run through that pipeline (which
+fills at each block's start and drains at its end). The plain
 TorchRec contender (TorchRec's `DLRM` for `dlrm_v1`, `DLRM_DCN` for `dlrm_dcnv2`)
 runs too unless `--no-plain`. Ratios are printed against the first contender
 (dlrmtrain with the shape's config) and against plain TorchRec; `--json` writes them.
@@ -50,6 +52,7 @@ import json
 import os
 import shutil
 import statistics
+from collections import deque
 import sys
 import time
 from pathlib import Path
@@ -160,7 +163,7 @@ def _covered(interval: tuple[float, float], merged: list[tuple[float, float]]) -
 
 
 def all_to_all_profile(step, block) -> tuple[float, float]:
-    """Per step, the wall time of Gloo's embedding collectives of `step` on this rank (torch
+    """Per step, the wall time of Gloo's embedding collectives of `step(block)` on this rank (torch
     profiler: the pooled embeddings' all-to-alls, row-wise reduce-scatters and TorchRec's
     small id all-to-all), and the fraction of it hidden behind compute: the part during which
     an operator (a leaf profiler event) ran on a thread other than Gloo's. Python between
@@ -171,8 +174,7 @@ def all_to_all_profile(step, block) -> tuple[float, float]:
     from dlrmtrain.metrics.step_breakdown import collective_category
     dist.barrier()
     with profile() as prof:
-        for b in block:
-            step(b)
+        step(block)
     dist.barrier()
     events = list(prof.events())
     comm = [e for e in events if collective_category(e.name) in EMBEDDING_COLLECTIVES]
@@ -304,20 +306,25 @@ def main() -> None:
     cfg = resolve_config(load_config(config, common))
     validate_config(cfg, env.world_size)
     trainer = Trainer(cfg, env)
-    steppers: dict[str, object] = {"dlrmtrain": trainer.train_step}
+
+    def blocks_of(t):
+        """A contender's runner of a block of steps: plain, or through its run.pipeline
+        (which fills at the block's start and drains at its end)."""
+        return lambda block: deque(t.train_on(block), maxlen=0)
+    steppers: dict[str, object] = {"dlrmtrain": blocks_of(trainer)}
     others = []
     for i, vs in enumerate(args.vs):  # each its own run directory
         other_cfg = resolve_config(load_config(config, common + [f"run.name=bench_vs{i}"] + vs.split()))
         validate_config(other_cfg, env.world_size)
         others.append(Trainer(other_cfg, env))
-        steppers[f"dlrmtrain {vs}"] = others[-1].train_step
+        steppers[f"dlrmtrain {vs}"] = blocks_of(others[-1])
     if args.torchrec_order:
         from dlrmtrain.models.dlrm import set_sparse_first
         order_cfg = resolve_config(load_config(config, common + ["run.name=bench_order"]))
         others.append(Trainer(order_cfg, env))
         set_sparse_first(others[-1].model, False)
         args.vs.append("(torchrec's order)")
-        steppers["dlrmtrain (torchrec's order)"] = others[-1].train_step
+        steppers["dlrmtrain (torchrec's order)"] = blocks_of(others[-1])
     plain = None
     if not args.no_plain and cfg.model.arch not in PLAIN_ARCHS:
         args.no_plain = True
@@ -328,11 +335,12 @@ def main() -> None:
         plain = build_plain_torchrec(cfg, table_rows(cfg), env.device, trainer.model.plan)
         plain_model, plain_opt = plain
 
-        def plain_step(b):
-            plain_opt.zero_grad()
-            loss, _ = plain_model(b)
-            loss.backward()
-            plain_opt.step()
+        def plain_step(block):
+            for b in block:
+                plain_opt.zero_grad()
+                loss, _ = plain_model(b)
+                loss.backward()
+                plain_opt.step()
         steppers["plain TorchRec DMP"] = plain_step
 
     warmup = args.steps if args.warmup_steps is None else args.warmup_steps
@@ -353,8 +361,7 @@ def main() -> None:
         sent0 = link_bytes_sent()
         codec0 = codec_seconds_so_far(trainers[name]) if name in trainers else 0.0
         t0 = time.perf_counter()
-        for b in block:
-            step(b)
+        step(block)
         dist.barrier()
         seconds = time.perf_counter() - t0
         if name and sent0 is not None:

@@ -7,6 +7,9 @@ path) report the same per-table bytes as `dedup`'s `uncompressed_*` figures.
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
@@ -36,20 +39,62 @@ def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: lis
     stats.steps += 1
 
 
+PassKey = tuple[tuple[int, ...], int, int]
+"""One stock pass as tallied: (the context's batch sizes per sample rank, or () when it
+has none; the rows of the local embeddings; their element size)."""
+
+
+def pass_key(local_embs: torch.Tensor, sharding_ctx) -> PassKey:
+    """What counting one stock pass needs, read without touching the values (no sync)."""
+    return (tuple(getattr(sharding_ctx, "batch_size_per_rank", None) or ()),
+            local_embs.shape[0], local_embs.element_size())
+
+
+def add_tallied_passes(stats: DistCommStats, layout: Layout, rank: int,
+                       tally: dict[PassKey, int]) -> None:
+    """Add `tally` (pass key → passes) to `stats`: each distinct pass counted once, times its
+    tally. Every counter is linear in the passes, so this equals counting them one by one."""
+    W = layout.world_size
+    for (sizes, rows, elem), n in tally.items():
+        one = DistCommStats(codec=stats.codec, sharding_type=stats.sharding_type)
+        count_stock_step(one, layout, rank, list(sizes) or [rows // W] * W, elem)
+        for name, t in one.tables.items():
+            dst = stats.table(name)
+            for f in dataclasses.fields(t):
+                setattr(dst, f.name, getattr(dst, f.name) + n * getattr(t, f.name))
+        stats.steps += n
+
+
 class StockDistCounter:
-    """Counts one stock output dist's passes; a forward pre-hook, so the dist itself is unchanged."""
+    """Counts one stock output dist's passes; a forward pre-hook, so the dist itself is unchanged.
+
+    The hook only tallies the pass (a dict increment, ~1 µs); the bytes are counted when
+    the stats are read, once per distinct batch shape (counting every pass per table cost
+    ~90 µs a step at 26 tables)."""
 
     def __init__(self, layout: Layout, rank: int, sharding_type: str) -> None:
         self.layout, self.rank = layout, rank
         tables = [e.table for e in (layout.all_entries() if isinstance(layout, DistLayout) else layout.entries)]
-        self.comm_stats = DistCommStats(codec="none", sharding_type=sharding_type,
-                                        table_codecs={t: "none" for t in tables})
+        self._counted = DistCommStats(codec="none", sharding_type=sharding_type,
+                                      table_codecs={t: "none" for t in tables})
+        self._tally: dict[PassKey, int] = {}
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
-        local_embs, ctx = args[0], (args[1] if len(args) > 1 else None)
-        W = self.layout.world_size
-        sizes = list(getattr(ctx, "batch_size_per_rank", None) or []) or [local_embs.shape[0] // W] * W
-        count_stock_step(self.comm_stats, self.layout, self.rank, sizes, local_embs.element_size())
+        key = pass_key(args[0], args[1] if len(args) > 1 else None)
+        self._tally[key] = self._tally.get(key, 0) + 1
+
+    @property
+    def comm_stats(self) -> DistCommStats:
+        """The passes so far, counted."""
+        add_tallied_passes(self._counted, self.layout, self.rank, self._tally)
+        self._tally = {}
+        return self._counted
+
+    @comm_stats.setter
+    def comm_stats(self, value: DistCommStats) -> None:
+        """Restart the counters from `value` (tests count training steps only)."""
+        self._tally = {}
+        self._counted = value
 
     def counted_bytes(self) -> DistCommStats:
         """`stats.CountsCommBytes`"""

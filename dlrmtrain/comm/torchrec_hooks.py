@@ -1,4 +1,4 @@
-"""The one door to TorchRec's (and torch's) private internals used by the codec layer.
+"""The one door to TorchRec's (and torch's) private internals (codec layer, train pipeline).
 
 Every private attribute or method of TorchRec that dlrmtrain.comm reads,
 replaces or overrides is reached through a named helper here, so a TorchRec
@@ -29,6 +29,9 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
+from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist
+from torchrec.distributed.train_pipeline.runtime_forwards import InSyncEmbeddingPipelinedForward
+from torchrec.distributed.train_pipeline.utils import _start_embedding_lookup
 from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -266,3 +269,47 @@ def build_sharded_ec(cls: type[ShardedEmbeddingCollection], sharder: EmbeddingCo
         module_fqn=module_fqn,
         **extra,
     )
+
+
+# ------------------------------------------------------------------ train pipelines
+# TrainPipelineFusedSparseDist (run.pipeline: fused_sparse_dist) assumes device streams:
+# it records the looked-up batch on the current stream, which a CPU tensor refuses, and
+# its sharded-module forward asks CUDA for the current stream. Without streams nothing
+# needs recording or waiting: the lookup runs in program order, after the previous
+# step's backward (its fused embedding update) and optimizer step.
+def _start_lookup_without_streams(module: nn.Module, context: Any) -> None:
+    """TorchRec's `_start_embedding_lookup` for one pipelined module, no streams."""
+    _start_embedding_lookup(module, context, source_stream=None, target_stream=None,
+                            stream_context=torch.cuda.stream)  # stream(None): a no-op context
+
+
+class _LookupStartedForward(InSyncEmbeddingPipelinedForward):
+    """The sharded EBC's forward in the pipeline: the lookup and its all-to-all were started
+    before the step; hand back their awaitable unwaited (TorchRec's waits here), so a
+    sparse-first model still runs its bottom MLP while the rows travel."""
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
+        self._context.module_contexts.pop(self._name)
+        return self._context.embedding_a2a_requests.pop(self._name)
+
+
+class StreamlessFusedSparseDist(TrainPipelineFusedSparseDist):
+    """TrainPipelineFusedSparseDist on a device without streams (CPU): batch i's lookup and
+    embedding all-to-all start at the top of its step, then run while the pipeline starts
+    batch i+1's id all-to-all and loads batch i+2, and during the bottom MLP."""
+
+    _pipelined_forward_type = _LookupStartedForward
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                 custom_model_fwd: Any = None) -> None:
+        if device.type != "cpu":
+            raise ValueError(f"StreamlessFusedSparseDist runs without device streams (CPU), "
+                             f"not on {device.type}")
+        super().__init__(model, optimizer, device, custom_model_fwd=custom_model_fwd,
+                         pipeline_postproc=False)
+
+    def start_embedding_lookup(self, batch: Any, context: Any) -> None:
+        if batch is None:
+            return
+        for module in self._pipelined_modules:
+            _start_lookup_without_streams(module, context)

@@ -60,12 +60,6 @@ def check_model(cfg: Config) -> None:
 def check_hstu_model(cfg: Config) -> None:
     """model.hstu (arch dlrmv4_hstu): sizes, rates, and room for a history in max_seq_len."""
     h = cfg.model.hstu
-    if cfg.run.pipeline:
-        raise ConfigError("run.pipeline: not available for model.arch dlrmv4_hstu: TorchRec's "
-                          "TrainPipelineSparseDist fx-traces the model's forward to find the "
-                          "sharded tables' input, and the HSTU forward sizes its attention from "
-                          "the batch's longest sequence (a host value fx cannot trace); use "
-                          "run.pipeline=false")
     if cfg.model.embedding_dim < 1:
         raise ConfigError(f"model.embedding_dim: must be positive, got {cfg.model.embedding_dim}")
     for key in ("dim", "num_layers", "num_heads", "attn_qk_dim", "attn_linear_dim",

@@ -17,7 +17,7 @@ from typing import Any, Union
 
 import yaml
 
-from dlrmtrain.config.schema import Config, Refused
+from dlrmtrain.config.schema import Alias, Config, Refused
 
 
 class ConfigError(ValueError):
@@ -76,12 +76,17 @@ def _is_optional(tp: Any) -> tuple[bool, Any]:
 def _check_choice(value: Any, tp: Any, key: str) -> Any:
     """A Literal field: the value must be one of its arguments (Refused metadata says why not)."""
     refused: tuple[Refused, ...] = ()
+    aliases: tuple[Alias, ...] = ()
     if typing.get_origin(tp) is typing.Annotated:
         tp, *extras = typing.get_args(tp)
         refused = tuple(e for e in extras if isinstance(e, Refused))
+        aliases = tuple(e for e in extras if isinstance(e, Alias))
     allowed = typing.get_args(tp)
     if value in allowed and isinstance(value, str):
         return value
+    for a in aliases:  # `is`-exact for bools: 1 is not an alias of true
+        if value is a.value or (type(value) is type(a.value) and value == a.value):
+            return a.means
     for r in refused:
         if value == r.value:
             raise ConfigError(f"{key}: {value} is not supported: {r.reason}")

@@ -25,6 +25,15 @@ class Refused:
     reason: str
 
 
+@dataclass(frozen=True)
+class Alias:
+    """Annotated metadata: a value a Literal field accepts as another of its values
+    (an older spelling kept working), e.g. `true` for `sparse_dist`."""
+
+    value: object
+    means: str
+
+
 Device = Literal["auto", "cpu", "cuda"]
 DataSource = Literal["synthetic", "criteo", "synthetic_yambda", "yambda"]
 YambdaHistoryStrategy = Literal["interleaved", "last_n"]
@@ -41,6 +50,13 @@ Hierarchy = Literal["flat", "node"]
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
             "cannot honour; use bf16")]
+PipelineMode = Annotated[
+    Literal["off", "sparse_dist", "fused_sparse_dist"],
+    Alias(False, "off"), Alias(True, "sparse_dist"),
+    Refused("semi_sync", "TorchRec's TrainPipelineSemiSync looks batch i+1's embeddings up "
+                         "before batch i's embedding update (one step stale): not the math of "
+                         "the plain loop, which every run.pipeline choice keeps (nor does it "
+                         "run without CUDA streams); use fused_sparse_dist")]
 Division = Literal["closed", "open"]
 SubmissionStatus = Literal["cloud", "onprem", "preview", "research"]
 
@@ -70,9 +86,12 @@ class RunConfig:
     """Passes over the training data (fractions allowed, e.g. 0.5)."""
     max_steps: Optional[int] = None
     """Stop after this many steps even if the epochs are not done (null: no cap)."""
-    pipeline: bool = False
-    """Overlap the next batch's sparse input all-to-all with this batch's compute
-    (TorchRec TrainPipelineSparseDist); same numbers as the plain loop."""
+    pipeline: PipelineMode = "off"
+    """Overlap across steps, same numbers as the plain loop: `off`; `sparse_dist`
+    (`true`): the next batch's id all-to-all runs during this step (TorchRec
+    TrainPipelineSparseDist); `fused_sparse_dist`: that, and this batch's lookup and
+    embedding all-to-all start before its step, in flight during the data loading and
+    input dist of the batches after it (TorchRec TrainPipelineFusedSparseDist; CPU only)."""
     ddp_bucket_mb: int = 25
     """Size of the dense gradients' all-reduce buckets (DDP `bucket_cap_mb`; TorchRec's
     default 25). A bucket is reduced as soon as its gradients are ready, so smaller

@@ -47,6 +47,22 @@ def test_overridden_torchrec_methods_still_exist():
     assert "input_feature_names" in inspect.signature(ShardedEmbeddingBagCollection._create_input_dist).parameters
 
 
+def test_fused_pipeline_internals_keep_their_shape():
+    """StreamlessFusedSparseDist (run.pipeline: fused_sparse_dist) overrides and calls these."""
+    from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist
+    from torchrec.distributed.train_pipeline.pipeline_context import EmbeddingTrainPipelineContext
+    from torchrec.distributed.train_pipeline.utils import _start_embedding_lookup
+
+    assert tuple(inspect.signature(_start_embedding_lookup).parameters) == (
+        "module", "context", "source_stream", "target_stream", "stream_context")
+    assert tuple(inspect.signature(TrainPipelineFusedSparseDist.start_embedding_lookup).parameters) == (
+        "self", "batch", "context")
+    assert "start_embedding_lookup" in inspect.getsource(TrainPipelineFusedSparseDist.progress)
+    context = EmbeddingTrainPipelineContext()
+    assert isinstance(context.module_contexts, dict) and isinstance(context.embedding_a2a_requests, dict)
+    assert issubclass(hooks.StreamlessFusedSparseDist, TrainPipelineFusedSparseDist)
+
+
 def private_names_used(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

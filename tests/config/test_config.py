@@ -115,7 +115,9 @@ def test_missing_config_file_is_named(tmp_path):
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "model.max_table_rows=1000"], 2,
      r"model\.max_table_rows: the Yambda sources size every table from the data"),
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "run.pipeline=true"], 2,
-     r"run\.pipeline: not available for model\.arch dlrmv4_hstu: .* fx-traces"),
+     r"run\.pipeline: sparse_dist is not available for model\.arch dlrmv4_hstu: .* fx-trace"),
+    (["run.pipeline=fused_sparse_dist", "run.device=cuda"], 2,
+     r"run\.pipeline: fused_sparse_dist runs on CPU only: .* side stream .* use run\.pipeline=sparse_dist"),
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "model.hstu.max_seq_len=64"], 2,
      r"data\.yambda\.max_seq_len: 4096 exceeds model\.hstu\.max_seq_len 64"),
     (["run.ddp_bucket_mb=0"], 2, r"run\.ddp_bucket_mb: must be positive"),
@@ -149,10 +151,24 @@ def test_validation_errors_name_the_key(overrides, world_size, message):
     (["data.split=random"], r"data\.split"),
     (["data.synthetic.profile=avazu"], r"data\.synthetic\.profile"),
     (["mlperf.division=premier"], r"mlperf\.division: 'premier' is not one of closed, open"),
+    (["run.pipeline=semi_sync"], r"run\.pipeline: semi_sync is not supported: .*one step stale"),
+    (["run.pipeline=fused"], r"run\.pipeline: 'fused' is not one of off, sparse_dist, fused_sparse_dist"),
+    (["run.pipeline=1"], r"run\.pipeline: 1 is not one of"),  # an alias of true is not
 ])
 def test_choices_are_checked_by_the_loader(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize("value, mode", [("false", "off"), ("off", "off"), ("true", "sparse_dist"),
+                                         ("sparse_dist", "sparse_dist"),
+                                         ("fused_sparse_dist", "fused_sparse_dist")])
+def test_pipeline_true_and_false_keep_their_meaning(tmp_path, value, mode):
+    cfg = load_config(write(tmp_path, f"run:\n  pipeline: {value}\n"))
+    assert cfg.run.pipeline == mode
+    validate_config(cfg, 2)
+    dump_config(cfg, tmp_path / "resolved.yaml")  # written as the choice's name, read back the same
+    assert load_config(tmp_path / "resolved.yaml").run.pipeline == mode
 
 
 def test_config_package_imports_nothing_above_it():

@@ -34,7 +34,7 @@ from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.layout import Layout
 from dlrmtrain.comm.stats import DistCommStats, TableCommStats
-from dlrmtrain.comm.stock_bytes import count_stock_step
+from dlrmtrain.comm.stock_bytes import add_tallied_passes, count_stock_step, pass_key
 
 logger = logging.getLogger(__name__)
 
@@ -163,21 +163,12 @@ class AutoDist(nn.Module):
         return self._settled_hook is not None
 
     def _tally_settled(self, local_embs: torch.Tensor, sharding_ctx) -> None:
-        key = (tuple(getattr(sharding_ctx, "batch_size_per_rank", None) or ()), local_embs.shape[0],
-               local_embs.element_size())
+        key = pass_key(local_embs, sharding_ctx)
         self._settled_counts[key] = self._settled_counts.get(key, 0) + 1
 
     def _flush_settled(self) -> None:
         """Add the tallied settled passes to none's counters (one counted pass times its tally)."""
-        W = self.layout.world_size
-        for (sizes, rows, elem), n in self._settled_counts.items():
-            one = DistCommStats(codec="none", sharding_type=self.sharding_type)
-            count_stock_step(one, self.layout, self.rank, list(sizes) or [rows // W] * W, elem)
-            for name, t in one.tables.items():
-                dst = self.none_stats.table(name)
-                for f in dataclasses.fields(t):
-                    setattr(dst, f.name, getattr(dst, f.name) + n * getattr(t, f.name))
-            self.none_stats.steps += n
+        add_tallied_passes(self.none_stats, self.layout, self.rank, self._settled_counts)
         self._settled_counts = {}
 
     # ------------------------------------------------------------ decisions
