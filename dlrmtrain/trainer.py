@@ -13,10 +13,10 @@ from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
 from dlrmtrain.comm.stats import collect_comm_stats
+from dlrmtrain.comm.torchrec_hooks import PlanAheadTrainPipelineSparseDist
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import build_datasets
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
@@ -102,8 +102,9 @@ class Trainer:
         self.step = 0           # optimizer steps taken
         self.epoch = 0          # current pass over the training data
         self.step_in_epoch = 0  # batches of this epoch already trained on
-        self.pipeline = (TrainPipelineSparseDist(self.model, self.optimizer, env.device,
-                                                 custom_model_fwd=self._autocast_forward)
+        # the codec plans of batch i+1 are made during step i (torchrec_hooks.PlanAheadPipeline)
+        self.pipeline = (PlanAheadTrainPipelineSparseDist(self.model, self.optimizer, env.device,
+                                                          custom_model_fwd=self._autocast_forward)
                          if cfg.run.pipeline else None)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
