@@ -128,3 +128,23 @@ def test_plans_made_ahead_equal_the_steps_and_leave_no_host_sync_on_the_critical
         assert piped["stats"]["planned_ahead_steps"] == STEPS - 1
         # bytes counted per pass run, wherever its plan was made
         assert piped["stats"]["total"] == plain["stats"]["total"]
+
+
+def test_a_plans_counters_add_to_the_dists():
+    """What `DedupDist` does with a plan made ahead when its pass runs: every counter adds up,
+    what describes the dist stays."""
+    from dlrmtrain.comm.stats import DistCommStats
+
+    mine = DistCommStats(codec="dedup", sharding_type="row_wise", table_codecs={"a": "dedup"}, steps=2,
+                         codec_seconds=0.5, step_host_syncs=2, planned_ahead=1, messages=3)
+    mine.table("a").add_rows(8, 4, 4, sent=3, received=2, bags=5)
+    plan = DistCommStats(codec="dedup", sharding_type="row_wise", extra_syncs=1, messages=2)
+    plan.table("a").add_rows(8, 4, 4, sent=1, received=1, bags=5)
+    plan.table("b").add_rows(4, 4, 4, received=2, bags=2)
+    mine.add(plan)
+    assert (mine.codec, mine.sharding_type, mine.table_codecs) == ("dedup", "row_wise", {"a": "dedup"})
+    assert (mine.steps, mine.codec_seconds, mine.step_host_syncs, mine.planned_ahead) == (2, 0.5, 2, 1)
+    assert (mine.extra_syncs, mine.messages) == (1, 5)
+    assert (mine.tables["a"].bags, mine.tables["a"].unique_bags) == (10, 3)
+    assert mine.tables["a"].payload_fwd_sent_bytes == (3 + 1) * 8 * 4
+    assert mine.tables["b"].payload_fwd_recv_bytes == 2 * 4 * 4
