@@ -24,9 +24,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import TrainPipeline
 
-from dlrmtrain.comm.torchrec_hooks import StreamlessFusedSparseDist
+from dlrmtrain.comm.torchrec_hooks import PlanAheadStreamlessFusedSparseDist, PlanAheadTrainPipelineSparseDist
 
 
 def build_train_pipeline(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -37,7 +37,7 @@ def build_train_pipeline(mode: str, model: torch.nn.Module, optimizer: torch.opt
     if mode == "off":
         return None
     if mode == "sparse_dist":
-        return TrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
+        return PlanAheadTrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
     if mode == "fused_sparse_dist":
-        return StreamlessFusedSparseDist(model, optimizer, device, custom_model_fwd=forward)
+        return PlanAheadStreamlessFusedSparseDist(model, optimizer, device, custom_model_fwd=forward)
     raise ValueError(f"run.pipeline: unknown mode {mode!r}")  # the loader checks the choices

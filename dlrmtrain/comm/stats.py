@@ -87,6 +87,11 @@ class DistCommStats:
     """host syncs beyond the one per step: bags longer than the learned key width"""
     fallback_steps: int = 0
     """row-wise: steps that saw a multi-id bag and ran TorchRec's reduce-scatter instead"""
+    step_host_syncs: int = 0
+    """host syncs on the critical path: those of plans made inside a forward (one per plan,
+    two-level two, plus their `extra_syncs`); plans made ahead add none"""
+    planned_ahead: int = 0
+    """forward passes whose plan was made when their ids arrived (the pipeline's input stage)"""
     decisions: list[str] = field(default_factory=list)
     """`auto`: each decision with its step and reason"""
     hierarchy: str = "flat"
@@ -123,6 +128,26 @@ class DistCommStats:
     def table(self, name: str) -> TableCommStats:
         return self.tables.setdefault(name, TableCommStats())
 
+    def add(self, other: "DistCommStats") -> None:
+        """Add the counters of `other` (one plan's, kept apart until its pass runs) to these."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name in _DESCRIPTIVE:
+                continue
+            if f.name == "tables":
+                for name, t in theirs.items():
+                    self.table(name).add(t)
+            elif isinstance(mine, dict):  # e.g. seconds per phase
+                for key, value in theirs.items():
+                    mine[key] = mine.get(key, 0) + value
+            elif isinstance(mine, list):
+                mine.extend(theirs)
+            else:
+                setattr(self, f.name, mine + theirs)
+
+
+_DESCRIPTIVE = ("codec", "sharding_type", "lossy", "table_codecs", "hierarchy")
+"""`DistCommStats` fields that describe the dist rather than count (`DistCommStats.add` keeps them)"""
 
 _TRAFFIC = ("messages", "inter_node_messages", "inter_node_bytes", "intra_node_bytes", "id_exchange_bytes")
 """`DistCommStats` counters of whole messages, summed like the table counters"""
@@ -179,7 +204,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     lossy: set[str] = set()
     steps = 0
     codec_s = transfer_s = 0.0
-    extra_syncs = fallback_steps = 0
+    extra_syncs = fallback_steps = step_syncs = planned_ahead = 0
     decisions: list[str] = []
     traffic = dict.fromkeys(_TRAFFIC, 0)
     hierarchies: set[str] = set()
@@ -198,6 +223,8 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         transfer_s += d.transfer_seconds
         extra_syncs += d.extra_syncs
         fallback_steps += d.fallback_steps
+        step_syncs += d.step_host_syncs
+        planned_ahead = max(planned_ahead, d.planned_ahead)
     if all_ranks and per_table:
         codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
         summed = torch.tensor([traffic[k] for k in _TRAFFIC], dtype=torch.float64)
@@ -229,6 +256,9 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "transfer_seconds_per_step": transfer_s / steps if steps else 0.0,
         "extra_syncs": extra_syncs,
         "fallback_steps": fallback_steps,
+        # this rank's (every rank makes the same syncs): all dists together
+        "host_syncs_per_step": step_syncs / steps if steps else None,
+        "planned_ahead_steps": planned_ahead,
         "hierarchy": sorted(hierarchies),
         **{f"{k}_per_step": v / steps if steps else None for k, v in traffic.items()},
         "total": asdict(total),

@@ -14,7 +14,7 @@ ones recorded here and fails when they change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -29,10 +29,10 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
-from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist
+from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist, TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.runtime_forwards import InSyncEmbeddingPipelinedForward
 from torchrec.distributed.train_pipeline.utils import _start_embedding_lookup
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import NoWait, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -54,6 +54,8 @@ OWNER_FEATURES = "dlrmtrain_owner_features"
 """sharding-context attribute: the KJT the owner looked up (after the id all-to-all)"""
 SAMPLE_FEATURES = "dlrmtrain_sample_features"
 """sharding-context attribute: this rank's own KJT slice (before the id all-to-all)"""
+PLAN_AHEAD = "dlrmtrain_plan_ahead"
+"""sharding-context attribute: the codec's plan for this pass, made when its ids arrived"""
 
 
 # ------------------------------------------------------------------ sharded EBC
@@ -164,10 +166,90 @@ class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
         self._record_owner_features(ctx, dist_input)
         return super().compute(ctx, dist_input)
 
+    def plan_ahead(self, ctx: EmbeddingBagCollectionContext, dist_input) -> None:
+        """Record the owner's ids and let each codec dist that `PlansAhead` plan its pass now."""
+        self._record_owner_features(ctx, dist_input)
+        for out_dist, sharding_ctx in zip(self._output_dists, ctx.sharding_contexts):
+            if isinstance(out_dist, PlansAhead):
+                out_dist.plan_ahead(sharding_ctx)
+
 
 def ids_of_both_ends(sharding_ctx) -> tuple[KeyedJaggedTensor | None, KeyedJaggedTensor | None]:
     """(owner's KJT, sample rank's KJT) recorded by `IdRecordingShardedEBC`, None where absent."""
     return getattr(sharding_ctx, OWNER_FEATURES, None), getattr(sharding_ctx, SAMPLE_FEATURES, None)
+
+
+def set_plan_ahead(sharding_ctx, plan: Any) -> None:
+    setattr(sharding_ctx, PLAN_AHEAD, plan)
+
+
+def take_plan_ahead(sharding_ctx) -> Any:
+    """The plan `set_plan_ahead` left in `sharding_ctx` (None if none), removed so it serves one pass."""
+    plan = getattr(sharding_ctx, PLAN_AHEAD, None)
+    if plan is not None:
+        setattr(sharding_ctx, PLAN_AHEAD, None)
+    return plan
+
+
+# ------------------------------------------------ planning at the pipeline's input stage
+@runtime_checkable
+class PlansAhead(Protocol):
+    """An output dist that can plan a pass from its sharding context's ids alone (dedup's)."""
+
+    def plan_ahead(self, sharding_ctx) -> None:
+        """Plan the pass that will get `sharding_ctx` (both ends' ids recorded) and leave the plan in it."""
+        ...
+
+
+class PlanAheadPipeline:
+    """Mixin for TorchRec's `TrainPipelineSparseDist` (and its subclasses): the codec plans of
+    batch i+1 are made during step i, after its optimizer step, once the ids of batch i+1 have
+    arrived (the input all-to-all, launched before step i's backward, had that backward to finish).
+
+    TorchRec's pipeline waits for those ids only inside the next forward; here they are
+    waited for at the end of step i (`dequeue_batch`, the last thing `progress` does, after
+    the backward and optimizer work of step i has been queued), each codec dist that
+    `PlansAhead` plans from them, and the pipeline gets the ids back as an already-completed
+    request. The step then does no unique, no sort and no host sync for the codec.
+    Nothing changes numerically: a plan depends on the ids only.
+    """
+
+    def dequeue_batch(self) -> None:
+        if len(self.contexts) >= 2:
+            self._plan_ahead(self.contexts[1])
+        super().dequeue_batch()
+
+    def attach(self, model: nn.Module | None = None, sparse_dist: bool = True) -> None:
+        # TorchRec re-runs the next batch's input dist into fresh module contexts (after an
+        # eval on the detached model); its plans, made from the same ids, move over
+        before = dict(self.contexts[0].module_contexts) if self.contexts else {}
+        super().attach(model, sparse_dist)
+        after = self.contexts[0].module_contexts if self.contexts else {}
+        for name, old in before.items():
+            new = after.get(name)
+            if new is None or new is old:
+                continue
+            for old_sharding, new_sharding in zip(getattr(old, "sharding_contexts", ()),
+                                                  getattr(new, "sharding_contexts", ())):
+                set_plan_ahead(new_sharding, take_plan_ahead(old_sharding))
+
+    def _plan_ahead(self, context) -> None:
+        for module in self._pipelined_modules:
+            name = getattr(module.forward, "name", None)
+            if not isinstance(module, IdRecordingShardedEBC) or name is None:
+                continue
+            request = context.input_dist_tensors_requests.get(name)
+            module_ctx = context.module_contexts.get(name)
+            if request is None or module_ctx is None:
+                continue  # its input dist was not started (or already consumed)
+            with self._stream_context(self._data_dist_stream):
+                features = request.wait()
+                module.plan_ahead(module_ctx, features)
+            context.input_dist_tensors_requests[name] = NoWait(features)
+
+
+class PlanAheadTrainPipelineSparseDist(PlanAheadPipeline, TrainPipelineSparseDist):
+    """`TrainPipelineSparseDist` with the codec plans of batch i+1 made during step i."""
 
 
 # ---------------------------------------------------------------- the sharder
@@ -313,3 +395,7 @@ class StreamlessFusedSparseDist(TrainPipelineFusedSparseDist):
             return
         for module in self._pipelined_modules:
             _start_lookup_without_streams(module, context)
+
+
+class PlanAheadStreamlessFusedSparseDist(PlanAheadPipeline, StreamlessFusedSparseDist):
+    """`StreamlessFusedSparseDist` with the codec plans of batch i+1 made during step i."""

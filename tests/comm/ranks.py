@@ -257,6 +257,7 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hiera
             loss.backward()
             dense_opt.step()
         per_step.append(counter.syncs)
+    counted = collect_comm_stats(dmp)["host_syncs_per_step"]  # what the comm stats say
     # the dist itself hands back an awaitable with the transfer in flight
     with torch.no_grad():
         ctx = sebc.create_context()
@@ -267,7 +268,7 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hiera
         works = [type(a._req.work).__name__ for a in awaitables if hasattr(a, "_req")]
         for a in awaitables:
             a.wait()
-    result = {"per_step": per_step, "awaitables": kinds, "works": works,
+    result = {"per_step": per_step, "awaitables": kinds, "works": works, "counted_per_step": counted,
               "dists": len(comm_counters(sebc))}  # codec dists only: no stock counters attached here
     del dmp, dense_opt, sebc
     return result

@@ -8,7 +8,9 @@ ops whose output size depends on the data (`nonzero`, `masked_select`, `unique`,
 Python list (`torch.tensor(..., device=...)`: a blocking host-to-device copy).
 Only calls made by the codec dists (the innermost non-library frame lies in
 dlrmtrain/comm/{codecs,dedup,auto,sequence}/, so TorchRec methods they call count too) are counted:
-TorchRec's and the model's own syncs do not blur the codec's.
+TorchRec's and the model's own syncs do not blur the codec's. Those made while a dist
+plans a later pass ahead (under a `plan_ahead` call: the pipeline's input stage, off the
+step's critical path) are kept apart, in `ahead`.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ def _is_sync(func, args, kwargs) -> bool:
 
 
 class HostSyncCounter(TorchFunctionMode):
-    """`syncs`: (function name, codec file:line) of each counted call."""
+    """`syncs`: (function name, codec file:line) of each counted call on the critical path;
+    `ahead`: the same for calls made while planning a later pass ahead."""
 
     def __init__(self) -> None:
         super().__init__()
         self.syncs: list[tuple[str, str]] = []
+        self.ahead: list[tuple[str, str]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -52,5 +56,6 @@ class HostSyncCounter(TorchFunctionMode):
                     if "site-packages" not in f.filename and not f.filename.endswith("sync_counter.py")]
             if ours and any(f"dlrmtrain/comm/{pkg}/" in ours[-1].filename for pkg in CODEC_PACKAGES):
                 where = f"{ours[-1].filename.split('dlrmtrain/')[-1]}:{ours[-1].lineno}"
-                self.syncs.append((getattr(func, "__name__", str(func)), where))
+                ahead = any(f.name == "plan_ahead" and "dlrmtrain/comm/" in f.filename for f in ours)
+                (self.ahead if ahead else self.syncs).append((getattr(func, "__name__", str(func)), where))
         return func(*args, **kwargs)

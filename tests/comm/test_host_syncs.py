@@ -1,5 +1,7 @@
 """GPU-readiness, checked on CPU: each codec dist costs exactly one host sync per step
-(the all-to-all split sizes) and hands back a real awaitable with the transfer in flight.
+(the all-to-all split sizes) and hands back a real awaitable with the transfer in flight;
+the comm stats count the same. (Under the pipeline the plan, and its sync, move off the
+step: test_plan_ahead.py.)
 
 Syncs are counted with HostSyncCounter (sync_counter.py): every call from
 dlrmtrain/comm/ that would sync on a GPU, forward and backward of whole
@@ -29,5 +31,6 @@ def test_one_host_sync_per_dist_per_step(codec: str):
         assert dists == 3  # table-wise, column-wise, row-wise
         for step, syncs in enumerate(res["per_step"]):
             assert [name for name, _ in syncs] == ["tolist"] * dists, (rank, step, syncs)
+        assert res["counted_per_step"] == dists
         assert res["awaitables"] == ["DedupAwaitable"] * dists
         assert res["works"] and all("Work" in w for w in res["works"])

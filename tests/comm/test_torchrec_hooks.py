@@ -18,7 +18,8 @@ COMM = Path(__file__).resolve().parents[2] / "dlrmtrain" / "comm"
 PRIVATE_NAMES = {"_output_dists", "_create_input_dist", "_input_dists", "_grouped_embedding_configs",
                  "_grouped_embedding_configs_per_rank", "_callbacks", "_codecs", "_is_weighted", "_env",
                  "_embedding_shardings", "_sharding_types", "_sharded_module_order_overwrite",
-                 "_storage_Use_Count", "_C", "_dist", "_cdata"}
+                 "_storage_Use_Count", "_C", "_dist", "_cdata", "_pipelined_modules", "_stream_context",
+                 "_data_dist_stream"}
 
 
 def test_installed_torchrec_is_the_supported_one():
@@ -61,6 +62,20 @@ def test_fused_pipeline_internals_keep_their_shape():
     context = EmbeddingTrainPipelineContext()
     assert isinstance(context.module_contexts, dict) and isinstance(context.embedding_a2a_requests, dict)
     assert issubclass(hooks.StreamlessFusedSparseDist, TrainPipelineFusedSparseDist)
+
+
+def test_pipeline_methods_planning_ahead_relies_on_still_exist():
+    """`PlanAheadPipeline` plans in `dequeue_batch`, which `progress` must still call last, and
+    re-homes plans in `attach`; it reads each context's tensors requests and module contexts."""
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.distributed.train_pipeline.pipeline_context import TrainPipelineContext
+
+    assert inspect.getsource(TrainPipelineSparseDist.progress).rstrip().endswith(
+        "self.dequeue_batch()\n        return output")
+    assert list(inspect.signature(TrainPipelineSparseDist.attach).parameters) == ["self", "model", "sparse_dist"]
+    assert callable(TrainPipelineSparseDist.dequeue_batch)
+    fields = TrainPipelineContext.__dataclass_fields__
+    assert {"input_dist_tensors_requests", "module_contexts"} <= set(fields)
 
 
 def private_names_used(path: Path) -> set[str]:

@@ -34,6 +34,9 @@ from dlrmtrain.comm.dedup.two_level_transport import start_two_level_all_to_all
 from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology, node_groups, topology_of
 
+TWO_LEVEL_PLAN_SYNCS = 2
+"""host syncs of one two-level plan: the node's id exchange and the unique counts (two_level*.py)"""
+
 
 class DedupCodec(EmbeddingCommCodec):
     """Registry entry: `dedup`, or with `wire_dtype` (fp16 / bf16) the stacked, LOSSY `dedup+fp16/bf16`."""
@@ -70,13 +73,15 @@ class DedupCodec(EmbeddingCommCodec):
                                  f"row-wise tables the same codec")
             planner = TwoLevelRowWisePlanner(layout, topology, node_groups(topology, pg), pg)
             return DedupDist(stock_dist, planner, pg, sharding_type, {t: self.name for t in sorted(tables)}, None,
-                             self.name, topology=topology, start=start_two_level_all_to_all, hierarchy="node")
+                             self.name, topology=topology, start=start_two_level_all_to_all, hierarchy="node",
+                             plan_syncs=TWO_LEVEL_PLAN_SYNCS)
         if two_level and isinstance(layout, DistLayout):
             all_tables = {e.table for e in layout.all_entries()}
             table_codecs = {t: self.name if t in tables else "none" for t in sorted(all_tables)}
             planner = TwoLevelPlanner(layout, tables, topology, node_groups(topology, pg))
             return DedupDist(stock_dist, planner, pg, sharding_type, table_codecs, None, self.name,
-                             topology=topology, start=start_two_level_all_to_all, hierarchy="node")
+                             topology=topology, start=start_two_level_all_to_all, hierarchy="node",
+                             plan_syncs=TWO_LEVEL_PLAN_SYNCS)
         if isinstance(layout, RowWiseLayout):
             all_tables = {e.table for e in layout.entries}
             plain = sorted(all_tables - tables)

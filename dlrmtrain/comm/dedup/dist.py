@@ -12,10 +12,18 @@ step's bytes with `TableCommStats.add_rows`. The two-level path
 (`comm.hierarchy: node`) is the same dist with its own planner (two_level.py)
 and transport (two_level_transport.py), passed in as `start`; the dist counts
 every plan's messages and bytes between and inside nodes (`plan.traffic`).
+
+A plan depends on the ids only. Under the pipeline (torchrec_hooks.
+`PlanAheadTrainPipelineSparseDist`) `plan_ahead` makes it as soon as the
+batch's ids have arrived, during the previous step, and the forward only
+carries it out: no unique, no sort and no host sync on the step's critical
+path (`DistCommStats.step_host_syncs` counts those that remain: one per plan
+made in a forward, two for two-level).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -26,11 +34,11 @@ from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.dedup.buffers import BufferPool
-from dlrmtrain.comm.dedup.plan import DedupPlanner, DedupStep
+from dlrmtrain.comm.dedup.plan import DedupPlan, DedupPlanner, DedupStep, PlannedAhead
 from dlrmtrain.comm.dedup.transport import start_dedup_all_to_all
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import NodeTopology
-from dlrmtrain.comm.torchrec_hooks import dist_callbacks, ids_of_both_ends
+from dlrmtrain.comm.torchrec_hooks import dist_callbacks, ids_of_both_ends, set_plan_ahead, take_plan_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +49,7 @@ class DedupDist(nn.Module):
     def __init__(self, stock_dist: nn.Module, planner: DedupPlanner, pg: dist.ProcessGroup,
                  sharding_type: str, table_codecs: dict[str, str], wire_dtype: torch.dtype | None,
                  codec_name: str, topology: NodeTopology | None = None, start=start_dedup_all_to_all,
-                 hierarchy: str = "flat") -> None:
+                 hierarchy: str = "flat", plan_syncs: int = 1) -> None:
         super().__init__()
         self.stock_dist = stock_dist  # the fallback
         self.planner = planner
@@ -56,12 +64,60 @@ class DedupDist(nn.Module):
         self.output_callbacks = dist_callbacks(stock_dist)
         self.output_pool = BufferPool()  # expanded outputs (forward)
         self.grad_pool = BufferPool()    # embedding gradients (backward)
+        self.plan_syncs = plan_syncs     # host syncs one plan costs (two-level: the id exchange's and the counts')
+        # the embeddings' element size, learned from the last forward: plans made ahead count bytes at it
+        self.elem_bytes: int | None = None
         self.comm_stats = DistCommStats(codec=codec_name, sharding_type=sharding_type,
                                         lossy=wire_dtype is not None, table_codecs=table_codecs,
                                         hierarchy=hierarchy)
 
     def forward(self, local_embs: torch.Tensor,
                 sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
+        elem_bytes = local_embs.element_size()
+        ahead = take_plan_ahead(sharding_ctx)
+        if ahead is not None and ahead.elem_bytes == elem_bytes:
+            plan = ahead.plan
+            self.comm_stats.add(ahead.stats)
+            self.comm_stats.planned_ahead += 1
+            plan_seconds = ahead.seconds
+            _use_on_current_stream(plan)
+        else:  # plan now, on the critical path
+            t0 = time.perf_counter()
+            extra_syncs = self.comm_stats.extra_syncs
+            plan = self.planner.plan(self._step(sharding_ctx, elem_bytes, self.comm_stats))
+            self.comm_stats.step_host_syncs += self.plan_syncs + self.comm_stats.extra_syncs - extra_syncs
+            plan_seconds = time.perf_counter() - t0
+        self.elem_bytes = elem_bytes
+        if plan is None:
+            if not self.comm_stats.fallback_steps:
+                logger.warning(self.planner.fallback_warning)
+            self.comm_stats.fallback_steps += 1
+            return self.stock_dist(local_embs, sharding_ctx)
+        self.comm_stats.codec_seconds += plan_seconds
+        self.comm_stats.steps += 1
+        self.comm_stats.count_traffic(plan.traffic(self.topology), self.rank, self.topology.node_of,
+                                      self._wire_bytes(elem_bytes))
+        awaitable = self.start(local_embs, plan, self)
+        awaitable.callbacks.extend(self.output_callbacks)
+        return awaitable
+
+    def plan_ahead(self, sharding_ctx: EmbeddingShardingContext) -> None:
+        """Plan the pass that will get `sharding_ctx` now that both ends' ids are in it
+        (`hooks.PlansAhead`); the plan waits in the context, its bytes in its own counters.
+
+        Before this dist's first forward the embeddings' element size is not known:
+        that pass plans for itself.
+        """
+        if self.elem_bytes is None:
+            return
+        stats = DistCommStats(codec=self.comm_stats.codec, sharding_type=self.comm_stats.sharding_type)
+        t0 = time.perf_counter()
+        plan = self.planner.plan(self._step(sharding_ctx, self.elem_bytes, stats))
+        set_plan_ahead(sharding_ctx, PlannedAhead(plan, self.elem_bytes, stats, time.perf_counter() - t0))
+
+    def _step(self, sharding_ctx: EmbeddingShardingContext | None, elem_bytes: int,
+              stats: DistCommStats) -> DedupStep:
+        """The planner's input: both ends' ids from `sharding_ctx`, counted into `stats`."""
         owner_kjt, sample_kjt = ids_of_both_ends(sharding_ctx)
         if owner_kjt is None or sample_kjt is None:
             raise RuntimeError(
@@ -70,23 +126,23 @@ class DedupDist(nn.Module):
         if sharding_ctx.variable_batch_per_feature:
             raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
         sizes = list(sharding_ctx.batch_size_per_rank) or [sample_kjt.stride()] * self.world_size
-        t0 = time.perf_counter()
-        wire_bytes = torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype \
-            else local_embs.element_size()
-        plan = self.planner.plan(DedupStep(owner_kjt, sample_kjt, sizes, self.rank, local_embs.device,
-                                           local_embs.element_size(), wire_bytes, self.comm_stats))
-        if plan is None:
-            if not self.comm_stats.fallback_steps:
-                logger.warning(self.planner.fallback_warning)
-            self.comm_stats.fallback_steps += 1
-            return self.stock_dist(local_embs, sharding_ctx)
-        self.comm_stats.codec_seconds += time.perf_counter() - t0
-        self.comm_stats.steps += 1
-        self.comm_stats.count_traffic(plan.traffic(self.topology), self.rank, self.topology.node_of, wire_bytes)
-        awaitable = self.start(local_embs, plan, self)
-        awaitable.callbacks.extend(self.output_callbacks)
-        return awaitable
+        return DedupStep(owner_kjt, sample_kjt, sizes, self.rank, owner_kjt.values().device, elem_bytes,
+                         self._wire_bytes(elem_bytes), stats)
+
+    def _wire_bytes(self, elem_bytes: int) -> int:
+        return torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype else elem_bytes
 
     def counted_bytes(self) -> DistCommStats:
         """This dist's counters (`stats.CountsCommBytes`)."""
         return self.comm_stats
+
+
+def _use_on_current_stream(plan: DedupPlan | None) -> None:
+    """A plan made ahead on the pipeline's data-dist stream is used on the current one:
+    keep the caching allocator from reusing its memory before this stream is done with it."""
+    if plan is None:
+        return
+    for f in dataclasses.fields(plan):
+        value = getattr(plan, f.name)
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            value.record_stream(torch.cuda.current_stream(value.device))

@@ -4,6 +4,8 @@
 its sharding type (table_wise.py, row_wise.py) deduplicates the ids of both
 ends, adds the step's bytes to `DedupStep.stats` and returns a `DedupPlan`,
 which the transport (transport.py) carries out forward and backward.
+A plan depends on the ids only, so under the pipeline it is made when the
+batch's ids arrive, a step early, and waits in a `PlannedAhead`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ class DedupPlan:
     def traffic(self, topology=None) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
         return [(s, sent, received) for s, (sent, received) in enumerate(zip(self.send_splits, self.recv_splits))]
+
+
+@dataclass
+class PlannedAhead:
+    """A plan made when its batch's ids arrived, before the forward that uses it."""
+
+    plan: DedupPlan | None
+    """None: the planner declined (the pass runs the stock dist)"""
+    elem_bytes: int
+    """the embedding element size the bytes were counted at (the dist's last forward's)"""
+    stats: DistCommStats
+    """the plan's counters, added to the dist's when its pass runs (a batch that never runs counts nothing)"""
+    seconds: float
+    """time spent planning (codec time, off the critical path)"""
 
 
 class DedupPlanner(Protocol):

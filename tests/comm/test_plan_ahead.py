@@ -1,0 +1,150 @@
+"""Planning at the pipeline's input stage (issue 19 item 3), in one 2-rank launch: the trainer
+under `dedup` with table-, column- and row-wise tables, the plain loop, then `run.pipeline=true`,
+an eval every 2 steps (it detaches the pipelined model; the plans move over on re-attach).
+
+- the plans made ahead (while the previous step runs) are the plans the plain loop makes in
+  its steps, bitwise, and the losses are bitwise the plain loop's;
+- pipelined steps make no codec host sync on the critical path (HostSyncCounter; only the first
+  step, which fills the pipeline, plans in its forward), one per dist ahead instead, and the
+  comm stats count the same;
+- bytes are counted once per pass run: the plan made ahead for the batch after the last
+  step (never run) counts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.common import tiny_config
+from tests.multiproc import run_ranks
+
+STEPS = 3
+SHARDING = "sharding.tables={t_cat_2: row_wise, t_cat_9: row_wise, t_cat_15: column_wise}"
+
+
+def _record_plans(planner, model, log: dict) -> None:
+    """Keep every plan `planner` makes (a pure function of the ids), training's and eval's apart."""
+    make = planner.plan
+
+    def plan(step):
+        made = make(step)
+        log["train" if model.training else "eval"].append(
+            None if made is None else {f.name: getattr(made, f.name) for f in dataclasses.fields(made)})
+        return made
+    planner.plan = plan
+
+
+def _counted(step_fn, syncs: list):
+    """`step_fn` run under a HostSyncCounter; each call's (critical-path, ahead) syncs appended to `syncs`."""
+    from tests.comm.sync_counter import HostSyncCounter
+
+    def counted(*args):
+        counter = HostSyncCounter()
+        with counter:
+            out = step_fn(*args)
+        syncs.append(([name for name, _ in counter.syncs], [name for name, _ in counter.ahead]))
+        return out
+    return counted
+
+
+def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
+    from dlrmtrain.comm.dedup.dist import DedupDist
+    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config, validate_config
+    from tests.comm.ranks import to_numpy
+
+    env = init_distributed("cpu")
+    results = {}
+    for mode in ("plain", "pipelined"):
+        cfg = resolve_config(tiny_config(out_dir, SHARDING, "comm.codec=dedup", f"run.pipeline={mode == 'pipelined'}",
+                                         f"run.max_steps={STEPS}", "eval.evals_per_epoch=8",
+                                         "data.synthetic.num_eval_samples=512", f"run.name={mode}"))
+        validate_config(cfg, world_size)
+        trainer = Trainer(cfg, env)
+        dists = [d for d in comm_counters(trainer.model) if isinstance(d, DedupDist)]
+        plans = [{"train": [], "eval": []} for _ in dists]
+        for d, log in zip(dists, plans):
+            _record_plans(d.planner, trainer.model, log)
+        syncs: list = []
+        if mode == "pipelined":
+            trainer.pipeline.progress = _counted(trainer.pipeline.progress, syncs)
+        else:
+            trainer.train_step = _counted(trainer.train_step, syncs)
+        summary = trainer.train()
+        stats = collect_comm_stats(trainer.model)
+        results[mode] = to_numpy({
+            "losses": summary.losses, "plans": plans, "syncs": syncs, "dists": len(dists),
+            "sharding_types": sorted(d.comm_stats.sharding_type for d in dists),
+            "stats": {k: stats[k] for k in ("steps", "host_syncs_per_step", "planned_ahead_steps", "total")}})
+        trainer.close()
+        del trainer, dists
+    return results
+
+
+@pytest.mark.timeout(300)
+def test_plans_made_ahead_equal_the_steps_and_leave_no_host_sync_on_the_critical_path(tmp_path):
+    for res in run_ranks(_plain_then_pipelined, 2, str(tmp_path), timeout=280):
+        plain, piped = res["plain"], res["pipelined"]
+        dists = plain["dists"]
+        assert plain["sharding_types"] == ["column_wise", "row_wise", "table_wise"]
+
+        # the same training, bitwise
+        assert [s for s, _ in piped["losses"]] == list(range(1, STEPS + 1))
+        assert piped["losses"] == plain["losses"]
+
+        # the plans: made in the plain loop's steps, made ahead in the pipeline's (one more: the
+        # batch after the last step); eval batches plan in their forward in both; all bitwise equal
+        for made_in_step, made_ahead in zip(plain["plans"], piped["plans"]):
+            assert len(made_in_step["train"]) == STEPS and len(made_ahead["train"]) == STEPS + 1
+            made_ahead["train"].pop()
+            assert len(made_in_step["eval"]) == len(made_ahead["eval"]) > 0
+            for a, b in zip(made_in_step["train"] + made_in_step["eval"],
+                            made_ahead["train"] + made_ahead["eval"]):
+                assert a.keys() == b.keys()
+                for key in a:
+                    if isinstance(a[key], np.ndarray):
+                        assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+                    else:
+                        assert a[key] == b[key], key
+
+        # host syncs: the plain loop's one per dist per step; the pipeline's only in the step
+        # that fills it, then none on the critical path (also after each eval, which detaches
+        # the model), one per dist ahead for the next batch
+        assert plain["syncs"] == [(["tolist"] * dists, [])] * STEPS
+        assert piped["syncs"] == ([(["tolist"] * dists, ["tolist"] * dists)]
+                                  + [([], ["tolist"] * dists)] * (STEPS - 1))
+        # the comm stats say the same; their passes include the eval batches (planned in-step)
+        passes = plain["stats"]["steps"]
+        evals = passes - STEPS
+        assert evals > 0 and piped["stats"]["steps"] == passes
+        assert plain["stats"]["host_syncs_per_step"] == dists
+        assert plain["stats"]["planned_ahead_steps"] == 0
+        assert piped["stats"]["host_syncs_per_step"] == dists * (1 + evals) / passes
+        assert piped["stats"]["planned_ahead_steps"] == STEPS - 1
+        # bytes counted per pass run, wherever its plan was made
+        assert piped["stats"]["total"] == plain["stats"]["total"]
+
+
+def test_a_plans_counters_add_to_the_dists():
+    """What `DedupDist` does with a plan made ahead when its pass runs: every counter adds up,
+    what describes the dist stays."""
+    from dlrmtrain.comm.stats import DistCommStats
+
+    mine = DistCommStats(codec="dedup", sharding_type="row_wise", table_codecs={"a": "dedup"}, steps=2,
+                         codec_seconds=0.5, step_host_syncs=2, planned_ahead=1, messages=3)
+    mine.table("a").add_rows(8, 4, 4, sent=3, received=2, bags=5)
+    plan = DistCommStats(codec="dedup", sharding_type="row_wise", extra_syncs=1, messages=2)
+    plan.table("a").add_rows(8, 4, 4, sent=1, received=1, bags=5)
+    plan.table("b").add_rows(4, 4, 4, received=2, bags=2)
+    mine.add(plan)
+    assert (mine.codec, mine.sharding_type, mine.table_codecs) == ("dedup", "row_wise", {"a": "dedup"})
+    assert (mine.steps, mine.codec_seconds, mine.step_host_syncs, mine.planned_ahead) == (2, 0.5, 2, 1)
+    assert (mine.extra_syncs, mine.messages) == (1, 5)
+    assert (mine.tables["a"].bags, mine.tables["a"].unique_bags) == (10, 3)
+    assert mine.tables["a"].payload_fwd_sent_bytes == (3 + 1) * 8 * 4
+    assert mine.tables["b"].payload_fwd_recv_bytes == 2 * 4 * 4
