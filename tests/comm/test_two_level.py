@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dlrmtrain.comm.dedup.kernels import block_unique
-from dlrmtrain.comm.dedup.two_level import BagBlock, used_subset, blocks_unique
+from dlrmtrain.comm.dedup.two_level import BagBlock, blocks_unique, node_subsets
 from dlrmtrain.comm.layout import FeatureEntry
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
@@ -74,15 +74,14 @@ def test_node_unique_equals_brute_force_and_each_rank_gets_its_own_unique_order(
         assert distinct[int(u.inverse[b])] == tuple(bag)
         assert tuple(node_bags[int(u.first[u.inverse[b]])]) == tuple(bag)  # a first occurrence
         assert int(u.first[u.inverse[b]]) <= b
-    start = 0
-    for bags in per_rank:
-        subset, count = used_subset(u, start, len(bags), len(node_bags))
-        start += len(bags)
+    chosen, counts = node_subsets([u.inverse], sizes, len(node_bags))
+    for k, bags in enumerate(per_rank):
+        count = int(counts[k, 0])
         # what the forwarder sends this rank: its distinct bags, in the order the rank's own unique gives
         v, o, n = _as_kjt_arrays(bags)
         mine = block_unique(v, o[:-1], n, width, 10)
-        assert int(count) == int(mine.count) == len({tuple(b) for b in bags})
-        got = [distinct[int(i)] for i in subset[:int(count)]]
+        assert count == int(mine.count) == len({tuple(b) for b in bags})
+        got = [distinct[int(i)] for i in chosen[k, 0, :count]]
         assert got == sorted({tuple(b) for b in bags})
         for b, bag in enumerate(bags):
             assert got[int(mine.inverse[b])] == tuple(bag)
@@ -151,7 +150,8 @@ def _distinct_rows(t: Table, bags: list[tuple], shard: int | None = None) -> int
 
 
 def _expected_rows(sc: Scenario):
-    """Counted from the ids: rows between nodes, and rows the owners put on their rails, per table."""
+    """Counted from the ids: rows between nodes, and rows the owners send (node-level distinct rows
+    to other nodes; to their own node's ranks each rank's distinct rows, row-wise the node's), per table."""
     topo = NodeTopology(WORLD, PER_NODE, 0)
     between = 0  # elements (forward), all tables and owners
     rail_sent = {t.name: 0 for t in sc.tables}
@@ -164,6 +164,10 @@ def _expected_rows(sc: Scenario):
                 node_bags = [tuple(b) for r in topo.node_ranks(n) for b in bags[r][f"f_{t.name}"]]
                 for o in owners:
                     rows = _distinct_rows(t, node_bags, o if t.placement[0] == "rw" else None)
+                    if topo.node_of(o) == n and t.placement[0] != "rw":
+                        # its own node's ranks get their own distinct rows straight from the owner
+                        rows = sum(_distinct_rows(t, [tuple(b) for b in bags[r][f"f_{t.name}"]])
+                                   for r in topo.node_ranks(n))
                     rail_sent[t.name] += rows * shard_dim * 4
                     if topo.node_of(o) != n:
                         between += rows * shard_dim
