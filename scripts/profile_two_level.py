@@ -93,7 +93,7 @@ def wrap_plan_pieces() -> None:
                 EVENTS.append((f"  {label}", t0, t1))
         setattr(owner, name, wrapper)
 
-    for name in ("exchange_node_ids", "blocks_unique", "used_subset"):
+    for name in ("exchange_node_ids", "blocks_unique", "node_subsets"):
         timed(two_level, name, name)
     for name in ("_build", "_account"):
         timed(two_level.TwoLevelPlanner, name, f"TwoLevelPlanner.{name}")

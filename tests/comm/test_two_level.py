@@ -22,7 +22,7 @@ import torch
 from dlrmtrain.comm.dedup.kernels import block_unique
 from dlrmtrain.comm.dedup.two_level import BagBlock, blocks_unique, node_subsets
 from dlrmtrain.comm.layout import FeatureEntry
-from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.stats import HOPS, DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
@@ -191,6 +191,9 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
         assert "messages/step" in node["summary"] and "between nodes" in node["summary"]  # console
+        # per-hop times, in comm_stats.json and on the console
+        assert {"ids", "plan", "gather", "expand", "scatter"} <= set(stats["hop_ms_per_step"]) <= set(HOPS)
+        assert "ms/step per hop: ids" in node["summary"]
         assert stats["fallback_steps"] == 0  # one-hot row-wise steps never need the reduce-scatter
         # between nodes a rank talks only to its rail peer: per all-to-all, rows forward if it owns
         # a table there, gradients back if the peer does

@@ -290,7 +290,8 @@ class AutoDist(nn.Module):
             transfer_seconds=d.transfer_seconds, extra_syncs=d.extra_syncs, fallback_steps=d.fallback_steps,
             decisions=list(self.none_stats.decisions), hierarchy=d.hierarchy, messages=d.messages,
             inter_node_messages=d.inter_node_messages, inter_node_bytes=d.inter_node_bytes,
-            intra_node_bytes=d.intra_node_bytes, id_exchange_bytes=d.id_exchange_bytes)
+            intra_node_bytes=d.intra_node_bytes, id_exchange_bytes=d.id_exchange_bytes,
+            hop_seconds=dict(d.hop_seconds))
 
     @comm_stats.setter
     def comm_stats(self, value: DistCommStats) -> None:
