@@ -87,6 +87,22 @@ def test_node_unique_equals_brute_force_and_each_rank_gets_its_own_unique_order(
             assert got[int(mine.inverse[b])] == tuple(bag)
 
 
+def test_blocks_unique_gathers_scattered_blocks_and_matches_one_block_at_a_time():
+    # an owner's blocks on node 0 of 2 x 2 ranks, two tables: its ranks' blocks, then node 1's node
+    # block (one-hot, some bags empty) - the one-hot blocks of each size go through one sort
+    g = torch.Generator().manual_seed(5)
+    B, GB = 6, 24
+    lengths = torch.randint(0, 2, (2 * GB,), generator=g)
+    values = torch.randint(0, 7, (int(lengths.sum()),), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    entry = FeatureEntry("f", "t", 4, 7)
+    specs = [BagBlock(i * GB + a, n, 1, entry, True) for i in range(2) for a, n in ((0, B), (B, B), (2 * B, 2 * B))]
+    for s, u in zip(specs, blocks_unique(values, offsets, lengths, specs)):
+        one = block_unique(values, offsets[s.start:s.start + s.size], lengths[s.start:s.start + s.size], 1, 7)
+        n = int(one.count)
+        assert int(u.count) == n and torch.equal(u.inverse, one.inverse) and torch.equal(u.first[:n], one.first[:n])
+
+
 def test_traffic_counts_messages_and_bytes_between_and_inside_nodes():
     stats = DistCommStats(codec="dedup", sharding_type="table_wise")
     topo = NodeTopology(world_size=4, ranks_per_node=2, rank=1)

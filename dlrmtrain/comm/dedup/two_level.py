@@ -133,21 +133,28 @@ def _identity(size: int, device: torch.device) -> BlockUnique:
 
 def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                   specs: list[BagBlock]) -> list[BlockUnique]:
-    """Unique bags of each block; one-hot blocks share one sort (`one_hot_blocks_unique`)."""
+    """Unique bags of each block; one-hot blocks of one size share one sort (`one_hot_blocks_unique`)."""
     device = lengths.device
     out: list[BlockUnique | None] = [None] * len(specs)
-    batched = []
+    by_size: dict[int, list[int]] = {}
     for k, s in enumerate(specs):
         if not s.dedup:
             out[k] = _identity(s.size, device)
         elif s.width <= 1:
-            batched.append(k)
+            by_size.setdefault(s.size, []).append(k)
         else:
             out[k] = block_unique(values, offsets[s.start:s.start + s.size], lengths[s.start:s.start + s.size],
                                   s.width, s.entry.num_embeddings)
-    if batched:
-        uniques = one_hot_blocks_unique(values, offsets, lengths, [specs[k].start for k in batched],
-                                        [specs[k].size for k in batched],
+    for size, batched in by_size.items():
+        # blocks of one size laid end to end take one_hot_blocks_unique's fast path (a [blocks, size]
+        # view); blocks elsewhere (an owner's node blocks, one per table) are gathered so first
+        runs = [specs[k].start for k in batched]
+        if all(b == a + size for a, b in zip(runs, runs[1:])):
+            offs, lens, starts = offsets, lengths, runs
+        else:
+            bags = (host_to_device(runs, device).unsqueeze(1) + torch.arange(size, device=device)).view(-1)
+            offs, lens, starts = offsets[bags], lengths[bags], [b * size for b in range(len(batched))]
+        uniques = one_hot_blocks_unique(values, offs, lens, starts, [size] * len(batched),
                                         [specs[k].entry.num_embeddings for k in batched])
         for k, u in zip(batched, uniques):
             out[k] = u
