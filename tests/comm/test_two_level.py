@@ -216,18 +216,24 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         peer = (rank + PER_NODE) % WORLD
         owners = [{o for t in SC.tables if t.placement[0] == kind for o in _owner_shards(t)} for kind in ("tw", "cw")]
         table_wise = sum((rank in o) + (peer in o) for o in owners)
-        assert table_wise <= stats["inter_node_messages_per_step"] <= table_wise + 2  # + row-wise, if ids
+        counts = len(owners)  # each table-/column-wise dist tells its rail peer its row counts: one message
+        assert table_wise + counts <= stats["inter_node_messages_per_step"] <= table_wise + counts + 2  # + row-wise
         # rows reaching each rank: its own distinct bags per table (one-level dedup's receive side)
         for t in SC.tables:
             got = stats["tables"][t.name]
             own = [bags_for(SC, s, rank)[f"f_{t.name}"] for s in range(SC.steps)]
             rows = sum(_distinct_rows(t, [tuple(x) for x in b]) for b in own)
             assert got["payload_fwd_recv_bytes"] == rows * t.dim * 4, (rank, t.name)
-        # GPU readiness, counted on CPU: two host syncs per dist per step (the exchange's id counts,
-        # every block's unique count), nothing else; the intra-node hop is in flight on return
+        # GPU readiness, counted on CPU: two host syncs per dist per step (every block's unique count with
+        # the rail peers' counts; the id exchange's counts, after the launch), nothing else; the transfers
+        # are in flight on return
         syncs = res["syncs"]
         assert syncs["dists"] == 3 and syncs["awaitables"] == ["TwoLevelAwaitable"] * 3
-        for step in syncs["per_step"]:
+        first, *rest = syncs["per_step"]
+        # key widths are learned: the first step's multi-hot and jagged bags outgrow them once (two
+        # more syncs per such dist: their longest bags, the counts again)
+        assert [name for name, _ in first] in (["tolist"] * 6, ["tolist"] * 8, ["tolist"] * 10), (rank, first)
+        for step in rest:
             assert [name for name, _ in step] == ["tolist"] * 6, (rank, step)
         # auto under node: none or the two-level dedup, both lossless (it probes both in these steps)
         assert np.array_equal(res["auto"]["pooled"], none["pooled"])

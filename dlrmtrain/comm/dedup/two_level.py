@@ -73,8 +73,8 @@ class TwoLevelPlan:
     rail_recv_splits: list[int]
     intra_send_index: torch.Tensor | None
     """unit rows of the rail receive buffer, in stage 2's message order (None until `complete`)"""
-    intra_send_splits: list[int]
-    """elements per local rank (intra-node group rank)"""
+    intra_send_splits: list[int] | None
+    """elements per local rank (intra-node group rank); None until `complete`"""
     intra_recv_splits: list[int]
     recv_index: torch.Tensor | None
     """per output unit row: its unit row in the receive buffer (None until `complete`)"""
@@ -86,7 +86,7 @@ class TwoLevelPlan:
     """stage 1 inside the node: elements to each local rank (None: no such stage)"""
     local_recv_splits: list[int] | None = None
     deferred: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
-    """builds (intra_send_index, recv_index); called once the rail hop is launched"""
+    """builds (intra_send_index, recv_index) and sets `intra_send_splits`; called once stage 1 is launched"""
 
     def complete(self) -> None:
         """Build what only stage 2 and the expand need (no host sync)."""
@@ -109,8 +109,9 @@ class TwoLevelPlan:
         node = topology.node_ranks(topology.node)
         local = (list(zip(node, self.local_send_splits, self.local_recv_splits))
                  if self.local_send_splits is not None else [])
-        return (list(zip(rail, self.rail_send_splits, self.rail_recv_splits)) + local
-                + list(zip(node, self.intra_send_splits, self.intra_recv_splits)))
+        stage2 = ([] if self.intra_send_splits is None  # known, and counted, only in `complete`
+                  else list(zip(node, self.intra_send_splits, self.intra_recv_splits)))
+        return list(zip(rail, self.rail_send_splits, self.rail_recv_splits)) + local + stage2
 
 
 @dataclass
@@ -201,17 +202,20 @@ class NodeExchange:
     """[local rank][feature of the all-to-all]: that rank's longest bag"""
     extra: list[int]
     """the caller's `extra` values, read in the same host sync"""
+    gathered_of: list[list[int]]
+    """[local rank]: that rank's `gathered` values (the caller's, all-gathered with the counts)"""
     exchanged_bytes: int
     messages: int
 
 
 def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
-                      extra: torch.Tensor | None = None) -> NodeExchange:
+                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None) -> NodeExchange:
     """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
 
-    One all-gather of per-feature id counts and longest bags (plus the host
-    sync that reads them, and `extra`), then one all-to-all of lengths and ids,
-    both over the intra-node group.
+    One all-gather of per-feature id counts and longest bags (and `gathered`,
+    the same number of values on every rank), the host sync that reads them
+    (and `extra`), then one all-to-all of lengths and ids, both over the
+    intra-node group.
     """
     kjt, B = step.sample_kjt, step.batch
     L, F = topo.ranks_per_node, len(kjt.keys())
@@ -221,12 +225,15 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
     values = kjt.values().to(torch.int64)
     per_key = kjt.length_per_key() if F else []
     longest = lengths.view(F, B).amax(1) if F and B else torch.zeros(F, dtype=torch.int64, device=device)
-    mine = torch.cat([host_to_device(per_key, device), longest])
-    gathered = [torch.empty_like(mine) for _ in range(L)]
-    dist.all_gather(gathered, mine, group=groups.intra)
-    flat = torch.cat([torch.stack(gathered).view(-1)] + ([extra.view(-1)] if extra is not None else [])).tolist()
-    counts_of = [flat[k * 2 * F:k * 2 * F + F] for k in range(L)]  # ids per feature, per local rank
-    longest_of = [flat[k * 2 * F + F:(k + 1) * 2 * F] for k in range(L)]
+    more = gathered.view(-1).to(torch.int64) if gathered is not None else longest.new_zeros(0)
+    mine = torch.cat([host_to_device(per_key, device), longest, more])
+    everyone = [torch.empty_like(mine) for _ in range(L)]
+    dist.all_gather(everyone, mine, group=groups.intra)
+    flat = torch.cat([torch.stack(everyone).view(-1)] + ([extra.view(-1)] if extra is not None else [])).tolist()
+    G = mine.numel()
+    counts_of = [flat[k * G:k * G + F] for k in range(L)]  # ids per feature, per local rank
+    longest_of = [flat[k * G + F:k * G + 2 * F] for k in range(L)]
+    gathered_of = [flat[k * G + 2 * F:(k + 1) * G] for k in range(L)]
 
     # one all-to-all: to local rank l, the lengths then the ids of rail l's features
     key_offsets = [0]
@@ -261,8 +268,8 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
     own = topo.local_rank
     exchanged = sum(s for k, s in enumerate(send_splits) if k != own) * 8 + (L - 1) * mine.numel() * 8
     messages = sum(1 for k, s in enumerate(send_splits) if k != own and s) + (L - 1)
-    extra_host = flat[L * 2 * F:]
-    return NodeExchange(node_values, node_lengths, longest_of, extra_host, exchanged, messages)
+    extra_host = flat[L * G:]
+    return NodeExchange(node_values, node_lengths, longest_of, extra_host, gathered_of, exchanged, messages)
 
 
 class TwoLevelPlanner:
@@ -286,11 +293,15 @@ class TwoLevelPlanner:
         for entries in layout.entries_per_rank:
             self.features_of.append(list(range(j, j + len(entries))))
             j += len(entries)
-        L, n = topology.ranks_per_node, topology.node
+        L, N, n = topology.ranks_per_node, topology.nodes, topology.node
         # features of rail l owned on other nodes, in (node, entry) order: what p of rail l forwards
         self.remote_features = [[j for o in topology.rail_ranks(l) if topology.node_of(o) != n
                                  for j in self.features_of[o]] for l in range(L)]
-        self.owner_of = {j: o for o, feats in enumerate(self.features_of) for j in feats}
+        self.rail_peers = topology.rail_ranks(topology.local_rank)
+        # learned key widths (longest bag so far) of the owner's blocks and of this rank's bags; a bag
+        # longer than its width is caught in the host sync and its blocks redone (`_widen`)
+        self._owner_widths = [[1] * (L + N - 1) for _ in self.local_entries]
+        self._own_widths = [1] * len(self.all_entries)
 
     # ----------------------------------------------------------------- plan
     def _owner_blocks(self, step: DedupStep) -> list[tuple[int, int]]:
@@ -302,73 +313,106 @@ class TwoLevelPlanner:
         blocks += [(starts[m * L], sum(sizes[m * L:(m + 1) * L])) for m in range(topo.nodes) if m != topo.node]
         return blocks
 
+    def _uniques(self, step: DedupStep, blocks: list[tuple[int, int]]):
+        okjt, skjt, GB, B = step.owner_kjt, step.sample_kjt, step.global_batch, step.batch
+        owner_specs = [BagBlock(i * GB + a, n, self._owner_widths[i][b], e, e.table in self.dedup_tables)
+                       for i, e in enumerate(self.local_entries) for b, (a, n) in enumerate(blocks)]
+        own_specs = [BagBlock(j * B, B, self._own_widths[j], e, e.table in self.dedup_tables)
+                     for j, e in enumerate(self.all_entries)]
+        return (owner_specs, blocks_unique(okjt.values(), okjt.offsets(), okjt.lengths(), owner_specs),
+                own_specs, blocks_unique(skjt.values(), skjt.offsets(), skjt.lengths(), own_specs))
+
+    def _start_count_exchange(self, owner: list[BlockUnique], flag: torch.Tensor, device: torch.device):
+        """Tell each rail peer how many node-unique rows of each of this rank's entries its node gets
+        (its receive splits), and whether this rank's counts are exact (`flag`: a bag outgrew its key
+        width): one small all-to-all over the rail, N·(entries + 1) integers."""
+        topo, L = self.topology, self.topology.ranks_per_node
+        nb, E = L + topo.nodes - 1, len(self.local_entries)
+        parts, b = [], L
+        for m in range(topo.nodes):
+            if m == topo.node:
+                parts.append(torch.zeros(E, dtype=torch.int64, device=device))
+            else:
+                parts.append(torch.stack([owner[i * nb + b].count.to(torch.int64) for i in range(E)])
+                             if E else torch.zeros(0, dtype=torch.int64, device=device))
+                b += 1
+            parts.append(flag.view(1))
+        send = torch.cat(parts)
+        recv_splits = [len(self.features_of[p]) + 1 for p in self.rail_peers]
+        recv = send.new_empty(sum(recv_splits))
+        work = dist.all_to_all_single(recv, send, recv_splits, [E + 1] * topo.nodes, group=self.groups.rail,
+                                      async_op=True)
+        return work, recv, send
+
     def plan(self, step: DedupStep) -> TwoLevelPlan:
         topo = self.topology
-        L = topo.ranks_per_node
-        sizes, B, GB = step.sizes, step.batch, step.global_batch
-        node = topo.node_ranks(topo.node)
-        NB = sum(sizes[r] for r in node)  # this node's batch
+        L, N = topo.ranks_per_node, topo.nodes
         t0 = time.perf_counter()
-
-        # the exchange's host sync also reads the owner's longest bag per block (its key widths)
-        okjt = step.owner_kjt
         blocks = self._owner_blocks(step)
-        owner_lengths = okjt.lengths()
-        owner_max = [owner_lengths[i * GB + a:i * GB + a + n].amax() if n else owner_lengths.new_zeros(())
-                     for i in range(len(self.local_entries)) for a, n in blocks]
-        ex = exchange_node_ids(step, topo, self.groups, self.remote_features,
-                               torch.stack(owner_max).to(torch.int64) if owner_max else None)
-        t1 = time.perf_counter()
-        step.stats.add_hop("ids", t1 - t0)  # the dist counts the whole plan as codec time
-
-        # owner: one block per (local entry, rank of its node / other node)
-        owner_specs = [BagBlock(i * GB + a, n, max(1, ex.extra[i * len(blocks) + b]), e,
-                                e.table in self.dedup_tables)
-                       for i, e in enumerate(self.local_entries) for b, (a, n) in enumerate(blocks)]
-        owner = blocks_unique(okjt.values(), okjt.offsets(), okjt.lengths(), owner_specs)
-        # forwarder: one node block per remote feature of its rail, and the rows each rank of the node uses
-        feats = self.remote_features[topo.local_rank]
-        widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in feats]
-        fwd_specs = [BagBlock(f * NB, NB, widths[f], self.all_entries[j], self.all_entries[j].table in
-                              self.dedup_tables) for f, j in enumerate(feats)]
-        fwd = blocks_unique(ex.values, _offsets(ex.lengths), ex.lengths, fwd_specs)
-        chosen, subset_counts = (node_subsets([u.inverse for u in fwd], [sizes[r] for r in node], NB)
-                                 if fwd else (None, torch.zeros(L, 0, dtype=torch.int64, device=step.device)))
-        # sample rank: its own bags, as one-level dedup
-        skjt = step.sample_kjt
-        own_specs = [BagBlock(j * B, B, max(1, ex.longest_of[topo.local_rank][j]), e, e.table in self.dedup_tables)
-                     for j, e in enumerate(self.all_entries)]
-        own = blocks_unique(skjt.values(), skjt.offsets(), skjt.lengths(), own_specs)
-
-        # the step's second and last host sync: every count and bad-id flag at once
-        uniques = owner + fwd + own
-        counted = [u.count.to(torch.int64) for u in uniques] + [u.bad_ids.to(torch.int64) for u in uniques]
-        flat = torch.cat([torch.stack(counted).view(-1) if counted else subset_counts.new_zeros(0),
-                          subset_counts.view(-1)]).tolist()
-        nb = len(uniques)
-        for k, bad in enumerate(flat[nb:2 * nb]):
-            if bad:
-                e = (owner_specs + fwd_specs + own_specs)[k].entry
-                raise ValueError(f"feature {e.feature!r} (table {e.table!r}): ids outside "
-                                 f"[0, {e.num_embeddings}) reached the dedup codec")
+        nb = len(blocks)
+        owner_specs, owner, own_specs, own = self._uniques(step, blocks)
+        for attempt in range(2):
+            overflow = torch.stack([u.overflow for u in owner + own]).any().to(torch.int64) \
+                if owner + own else torch.zeros((), dtype=torch.int64, device=step.device)
+            work, recv, _send = self._start_count_exchange(owner, overflow, step.device)
+            # the step's first host sync: every count and flag of both ends, and what the rail peers sent
+            uniques = owner + own
+            mine = torch.stack([u.count.to(torch.int64) for u in uniques] + [u.bad_ids.to(torch.int64)
+                                                                             for u in uniques] + [overflow])
+            work.wait()
+            flat = torch.cat([mine, recv]).tolist()
+            nu = len(uniques)
+            for k, bad in enumerate(flat[nu:2 * nu]):
+                if bad:
+                    e = (owner_specs + own_specs)[k].entry
+                    raise ValueError(f"feature {e.feature!r} (table {e.table!r}): ids outside "
+                                     f"[0, {e.num_embeddings}) reached the dedup codec")
+            peers, at = [], 2 * nu + 1
+            for p in self.rail_peers:
+                peers.append(flat[at:at + len(self.features_of[p]) + 1])
+                at += len(self.features_of[p]) + 1
+            if not flat[2 * nu] and not any(c[-1] for c in peers):
+                break
+            # a bag outgrew its key width here or at a rail peer: every rank of the rail redoes the
+            # count exchange (each saw every flag); this rank first widens its own keys
+            assert attempt == 0, "key width still too small after widening"
+            step.stats.extra_syncs += 1
+            if flat[2 * nu]:
+                owner_specs, owner, own_specs, own = self._widen(step, blocks)
         owner_counts = flat[:len(owner)]
-        fwd_counts = flat[len(owner):len(owner) + len(fwd)]
-        own_counts = flat[len(owner) + len(fwd):nb]
-        sub_counts = [flat[2 * nb + k * len(fwd):2 * nb + (k + 1) * len(fwd)] for k in range(L)]
-
-        plan = self._build(step, blocks, owner, owner_counts, fwd_counts, chosen, sub_counts, own, own_counts)
-        self._account(step, ex, blocks, owner_counts, own_counts)
-        step.stats.add_hop("plan", time.perf_counter() - t1)
+        own_counts = flat[len(owner):nu]
+        fwd_counts = [c for m, cs in enumerate(peers) if m != topo.node for c in cs[:-1]]
+        plan = self._build(step, blocks, owner, owner_counts, fwd_counts, own, own_counts)
+        self._account(step, blocks, owner_counts, own_counts)
+        step.stats.add_hop("plan", time.perf_counter() - t0)  # the dist counts the whole plan as codec time
         return plan
 
+    def _widen(self, step: DedupStep, blocks: list[tuple[int, int]]):
+        """Grow every key width to the longest bag of its block (one extra host sync) and redo the uniques."""
+        okjt, skjt, GB, B = step.owner_kjt, step.sample_kjt, step.global_batch, step.batch
+        ol, sl = okjt.lengths(), skjt.lengths()
+        longest = [ol[i * GB + a:i * GB + a + n].amax() if n else ol.new_zeros(())
+                   for i in range(len(self.local_entries)) for a, n in blocks]
+        longest += [sl[j * B:(j + 1) * B].amax() if B else sl.new_zeros(()) for j in range(len(self.all_entries))]
+        host = torch.stack(longest).tolist() if longest else []
+        nb = len(blocks)
+        for i in range(len(self.local_entries)):
+            for b in range(nb):
+                self._owner_widths[i][b] = max(self._owner_widths[i][b], host[i * nb + b])
+        for j in range(len(self.all_entries)):
+            self._own_widths[j] = max(self._own_widths[j], host[len(self.local_entries) * nb + j])
+        return self._uniques(step, blocks)
+
     def _build(self, step: DedupStep, blocks: list[tuple[int, int]], owner: list[BlockUnique],
-               owner_counts: list[int], fwd_counts: list[int], chosen: torch.Tensor | None,
-               sub_counts: list[list[int]], own: list[BlockUnique], own_counts: list[int]) -> TwoLevelPlan:
-        """Stage 1's send index and every split now; stage 2's indices deferred (`TwoLevelPlan.complete`)."""
+               owner_counts: list[int], fwd_counts: list[int], own: list[BlockUnique],
+               own_counts: list[int]) -> TwoLevelPlan:
+        """Stage 1 now; stage 2 once the rail hop is launched (`TwoLevelPlan.complete`: the id
+        exchange inside the node, the forwarder's node-level unique, its indices)."""
         topo, unit = self.topology, self.unit
         L, N, n = topo.ranks_per_node, topo.nodes, topo.node
         device = step.device
         node = topo.node_ranks(n)
+        NB = sum(step.sizes[r] for r in node)
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
         ar: dict[int, torch.Tensor] = {}
@@ -402,24 +446,37 @@ class TwoLevelPlanner:
         rail_send_splits.insert(n, 0)  # nothing to this node over the rail
         # stage 1, receiver: from each rank k of its node the rows of k's features it uses
         local_recv_splits = [elems(self.features_of[r], own_counts) for r in node]
-        # rail -> forwarder: from node m, the node-unique rows of its rail peer's entries
-        fwd = {j: c for j, c in zip(self.remote_features[topo.local_rank], fwd_counts)}
+        # rail -> forwarder: from node m, the node-unique rows of its rail peer's entries (counts it sent)
+        mine = self.remote_features[topo.local_rank]
+        fwd = dict(zip(mine, fwd_counts))
         rail_recv_splits = [0 if m == n else elems(self.features_of[m * L + topo.local_rank], fwd)
                             for m in range(N)]
-        # stage 2: to rank k the rows its bags use of each remote feature of this rail; from rank k
-        # the rows of rail k's remote features
-        mine = self.remote_features[topo.local_rank]
-        intra_send_splits = [sum(sub_counts[k][f] * self.all_entries[j].dim for f, j in enumerate(mine))
-                             for k in range(L)]
+        # stage 2, receiver: from rank k the rows of rail k's remote features
         intra_recv_splits = [elems(self.remote_features[k], own_counts) for k in range(L)]
+        own_count_tensor = (torch.stack([u.count.to(torch.int64) for u in own]) if own
+                            else torch.zeros(0, dtype=torch.int64, device=device))
 
         def deferred() -> tuple[torch.Tensor, torch.Tensor]:
-            # stage 2's rows: per rank k, per remote feature f, k's subset of the rail's rows of f
+            t0 = time.perf_counter()
+            # the node's ids of this rail's remote features, and every node rank's unique counts
+            ex = exchange_node_ids(step, topo, self.groups, self.remote_features, gathered=own_count_tensor)
+            t1 = time.perf_counter()
+            step.stats.add_hop("ids", t1 - t0)
+            widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
+            fwd_specs = [BagBlock(f * NB, NB, widths[f], self.all_entries[j], self.all_entries[j].table in
+                                  self.dedup_tables) for f, j in enumerate(mine)]
+            uniques = blocks_unique(ex.values, _offsets(ex.lengths), ex.lengths, fwd_specs)
+            chosen = node_subsets([u.inverse for u in uniques], [step.sizes[r] for r in node], NB)[0] \
+                if uniques else None
+            # stage 2, forwarder: to rank k the rows its bags use (k's own count) of each remote feature
+            sub = [[ex.gathered_of[k][j] for j in mine] for k in range(L)]
+            plan.intra_send_splits = [sum(sub[k][f] * self.all_entries[j].dim for f, j in enumerate(mine))
+                                      for k in range(L)]
             rail_at, at = [], 0
             for f, j in enumerate(mine):
                 rail_at.append(at)
                 at += fwd_counts[f] * self.all_entries[j].dim // unit
-            intra_send = [units(rail_at[f] + chosen[k, f, :sub_counts[k][f]] * (self.all_entries[j].dim // unit),
+            intra_send = [units(rail_at[f] + chosen[k, f, :sub[k][f]] * (self.all_entries[j].dim // unit),
                                 self.all_entries[j].dim // unit)
                           for k in range(L) for f, j in enumerate(mine)]
             # where each feature's rows start in the receive buffer [stage 1 local | stage 2]
@@ -433,21 +490,28 @@ class TwoLevelPlanner:
                                                                                               device=device)
                           for j, e in enumerate(self.all_entries)]
             recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+            stats = step.stats
+            stats.count_traffic(list(zip(node, plan.intra_send_splits, intra_recv_splits)), topo.rank,
+                                topo.node_of, step.wire_bytes)
+            stats.id_exchange_bytes += ex.exchanged_bytes
+            stats.messages += ex.messages
+            stats.add_hop("plan", time.perf_counter() - t1)
             return cat(intra_send), recv_index
 
         out_dim = sum(e.dim for e in self.all_entries)
-        return TwoLevelPlan(unit, cat(send_parts), rail_send_splits, rail_recv_splits, None, intra_send_splits,
+        plan = TwoLevelPlan(unit, cat(send_parts), rail_send_splits, rail_recv_splits, None, None,
                             intra_recv_splits, None, (step.batch, out_dim), self.groups,
                             local_send_splits=local_send_splits, local_recv_splits=local_recv_splits,
                             deferred=deferred)
+        return plan
 
     # ------------------------------------------------------------- counters
-    def _account(self, step: DedupStep, ex: NodeExchange, blocks: list[tuple[int, int]], owner_counts: list[int],
+    def _account(self, step: DedupStep, blocks: list[tuple[int, int]], owner_counts: list[int],
                  own_counts: list[int]) -> None:
         """This step's bytes per table, as one-level dedup counts them: rows the owner sends (to its
         node's ranks, and the node-unique rows on its rail), rows reaching this rank; the ids of both
-        all-to-alls. Bytes and messages between nodes are counted per message by the dist
-        (`TwoLevelPlan.traffic`)."""
+        all-to-alls. Bytes and messages of stage 1 are counted per message by the dist
+        (`TwoLevelPlan.traffic`), stage 2's and the id exchange's by `TwoLevelPlan.complete`."""
         stats, wire, elem = step.stats, step.wire_bytes, step.elem_bytes
         okjt, skjt, sizes, B = step.owner_kjt, step.sample_kjt, step.sizes, step.batch
         owner_lengths = okjt.length_per_key() if self.local_entries else []
@@ -463,5 +527,7 @@ class TwoLevelPlanner:
             t.add_rows(e.dim, wire, elem, received=own_counts[j], stock_received=B, bags=B)
             t.id_sent_bytes += (sample_lengths[j] * skjt.values().element_size()
                                 + B * skjt.lengths().element_size())
-        stats.id_exchange_bytes += ex.exchanged_bytes
-        stats.messages += ex.messages
+        # the count exchange: one message to each other node's rail peer (its payload is not rows)
+        others = self.topology.nodes - 1
+        stats.messages += others
+        stats.inter_node_messages += others
