@@ -14,17 +14,19 @@ its features. Two stages:
    of r's own distinct bags among what it received; r expands both stages'
    rows as one-level dedup does.
 
-Nobody sends an index. p needs the ids of its node's bags for the features
-that other nodes' ranks of its rail own: the ranks of a node exchange them
-(`exchange_node_ids`: one small all-gather of per-feature id counts and
-longest bags, one all-to-all of lengths and ids, both inside the node; ids are
-8 bytes where a row is 4·D). With them p computes the same node-level unique
-as o (same keys, same sort) and, for each r, the node-unique rows r's bags
-use, in node-unique order: the unique order is the lexicographic order of the
-bag keys, so that subset, in order, IS r's own unique set as r computes it.
-The plan reads every count in its second host sync and builds what the rail
-hop needs; stage 2's indices are built after the launch (`TwoLevelPlan.complete`),
-while the rail transfer is in flight.
+Nobody sends an index. Before the launch each owner tells its rail peers how
+many node-unique rows of each of its entries their node gets (a small
+all-to-all on the rail: their receive splits, read in the step's first host
+sync with every unique count), so the rail hop waits for no other rank of the
+node. Then, while the rows travel (`TwoLevelPlan.complete`), p gets the ids of
+its node's bags for the features that other nodes' ranks of its rail own: the
+ranks of a node exchange them (`exchange_node_ids`: one small all-gather of
+per-feature id counts, longest bags and unique counts, the second host sync,
+one all-to-all of lengths and ids, both inside the node; ids are 8 bytes
+where a row is 4·D). With them p computes the same node-level unique as o
+(same keys, same sort) and, for each r, the node-unique rows r's bags use, in
+node-unique order: the unique order is the lexicographic order of the bag
+keys, so that subset, in order, IS r's own unique set as r computes it.
 
 Backward mirrors it: r segment-sums its gradient per unique bag and sends the
 sums of stage 2's rows to their forwarders, p sums them over its node's ranks
@@ -33,10 +35,11 @@ rail; stage 1's sums go straight back to their owner. o writes each sum at
 its bag's first occurrence (zeros elsewhere) for the fused embedding backward,
 divided by the world size like TorchRec's all-to-all backward.
 
-Host syncs: two per dist per step (the id counts of the exchange; all blocks'
-unique counts; tests/comm/test_two_level.py counts them). Key widths come
-from the longest bag per block, read in the first, so multi-hot bags never
-need a retry.
+Host syncs: two per dist per step (every unique count with the rail peers'
+counts; the id exchange's counts; tests/comm/test_two_level.py counts them).
+Key widths are learned as one-level dedup learns them: a step where a bag
+outgrows its width widens it with one more sync and redoes the count exchange
+on the rail.
 """
 
 from __future__ import annotations
