@@ -2,9 +2,9 @@
 
 Forward, in `_TwoLevelStart`: the owner gathers the rows it sends and
 launches stage 1 asynchronously: the rail all-to-all (between nodes, the slow
-hop) first, then the rows for its own node's ranks (inside the node); then it
-builds stage 2's indices while they travel. `wait()` (`_TwoLevelWait`) waits
-for the rail hop, forwards inside the node what each rank uses (stage 2),
+hop) first, then the rows for its own node's ranks (inside the node).
+`wait()` (`_TwoLevelWait`) plans stage 2 while they travel (`TwoLevelPlan.complete`),
+waits for the rail hop, forwards inside the node what each rank uses (stage 2),
 waits for both and expands. Backward mirrors it: the wait's backward
 segment-sums per unique bag, sends stage 2's sums to their forwarders (and
 stage 1's straight to their owners, in flight until the end), sums the
@@ -88,9 +88,7 @@ class _TwoLevelStart(torch.autograd.Function):
             req.local_work = _start_all_to_all(req.recv[:stage1], send[:local], plan.local_recv_splits,
                                                plan.local_send_splits, plan.groups.intra)
         req.send, req.local_shape = send, local_embs.shape
-        t0 = _codec(owner.comm_stats, "gather", t0)
-        plan.complete()  # stage 2's plan while stage 1 travels (its hops: "ids", "plan")
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        _codec(owner.comm_stats, "gather", t0)
         ctx.req = req
         return req.dummy
 
@@ -116,6 +114,12 @@ class _TwoLevelWait(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dummy: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
+        # stage 2's plan while stage 1 travels: here rather than at launch, so that whatever runs
+        # between the halves (the bottom MLP) runs first and the node's ranks meet later in the id
+        # exchange (its hops: "ids", "plan")
+        t0 = time.perf_counter()
+        plan.complete()
+        owner.comm_stats.codec_seconds += time.perf_counter() - t0
         t0 = _wait(req.work, owner.comm_stats, "rail fwd")
         stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
         intra_send = gather_rows(req.rail_recv.view(-1, plan.unit), plan.intra_send_index).view(-1)
