@@ -21,9 +21,9 @@ sync with every unique count), so the rail hop waits for no other rank of the
 node. Then, while the rows travel (`TwoLevelPlan.complete`), p gets the ids of
 its node's bags for the features that other nodes' ranks of its rail own: the
 ranks of a node exchange them (`exchange_node_ids`: one small all-gather of
-per-feature id counts, longest bags and unique counts, the second host sync,
-one all-to-all of lengths and ids, both inside the node; ids are 8 bytes
-where a row is 4·D). With them p computes the same node-level unique as o
+per-feature id counts, longest bags and unique counts, launched with stage 1;
+the second host sync reads it; one all-to-all of lengths and ids; both inside
+the node; ids are 8 bytes where a row is 4·D). With them p computes the same node-level unique as o
 (same keys, same sort) and, for each r, the node-unique rows r's bags use, in
 node-unique order: the unique order is the lexicographic order of the bag
 keys, so that subset, in order, IS r's own unique set as r computes it.
@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -211,28 +211,52 @@ class NodeExchange:
     messages: int
 
 
+@dataclass
+class CountsInFlight:
+    """The first half of `exchange_node_ids`: its all-gather, launched and not yet read."""
+
+    work: Any
+    mine: torch.Tensor
+    everyone: list[torch.Tensor]
+
+
+def start_node_counts(step: DedupStep, topo: NodeTopology, groups: NodeGroups,
+                      gathered: torch.Tensor | None = None) -> CountsInFlight:
+    """Launch the all-gather of per-feature id counts and longest bags (and `gathered`, the same
+    number of values on every rank) over the intra-node group; `exchange_node_ids` reads it."""
+    kjt, B = step.sample_kjt, step.batch
+    F = len(kjt.keys())
+    lengths = kjt.lengths().to(torch.int64)
+    per_key = kjt.length_per_key() if F else []
+    longest = lengths.view(F, B).amax(1) if F and B else lengths.new_zeros(F)
+    more = gathered.view(-1).to(torch.int64) if gathered is not None else longest.new_zeros(0)
+    mine = torch.cat([host_to_device(per_key, lengths.device), longest, more])
+    everyone = [torch.empty_like(mine) for _ in range(topo.ranks_per_node)]
+    return CountsInFlight(dist.all_gather(everyone, mine, group=groups.intra, async_op=True), mine, everyone)
+
+
 def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
-                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None) -> NodeExchange:
+                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None,
+                      counts: CountsInFlight | None = None) -> NodeExchange:
     """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
 
     One all-gather of per-feature id counts and longest bags (and `gathered`,
-    the same number of values on every rank), the host sync that reads them
+    the same number of values on every rank; `counts`: that all-gather,
+    launched earlier by `start_node_counts`), the host sync that reads them
     (and `extra`), then one all-to-all of lengths and ids, both over the
     intra-node group.
     """
     kjt, B = step.sample_kjt, step.batch
     L, F = topo.ranks_per_node, len(kjt.keys())
     node = topo.node_ranks(topo.node)
-    device = kjt.lengths().device
     lengths = kjt.lengths().to(torch.int64)
     values = kjt.values().to(torch.int64)
     per_key = kjt.length_per_key() if F else []
-    longest = lengths.view(F, B).amax(1) if F and B else torch.zeros(F, dtype=torch.int64, device=device)
-    more = gathered.view(-1).to(torch.int64) if gathered is not None else longest.new_zeros(0)
-    mine = torch.cat([host_to_device(per_key, device), longest, more])
-    everyone = [torch.empty_like(mine) for _ in range(L)]
-    dist.all_gather(everyone, mine, group=groups.intra)
-    flat = torch.cat([torch.stack(everyone).view(-1)] + ([extra.view(-1)] if extra is not None else [])).tolist()
+    counts = counts or start_node_counts(step, topo, groups, gathered)
+    counts.work.wait()
+    mine = counts.mine
+    flat = torch.cat([torch.stack(counts.everyone).view(-1)]
+                     + ([extra.view(-1)] if extra is not None else [])).tolist()
     G = mine.numel()
     counts_of = [flat[k * G:k * G + F] for k in range(L)]  # ids per feature, per local rank
     longest_of = [flat[k * G + F:k * G + 2 * F] for k in range(L)]
@@ -458,11 +482,13 @@ class TwoLevelPlanner:
         intra_recv_splits = [elems(self.remote_features[k], own_counts) for k in range(L)]
         own_count_tensor = (torch.stack([u.count.to(torch.int64) for u in own]) if own
                             else torch.zeros(0, dtype=torch.int64, device=device))
+        # the exchange's counts travel with stage 1; read (the second host sync) in `complete`
+        counts = start_node_counts(step, topo, self.groups, own_count_tensor)
 
         def deferred() -> tuple[torch.Tensor, torch.Tensor]:
             t0 = time.perf_counter()
             # the node's ids of this rail's remote features, and every node rank's unique counts
-            ex = exchange_node_ids(step, topo, self.groups, self.remote_features, gathered=own_count_tensor)
+            ex = exchange_node_ids(step, topo, self.groups, self.remote_features, counts=counts)
             t1 = time.perf_counter()
             step.stats.add_hop("ids", t1 - t0)
             widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
