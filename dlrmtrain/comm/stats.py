@@ -106,6 +106,11 @@ class DistCommStats:
     """embedding payload (forward + backward) this rank sent to other ranks of its node"""
     id_exchange_bytes: int = 0
     """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
+    hop_seconds: dict[str, float] = field(default_factory=dict)
+    """`node`: wall time per phase of the exchange (`HOPS`), forward and backward"""
+
+    def add_hop(self, hop: str, seconds: float) -> None:
+        self.hop_seconds[hop] = self.hop_seconds.get(hop, 0.0) + seconds
 
     def count_traffic(self, traffic: list[tuple[int, int, int]], rank: int, node_of, value_bytes: float) -> None:
         """Count one step's messages: (peer, elements sent, elements received) per forward pair.
@@ -148,6 +153,14 @@ class DistCommStats:
 
 _DESCRIPTIVE = ("codec", "sharding_type", "lossy", "table_codecs", "hierarchy")
 """`DistCommStats` fields that describe the dist rather than count (`DistCommStats.add` keeps them)"""
+
+HOPS = ("ids", "plan", "gather", "rail fwd", "intra fwd", "expand", "intra bwd", "node sum", "rail bwd", "scatter")
+"""The phases of the two-level exchange timed in `DistCommStats.hop_seconds`: the node's id
+exchange, the rest of the plan (uniques, the host sync, indices), the owner's gather and the
+launch of the rail hop, the wait for it
+(between nodes), the intra-node hop (gather, send, wait), the expand; backward: the
+segment-sum and the intra-node hop back, the forwarder's sum per node-unique row and the
+launch of the rail hop back, the wait for it, the owner's scatter"""
 
 _TRAFFIC = ("messages", "inter_node_messages", "inter_node_bytes", "intra_node_bytes", "id_exchange_bytes")
 """`DistCommStats` counters of whole messages, summed like the table counters"""
@@ -208,7 +221,10 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     decisions: list[str] = []
     traffic = dict.fromkeys(_TRAFFIC, 0)
     hierarchies: set[str] = set()
+    hops = dict.fromkeys(HOPS, 0.0)
     for d in (c.counted_bytes() for c in comm_counters(model)):
+        for hop, seconds in d.hop_seconds.items():
+            hops[hop] += seconds
         for key in _TRAFFIC:
             traffic[key] += getattr(d, key)
         hierarchies.add(d.hierarchy)
@@ -226,7 +242,8 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         step_syncs += d.step_host_syncs
         planned_ahead = max(planned_ahead, d.planned_ahead)
     if all_ranks and per_table:
-        codec_s, transfer_s = _sum_over_ranks(per_table, [codec_s, transfer_s], group)
+        codec_s, transfer_s, *hop_s = _sum_over_ranks(per_table, [codec_s, transfer_s, *hops.values()], group)
+        hops = dict(zip(hops, hop_s))
         summed = torch.tensor([traffic[k] for k in _TRAFFIC], dtype=torch.float64)
         dist.all_reduce(summed, group=group)
         traffic = {k: int(v) for k, v in zip(_TRAFFIC, summed.tolist())}
@@ -261,6 +278,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "planned_ahead_steps": planned_ahead,
         "hierarchy": sorted(hierarchies),
         **{f"{k}_per_step": v / steps if steps else None for k, v in traffic.items()},
+        "hop_ms_per_step": {k: 1e3 * v / steps for k, v in hops.items() if v} if steps else {},
         "total": asdict(total),
         "fwd_recv_bytes_per_pass": total.payload_fwd_recv_bytes / steps if steps else None,
         "payload_ratio_vs_none": (2 * total.uncompressed_fwd_recv_bytes

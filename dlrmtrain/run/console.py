@@ -81,6 +81,9 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
                      f"MiB/step between nodes {_mib(stats['inter_node_bytes_per_step'])}, inside "
                      f"{_mib(stats['intra_node_bytes_per_step'])}, node id exchange "
                      f"{_mib(stats['id_exchange_bytes_per_step'])}")
+    if stats.get("hop_ms_per_step"):
+        lines.append("  two-level ms/step per hop: " + ", ".join(
+            f"{hop} {ms:.1f}" for hop, ms in stats["hop_ms_per_step"].items()))
     if stats.get("fallback_steps"):
         lines.append(f"  row-wise: {stats['fallback_steps']} steps had multi-id bags and used "
                      f"TorchRec's reduce-scatter (codec none)")

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from dlrmtrain.comm.dedup.kernels import block_unique
-from dlrmtrain.comm.dedup.two_level import BagBlock, used_subset, blocks_unique
+from dlrmtrain.comm.dedup.two_level import BagBlock, blocks_unique, node_subsets
 from dlrmtrain.comm.layout import FeatureEntry
-from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.stats import HOPS, DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
@@ -74,18 +74,33 @@ def test_node_unique_equals_brute_force_and_each_rank_gets_its_own_unique_order(
         assert distinct[int(u.inverse[b])] == tuple(bag)
         assert tuple(node_bags[int(u.first[u.inverse[b]])]) == tuple(bag)  # a first occurrence
         assert int(u.first[u.inverse[b]]) <= b
-    start = 0
-    for bags in per_rank:
-        subset, count = used_subset(u, start, len(bags), len(node_bags))
-        start += len(bags)
+    chosen, counts = node_subsets([u.inverse], sizes, len(node_bags))
+    for k, bags in enumerate(per_rank):
+        count = int(counts[k, 0])
         # what the forwarder sends this rank: its distinct bags, in the order the rank's own unique gives
         v, o, n = _as_kjt_arrays(bags)
         mine = block_unique(v, o[:-1], n, width, 10)
-        assert int(count) == int(mine.count) == len({tuple(b) for b in bags})
-        got = [distinct[int(i)] for i in subset[:int(count)]]
+        assert count == int(mine.count) == len({tuple(b) for b in bags})
+        got = [distinct[int(i)] for i in chosen[k, 0, :count]]
         assert got == sorted({tuple(b) for b in bags})
         for b, bag in enumerate(bags):
             assert got[int(mine.inverse[b])] == tuple(bag)
+
+
+def test_blocks_unique_gathers_scattered_blocks_and_matches_one_block_at_a_time():
+    # an owner's blocks on node 0 of 2 x 2 ranks, two tables: its ranks' blocks, then node 1's node
+    # block (one-hot, some bags empty) - the one-hot blocks of each size go through one sort
+    g = torch.Generator().manual_seed(5)
+    B, GB = 6, 24
+    lengths = torch.randint(0, 2, (2 * GB,), generator=g)
+    values = torch.randint(0, 7, (int(lengths.sum()),), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    entry = FeatureEntry("f", "t", 4, 7)
+    specs = [BagBlock(i * GB + a, n, 1, entry, True) for i in range(2) for a, n in ((0, B), (B, B), (2 * B, 2 * B))]
+    for s, u in zip(specs, blocks_unique(values, offsets, lengths, specs)):
+        one = block_unique(values, offsets[s.start:s.start + s.size], lengths[s.start:s.start + s.size], 1, 7)
+        n = int(one.count)
+        assert int(u.count) == n and torch.equal(u.inverse, one.inverse) and torch.equal(u.first[:n], one.first[:n])
 
 
 def test_traffic_counts_messages_and_bytes_between_and_inside_nodes():
@@ -151,7 +166,8 @@ def _distinct_rows(t: Table, bags: list[tuple], shard: int | None = None) -> int
 
 
 def _expected_rows(sc: Scenario):
-    """Counted from the ids: rows between nodes, and rows the owners put on their rails, per table."""
+    """Counted from the ids: rows between nodes, and rows the owners send (node-level distinct rows
+    to other nodes; to their own node's ranks each rank's distinct rows, row-wise the node's), per table."""
     topo = NodeTopology(WORLD, PER_NODE, 0)
     between = 0  # elements (forward), all tables and owners
     rail_sent = {t.name: 0 for t in sc.tables}
@@ -164,6 +180,10 @@ def _expected_rows(sc: Scenario):
                 node_bags = [tuple(b) for r in topo.node_ranks(n) for b in bags[r][f"f_{t.name}"]]
                 for o in owners:
                     rows = _distinct_rows(t, node_bags, o if t.placement[0] == "rw" else None)
+                    if topo.node_of(o) == n and t.placement[0] != "rw":
+                        # its own node's ranks get their own distinct rows straight from the owner
+                        rows = sum(_distinct_rows(t, [tuple(b) for b in bags[r][f"f_{t.name}"]])
+                                   for r in topo.node_ranks(n))
                     rail_sent[t.name] += rows * shard_dim * 4
                     if topo.node_of(o) != n:
                         between += rows * shard_dim
@@ -187,24 +207,33 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
         assert "messages/step" in node["summary"] and "between nodes" in node["summary"]  # console
+        # per-hop times, in comm_stats.json and on the console
+        assert {"ids", "plan", "gather", "expand", "scatter"} <= set(stats["hop_ms_per_step"]) <= set(HOPS)
+        assert "ms/step per hop: ids" in node["summary"]
         assert stats["fallback_steps"] == 0  # one-hot row-wise steps never need the reduce-scatter
         # between nodes a rank talks only to its rail peer: per all-to-all, rows forward if it owns
         # a table there, gradients back if the peer does
         peer = (rank + PER_NODE) % WORLD
         owners = [{o for t in SC.tables if t.placement[0] == kind for o in _owner_shards(t)} for kind in ("tw", "cw")]
         table_wise = sum((rank in o) + (peer in o) for o in owners)
-        assert table_wise <= stats["inter_node_messages_per_step"] <= table_wise + 2  # + row-wise, if ids
+        counts = len(owners)  # each table-/column-wise dist tells its rail peer its row counts: one message
+        assert table_wise + counts <= stats["inter_node_messages_per_step"] <= table_wise + counts + 2  # + row-wise
         # rows reaching each rank: its own distinct bags per table (one-level dedup's receive side)
         for t in SC.tables:
             got = stats["tables"][t.name]
             own = [bags_for(SC, s, rank)[f"f_{t.name}"] for s in range(SC.steps)]
             rows = sum(_distinct_rows(t, [tuple(x) for x in b]) for b in own)
             assert got["payload_fwd_recv_bytes"] == rows * t.dim * 4, (rank, t.name)
-        # GPU readiness, counted on CPU: two host syncs per dist per step (the exchange's id counts,
-        # every block's unique count), nothing else; the intra-node hop is in flight on return
+        # GPU readiness, counted on CPU: two host syncs per dist per step (every block's unique count with
+        # the rail peers' counts; the id exchange's counts, after the launch), nothing else; the transfers
+        # are in flight on return
         syncs = res["syncs"]
         assert syncs["dists"] == 3 and syncs["awaitables"] == ["TwoLevelAwaitable"] * 3
-        for step in syncs["per_step"]:
+        first, *rest = syncs["per_step"]
+        # key widths are learned: the first step's multi-hot and jagged bags outgrow them once (two
+        # more syncs per such dist: their longest bags, the counts again)
+        assert [name for name, _ in first] in (["tolist"] * 6, ["tolist"] * 8, ["tolist"] * 10), (rank, first)
+        for step in rest:
             assert [name for name, _ in step] == ["tolist"] * 6, (rank, step)
         # auto under node: none or the two-level dedup, both lossless (it probes both in these steps)
         assert np.array_equal(res["auto"]["pooled"], none["pooled"])

@@ -282,7 +282,8 @@ class AutoDist(nn.Module):
             step_host_syncs=d.step_host_syncs, planned_ahead=d.planned_ahead,
             decisions=list(self.none_stats.decisions), hierarchy=d.hierarchy, messages=d.messages,
             inter_node_messages=d.inter_node_messages, inter_node_bytes=d.inter_node_bytes,
-            intra_node_bytes=d.intra_node_bytes, id_exchange_bytes=d.id_exchange_bytes)
+            intra_node_bytes=d.intra_node_bytes, id_exchange_bytes=d.id_exchange_bytes,
+            hop_seconds=dict(d.hop_seconds))
 
     @comm_stats.setter
     def comm_stats(self, value: DistCommStats) -> None:

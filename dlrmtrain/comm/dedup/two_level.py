@@ -2,37 +2,52 @@
 
 Ranks sit on N nodes of L (comm/topology.py). Owner o (node m, local rank l)
 holds, from TorchRec's id all-to-all, the ids of every sample rank's bags for
-its features. For each destination node n it deduplicates over the bags of
-ALL of node n's ranks at once (the node block: their blocks are contiguous in
-o's KJT) and sends those rows over its rail to its peer p = (n, l) (o itself
-when n == m). p forwards, over the intra-node group, to each rank r of its node
-the rows of r's own distinct bags; r expands them as one-level dedup does.
+its features. Two stages:
 
-Nobody sends an index. p needs the ids of its node's bags for the features of
-its rail's owners: the ranks of a node exchange them (`_exchange_ids`: one
-small all-gather of per-feature id counts and longest bags, one all-to-all of
-lengths and ids, both inside the node; ids are 8 bytes where a row is 4·D).
-With them p computes the same node-level unique as o (same keys, same sort),
-and for each r the node-unique rows r's bags use, in node-unique order: the
-unique order is the lexicographic order of the bag keys, so that subset, in
-order, IS r's own unique set as r computes it from its own ids.
+1. At launch, two transfers at once. Over its rail (between nodes, the slow
+   hop) o sends each other node n, to its peer p = (n, l), the rows of the
+   distinct bags over ALL of node n's ranks (the node block: their blocks are
+   contiguous in o's KJT). Inside its node (the fast hop) o sends each rank r
+   of its own node the rows of r's own distinct bags, as one-level dedup does:
+   they need no forwarder, so they never wait for the rail.
+2. When the rail hop is done, p forwards to each rank r of its node the rows
+   of r's own distinct bags among what it received; r expands both stages'
+   rows as one-level dedup does.
 
-Backward mirrors it: r segment-sums its gradient per unique bag and sends it
-to p; p sums the rows of its node's ranks per node-unique bag and sends one
-gradient per distinct bag back over the rail; o writes it at the bag's first
-occurrence in the node block (zeros elsewhere) for the fused embedding
-backward, divided by the world size like TorchRec's all-to-all backward.
+Nobody sends an index. Before the launch each owner tells its rail peers how
+many node-unique rows of each of its entries their node gets (a small
+all-to-all on the rail: their receive splits, read in the step's first host
+sync with every unique count), so the rail hop waits for no other rank of the
+node. Then, while the rows travel (`TwoLevelPlan.complete`), p gets the ids of
+its node's bags for the features that other nodes' ranks of its rail own: the
+ranks of a node exchange them (`exchange_node_ids`: one small all-gather of
+per-feature id counts, longest bags and unique counts, launched with stage 1;
+the second host sync reads it; one all-to-all of lengths and ids; both inside
+the node; ids are 8 bytes where a row is 4·D). With them p computes the same node-level unique as o
+(same keys, same sort) and, for each r, the node-unique rows r's bags use, in
+node-unique order: the unique order is the lexicographic order of the bag
+keys, so that subset, in order, IS r's own unique set as r computes it.
 
-Host syncs: two per dist per step (the id counts of the exchange; all blocks'
-unique counts; tests/comm/test_two_level.py counts them). Key widths come
-from the longest bag per block, read in the first, so multi-hot bags never
-need a retry.
+Backward mirrors it: r segment-sums its gradient per unique bag and sends the
+sums of stage 2's rows to their forwarders, p sums them over its node's ranks
+per node-unique bag and sends one gradient per distinct bag back over the
+rail; stage 1's sums go straight back to their owner. o writes each sum at
+its bag's first occurrence (zeros elsewhere) for the fused embedding backward,
+divided by the world size like TorchRec's all-to-all backward.
+
+Host syncs: two per dist per step (every unique count with the rail peers'
+counts; the id exchange's counts; tests/comm/test_two_level.py counts them).
+Key widths are learned as one-level dedup learns them: a step where a bag
+outgrows its width widens it with one more sync and redoes the count exchange
+on the rail.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -45,32 +60,61 @@ from dlrmtrain.comm.topology import NodeGroups, NodeTopology
 
 @dataclass
 class TwoLevelPlan:
-    """One step's indices and splits, in units of `unit` columns (elements in the splits)."""
+    """One step's indices and splits, in units of `unit` columns (elements in the splits).
+
+    The owner's rows travel in stage 1: `local_*` to the ranks of its own node
+    (None: no such stage, row-wise) and `rail_*` to the other nodes; stage 2
+    (`intra_*`) forwards rows of the rail receive buffer inside the node. The
+    receive buffer that `recv_index` reads is [stage 1 local | stage 2 | pad].
+    """
 
     unit: int
-    rail_send_index: torch.Tensor
-    """unit rows of the owner's local embeddings, in rail message order (node-unique rows)"""
+    send_index: torch.Tensor
+    """unit rows of the owner's local embeddings: stage 1's local message, then the rail message"""
     rail_send_splits: list[int]
     """elements per node (rail group rank)"""
     rail_recv_splits: list[int]
-    intra_send_index: torch.Tensor
-    """unit rows of the rail receive buffer, in intra-node message order"""
-    intra_send_splits: list[int]
-    """elements per local rank (intra-node group rank)"""
+    intra_send_index: torch.Tensor | None
+    """unit rows of the rail receive buffer, in stage 2's message order (None until `complete`)"""
+    intra_send_splits: list[int] | None
+    """elements per local rank (intra-node group rank); None until `complete`"""
     intra_recv_splits: list[int]
-    recv_index: torch.Tensor
-    """per output unit row: its unit row in the intra-node receive buffer"""
+    recv_index: torch.Tensor | None
+    """per output unit row: its unit row in the receive buffer (None until `complete`)"""
     out_shape: tuple[int, int]
     groups: NodeGroups
     pad_units: int = 0
-    """zero unit rows after the intra-node receive buffer (row-wise: what empty bags read)"""
+    """zero unit rows after the receive buffer (row-wise: what empty bags read)"""
+    local_send_splits: list[int] | None = None
+    """stage 1 inside the node: elements to each local rank (None: no such stage)"""
+    local_recv_splits: list[int] | None = None
+    deferred: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
+    """builds (intra_send_index, recv_index) and sets `intra_send_splits`; called once stage 1 is launched"""
+
+    def complete(self) -> None:
+        """Build what only stage 2 and the expand need (no host sync)."""
+        if self.deferred is not None:
+            self.intra_send_index, self.recv_index = self.deferred()
+            self.deferred = None
+
+    @property
+    def local_elems(self) -> int:
+        """elements of the owner's send buffer in stage 1's local message"""
+        return sum(self.local_send_splits) if self.local_send_splits is not None else 0
+
+    @property
+    def local_recv_elems(self) -> int:
+        return sum(self.local_recv_splits) if self.local_recv_splits is not None else 0
 
     def traffic(self, topology: NodeTopology) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
         rail = topology.rail_ranks(topology.local_rank)
         node = topology.node_ranks(topology.node)
-        return (list(zip(rail, self.rail_send_splits, self.rail_recv_splits))
-                + list(zip(node, self.intra_send_splits, self.intra_recv_splits)))
+        local = (list(zip(node, self.local_send_splits, self.local_recv_splits))
+                 if self.local_send_splits is not None else [])
+        stage2 = ([] if self.intra_send_splits is None  # known, and counted, only in `complete`
+                  else list(zip(node, self.intra_send_splits, self.intra_recv_splits)))
+        return list(zip(rail, self.rail_send_splits, self.rail_recv_splits)) + local + stage2
 
 
 @dataclass
@@ -84,23 +128,6 @@ class BagBlock:
     dedup: bool
 
 
-@dataclass
-class _NodeIds:
-    """This rank's node's bags for the features of its rail's owners (what p deduplicates)."""
-
-    values: torch.Tensor
-    offsets: torch.Tensor
-    lengths: torch.Tensor
-    widths: list[int]
-    """per rail feature (in `rail_features` order): the longest bag over the node"""
-    own_widths: list[int]
-    """per feature of the all-to-all: this rank's longest bag"""
-    owner_widths: list[list[int]]
-    """[local entry][node]: the longest bag of each node block this rank owns"""
-    exchanged_bytes: int
-    messages: int
-
-
 def _identity(size: int, device: torch.device) -> BlockUnique:
     """Every bag its own row: a table sent in full (codec `none` inside the all-to-all)."""
     ar = torch.arange(size, device=device)
@@ -110,40 +137,57 @@ def _identity(size: int, device: torch.device) -> BlockUnique:
 
 def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                   specs: list[BagBlock]) -> list[BlockUnique]:
-    """Unique bags of each block; one-hot blocks share one sort (`one_hot_blocks_unique`)."""
+    """Unique bags of each block; one-hot blocks of one size share one sort (`one_hot_blocks_unique`)."""
     device = lengths.device
     out: list[BlockUnique | None] = [None] * len(specs)
-    batched = []
+    by_size: dict[int, list[int]] = {}
     for k, s in enumerate(specs):
         if not s.dedup:
             out[k] = _identity(s.size, device)
         elif s.width <= 1:
-            batched.append(k)
+            by_size.setdefault(s.size, []).append(k)
         else:
             out[k] = block_unique(values, offsets[s.start:s.start + s.size], lengths[s.start:s.start + s.size],
                                   s.width, s.entry.num_embeddings)
-    if batched:
-        uniques = one_hot_blocks_unique(values, offsets, lengths, [specs[k].start for k in batched],
-                                        [specs[k].size for k in batched],
+    for size, batched in by_size.items():
+        # blocks of one size laid end to end take one_hot_blocks_unique's fast path (a [blocks, size]
+        # view); blocks elsewhere (an owner's node blocks, one per table) are gathered so first
+        runs = [specs[k].start for k in batched]
+        if all(b == a + size for a, b in zip(runs, runs[1:])):
+            offs, lens, starts = offsets, lengths, runs
+        else:
+            bags = (host_to_device(runs, device).unsqueeze(1) + torch.arange(size, device=device)).view(-1)
+            offs, lens, starts = offsets[bags], lengths[bags], [b * size for b in range(len(batched))]
+        uniques = one_hot_blocks_unique(values, offs, lens, starts, [size] * len(batched),
                                         [specs[k].entry.num_embeddings for k in batched])
         for k, u in zip(batched, uniques):
             out[k] = u
     return out
 
 
-def used_subset(u: BlockUnique, start: int, size: int, node_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The node-unique rows bags [start, start + size) use, ascending, and their count.
+def node_subsets(inverses: list[torch.Tensor], rank_sizes: list[int], node_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each rank k of a node and each node block f: the node-unique rows bags of rank k use.
 
-    Fixed-size result (valid below the count): no host sync.
+    `inverses[f]` maps each of the node's `node_size` bags (rank 0's first) to
+    its node-unique row. Returns `chosen` [L, F, node_size] (row [k, f] holds
+    rank k's rows of block f ascending, valid below `counts[k, f]`) and
+    `counts` [L, F]. Every rank and block at once, fixed sizes: no host sync.
     """
-    device = u.inverse.device
-    used = torch.zeros(node_size + 1, dtype=torch.bool, device=device)
-    used[u.inverse[start:start + size]] = True
-    used = used[:node_size]
-    position = torch.cumsum(used, 0) - 1
-    subset = torch.zeros(node_size + 1, dtype=torch.int64, device=device)
-    subset.scatter_(0, torch.where(used, position, node_size), torch.arange(node_size, device=device))
-    return subset[:node_size], used.sum()
+    F, L, NB = len(inverses), len(rank_sizes), node_size
+    device = inverses[0].device
+    inverse = torch.stack(inverses)  # [F, NB]
+    used = torch.zeros(L, F, NB + 1, dtype=torch.bool, device=device)
+    at = 0
+    for k, n in enumerate(rank_sizes):
+        used[k].scatter_(1, inverse[:, at:at + n], True)
+        at += n
+    used = used[..., :NB]
+    counts = used.sum(2)
+    position = torch.cumsum(used, 2) - 1
+    chosen = torch.zeros(L, F, NB + 1, dtype=torch.int64, device=device)
+    chosen.scatter_(2, torch.where(used, position, NB), torch.arange(NB, device=device).expand(L, F, NB).contiguous())
+    return chosen[..., :NB], counts
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
@@ -161,32 +205,62 @@ class NodeExchange:
     """[local rank][feature of the all-to-all]: that rank's longest bag"""
     extra: list[int]
     """the caller's `extra` values, read in the same host sync"""
+    gathered_of: list[list[int]]
+    """[local rank]: that rank's `gathered` values (the caller's, all-gathered with the counts)"""
     exchanged_bytes: int
     messages: int
 
 
+@dataclass
+class CountsInFlight:
+    """The first half of `exchange_node_ids`: its all-gather, launched and not yet read."""
+
+    work: Any
+    mine: torch.Tensor
+    everyone: list[torch.Tensor]
+
+
+def start_node_counts(step: DedupStep, topo: NodeTopology, groups: NodeGroups,
+                      gathered: torch.Tensor | None = None) -> CountsInFlight:
+    """Launch the all-gather of per-feature id counts and longest bags (and `gathered`, the same
+    number of values on every rank) over the intra-node group; `exchange_node_ids` reads it."""
+    kjt, B = step.sample_kjt, step.batch
+    F = len(kjt.keys())
+    lengths = kjt.lengths().to(torch.int64)
+    per_key = kjt.length_per_key() if F else []
+    longest = lengths.view(F, B).amax(1) if F and B else lengths.new_zeros(F)
+    more = gathered.view(-1).to(torch.int64) if gathered is not None else longest.new_zeros(0)
+    mine = torch.cat([host_to_device(per_key, lengths.device), longest, more])
+    everyone = [torch.empty_like(mine) for _ in range(topo.ranks_per_node)]
+    return CountsInFlight(dist.all_gather(everyone, mine, group=groups.intra, async_op=True), mine, everyone)
+
+
 def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
-                      extra: torch.Tensor | None = None) -> NodeExchange:
+                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None,
+                      counts: CountsInFlight | None = None) -> NodeExchange:
     """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
 
-    One all-gather of per-feature id counts and longest bags (plus the host
-    sync that reads them, and `extra`), then one all-to-all of lengths and ids,
-    both over the intra-node group.
+    One all-gather of per-feature id counts and longest bags (and `gathered`,
+    the same number of values on every rank; `counts`: that all-gather,
+    launched earlier by `start_node_counts`), the host sync that reads them
+    (and `extra`), then one all-to-all of lengths and ids, both over the
+    intra-node group.
     """
     kjt, B = step.sample_kjt, step.batch
     L, F = topo.ranks_per_node, len(kjt.keys())
     node = topo.node_ranks(topo.node)
-    device = kjt.lengths().device
     lengths = kjt.lengths().to(torch.int64)
     values = kjt.values().to(torch.int64)
     per_key = kjt.length_per_key() if F else []
-    longest = lengths.view(F, B).amax(1) if F and B else torch.zeros(F, dtype=torch.int64, device=device)
-    mine = torch.cat([host_to_device(per_key, device), longest])
-    gathered = [torch.empty_like(mine) for _ in range(L)]
-    dist.all_gather(gathered, mine, group=groups.intra)
-    flat = torch.cat([torch.stack(gathered).view(-1)] + ([extra.view(-1)] if extra is not None else [])).tolist()
-    counts_of = [flat[k * 2 * F:k * 2 * F + F] for k in range(L)]  # ids per feature, per local rank
-    longest_of = [flat[k * 2 * F + F:(k + 1) * 2 * F] for k in range(L)]
+    counts = counts or start_node_counts(step, topo, groups, gathered)
+    counts.work.wait()
+    mine = counts.mine
+    flat = torch.cat([torch.stack(counts.everyone).view(-1)]
+                     + ([extra.view(-1)] if extra is not None else [])).tolist()
+    G = mine.numel()
+    counts_of = [flat[k * G:k * G + F] for k in range(L)]  # ids per feature, per local rank
+    longest_of = [flat[k * G + F:k * G + 2 * F] for k in range(L)]
+    gathered_of = [flat[k * G + 2 * F:(k + 1) * G] for k in range(L)]
 
     # one all-to-all: to local rank l, the lengths then the ids of rail l's features
     key_offsets = [0]
@@ -221,8 +295,8 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
     own = topo.local_rank
     exchanged = sum(s for k, s in enumerate(send_splits) if k != own) * 8 + (L - 1) * mine.numel() * 8
     messages = sum(1 for k, s in enumerate(send_splits) if k != own and s) + (L - 1)
-    extra_host = flat[L * 2 * F:]
-    return NodeExchange(node_values, node_lengths, longest_of, extra_host, exchanged, messages)
+    extra_host = flat[L * G:]
+    return NodeExchange(node_values, node_lengths, longest_of, extra_host, gathered_of, exchanged, messages)
 
 
 class TwoLevelPlanner:
@@ -246,169 +320,234 @@ class TwoLevelPlanner:
         for entries in layout.entries_per_rank:
             self.features_of.append(list(range(j, j + len(entries))))
             j += len(entries)
-        L = topology.ranks_per_node
-        # features whose owner sits on rail l, in (node, entry) order: what p of rail l forwards
-        self.rail_features = [[j for o in topology.rail_ranks(l) for j in self.features_of[o]] for l in range(L)]
-
-    # ------------------------------------------------------------------ ids
-    def _exchange_ids(self, step: DedupStep) -> _NodeIds:
-        """The ids this rank's node holds for its rail's features, gathered inside the node."""
-        topo, L = self.topology, self.topology.ranks_per_node
-        # the owner's longest bag per node block, read in the exchange's host sync
-        owner_lengths = step.owner_kjt.lengths()
-        GB, starts, sizes = step.global_batch, step.starts, step.sizes
-        node_start = [starts[n * L] for n in range(topo.nodes)]
-        node_size = [sum(sizes[n * L:(n + 1) * L]) for n in range(topo.nodes)]
-        owner_max = [owner_lengths[i * GB + node_start[n]:i * GB + node_start[n] + node_size[n]].amax()
-                     if node_size[n] else owner_lengths.new_zeros(()) for i in range(len(self.local_entries))
-                     for n in range(topo.nodes)]
-        ex = exchange_node_ids(step, topo, self.groups, self.rail_features,
-                               torch.stack(owner_max).to(torch.int64) if owner_max else None)
-        owner_widths = [[max(1, ex.extra[i * topo.nodes + n]) for n in range(topo.nodes)]
-                        for i in range(len(self.local_entries))]
-        mine = self.rail_features[topo.local_rank]
-        widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
-        own = [max(1, w) for w in ex.longest_of[topo.local_rank]]
-        return _NodeIds(ex.values, _offsets(ex.lengths), ex.lengths, widths, own, owner_widths,
-                        ex.exchanged_bytes, ex.messages)
+        L, N, n = topology.ranks_per_node, topology.nodes, topology.node
+        # features of rail l owned on other nodes, in (node, entry) order: what p of rail l forwards
+        self.remote_features = [[j for o in topology.rail_ranks(l) if topology.node_of(o) != n
+                                 for j in self.features_of[o]] for l in range(L)]
+        self.rail_peers = topology.rail_ranks(topology.local_rank)
+        # learned key widths (longest bag so far) of the owner's blocks and of this rank's bags; a bag
+        # longer than its width is caught in the host sync and its blocks redone (`_widen`)
+        self._owner_widths = [[1] * (L + N - 1) for _ in self.local_entries]
+        self._own_widths = [1] * len(self.all_entries)
 
     # ----------------------------------------------------------------- plan
+    def _owner_blocks(self, step: DedupStep) -> list[tuple[int, int]]:
+        """(first bag, bags) of each block the owner deduplicates, per local entry: each rank of its
+        own node, then each other node's node block (the order of its messages)."""
+        topo, L = self.topology, self.topology.ranks_per_node
+        starts, sizes = step.starts, step.sizes
+        blocks = [(starts[r], sizes[r]) for r in topo.node_ranks(topo.node)]
+        blocks += [(starts[m * L], sum(sizes[m * L:(m + 1) * L])) for m in range(topo.nodes) if m != topo.node]
+        return blocks
+
+    def _uniques(self, step: DedupStep, blocks: list[tuple[int, int]]):
+        okjt, skjt, GB, B = step.owner_kjt, step.sample_kjt, step.global_batch, step.batch
+        owner_specs = [BagBlock(i * GB + a, n, self._owner_widths[i][b], e, e.table in self.dedup_tables)
+                       for i, e in enumerate(self.local_entries) for b, (a, n) in enumerate(blocks)]
+        own_specs = [BagBlock(j * B, B, self._own_widths[j], e, e.table in self.dedup_tables)
+                     for j, e in enumerate(self.all_entries)]
+        return (owner_specs, blocks_unique(okjt.values(), okjt.offsets(), okjt.lengths(), owner_specs),
+                own_specs, blocks_unique(skjt.values(), skjt.offsets(), skjt.lengths(), own_specs))
+
+    def _start_count_exchange(self, owner: list[BlockUnique], flag: torch.Tensor, device: torch.device):
+        """Tell each rail peer how many node-unique rows of each of this rank's entries its node gets
+        (its receive splits), and whether this rank's counts are exact (`flag`: a bag outgrew its key
+        width): one small all-to-all over the rail, N·(entries + 1) integers."""
+        topo, L = self.topology, self.topology.ranks_per_node
+        nb, E = L + topo.nodes - 1, len(self.local_entries)
+        parts, b = [], L
+        for m in range(topo.nodes):
+            if m == topo.node:
+                parts.append(torch.zeros(E, dtype=torch.int64, device=device))
+            else:
+                parts.append(torch.stack([owner[i * nb + b].count.to(torch.int64) for i in range(E)])
+                             if E else torch.zeros(0, dtype=torch.int64, device=device))
+                b += 1
+            parts.append(flag.view(1))
+        send = torch.cat(parts)
+        recv_splits = [len(self.features_of[p]) + 1 for p in self.rail_peers]
+        recv = send.new_empty(sum(recv_splits))
+        work = dist.all_to_all_single(recv, send, recv_splits, [E + 1] * topo.nodes, group=self.groups.rail,
+                                      async_op=True)
+        return work, recv, send
+
     def plan(self, step: DedupStep) -> TwoLevelPlan:
         topo = self.topology
         L, N = topo.ranks_per_node, topo.nodes
-        sizes, starts, B, GB = step.sizes, step.starts, step.batch, step.global_batch
-        node = topo.node_ranks(topo.node)
-        NB = sum(sizes[r] for r in node)  # this node's batch
-        ids = self._exchange_ids(step)
-
-        # owner: one block per (local entry, destination node)
-        node_start = [starts[n * L] for n in range(N)]
-        node_size = [sum(sizes[n * L:(n + 1) * L]) for n in range(N)]
-        owner_specs = [BagBlock(i * GB + node_start[n], node_size[n], ids.owner_widths[i][n], e,
-                             e.table in self.dedup_tables)
-                       for i, e in enumerate(self.local_entries) for n in range(N)]
-        okjt = step.owner_kjt
-        owner = blocks_unique(okjt.values(), okjt.offsets(), okjt.lengths(), owner_specs)
-        # forwarder: one node block per rail feature, and the subset each rank of the node uses
-        feats = self.rail_features[topo.local_rank]
-        fwd_specs = [BagBlock(k * NB, NB, ids.widths[k], self.all_entries[j], self.all_entries[j].table in
-                           self.dedup_tables) for k, j in enumerate(feats)]
-        fwd = blocks_unique(ids.values, ids.offsets, ids.lengths, fwd_specs)
-        rank_start = [sum(sizes[r] for r in node[:k]) for k in range(L)]
-        subsets = [[used_subset(u, rank_start[k], sizes[r], NB) for u in fwd] for k, r in enumerate(node)]
-        # sample rank: its own bags, as one-level dedup
-        skjt = step.sample_kjt
-        own_specs = [BagBlock(j * B, B, ids.own_widths[j], e, e.table in self.dedup_tables)
-                     for j, e in enumerate(self.all_entries)]
-        own = blocks_unique(skjt.values(), skjt.offsets(), skjt.lengths(), own_specs)
-
-        # the step's second and last host sync: every count and bad-id flag at once
-        blocks = owner + fwd + own
-        counted = [u.count for u in blocks] + [c for row in subsets for _, c in row]
-        flags = [u.bad_ids for u in blocks]
-        flat = torch.stack([c.to(torch.int64) for c in counted] + [f.to(torch.int64) for f in flags]).tolist() \
-            if counted else []
+        t0 = time.perf_counter()
+        blocks = self._owner_blocks(step)
         nb = len(blocks)
-        for k, bad in enumerate(flat[len(counted):]):
-            if bad:
-                e = (owner_specs + fwd_specs + own_specs)[k].entry
-                raise ValueError(f"feature {e.feature!r} (table {e.table!r}): ids outside "
-                                 f"[0, {e.num_embeddings}) reached the dedup codec")
+        owner_specs, owner, own_specs, own = self._uniques(step, blocks)
+        for attempt in range(2):
+            overflow = torch.stack([u.overflow for u in owner + own]).any().to(torch.int64) \
+                if owner + own else torch.zeros((), dtype=torch.int64, device=step.device)
+            work, recv, _send = self._start_count_exchange(owner, overflow, step.device)
+            # the step's first host sync: every count and flag of both ends, and what the rail peers sent
+            uniques = owner + own
+            mine = torch.stack([u.count.to(torch.int64) for u in uniques] + [u.bad_ids.to(torch.int64)
+                                                                             for u in uniques] + [overflow])
+            work.wait()
+            flat = torch.cat([mine, recv]).tolist()
+            nu = len(uniques)
+            for k, bad in enumerate(flat[nu:2 * nu]):
+                if bad:
+                    e = (owner_specs + own_specs)[k].entry
+                    raise ValueError(f"feature {e.feature!r} (table {e.table!r}): ids outside "
+                                     f"[0, {e.num_embeddings}) reached the dedup codec")
+            peers, at = [], 2 * nu + 1
+            for p in self.rail_peers:
+                peers.append(flat[at:at + len(self.features_of[p]) + 1])
+                at += len(self.features_of[p]) + 1
+            if not flat[2 * nu] and not any(c[-1] for c in peers):
+                break
+            # a bag outgrew its key width here or at a rail peer: every rank of the rail redoes the
+            # count exchange (each saw every flag); this rank first widens its own keys
+            assert attempt == 0, "key width still too small after widening"
+            step.stats.extra_syncs += 1
+            if flat[2 * nu]:
+                owner_specs, owner, own_specs, own = self._widen(step, blocks)
         owner_counts = flat[:len(owner)]
-        fwd_counts = flat[len(owner):len(owner) + len(fwd)]
-        own_counts = flat[len(owner) + len(fwd):nb]
-        subset_counts = [flat[nb + k * len(fwd):nb + (k + 1) * len(fwd)] for k in range(L)]
-
-        plan = self._build(step, owner, owner_counts, node_start, fwd_counts, subsets, subset_counts,
-                           own, own_counts)
-        self._account(step, ids, owner_counts, node_size, own_counts)
+        own_counts = flat[len(owner):nu]
+        fwd_counts = [c for m, cs in enumerate(peers) if m != topo.node for c in cs[:-1]]
+        plan = self._build(step, blocks, owner, owner_counts, fwd_counts, own, own_counts)
+        self._account(step, blocks, owner_counts, own_counts)
+        step.stats.add_hop("plan", time.perf_counter() - t0)  # the dist counts the whole plan as codec time
         return plan
 
-    def _build(self, step: DedupStep, owner: list[BlockUnique], owner_counts: list[int], node_start: list[int],
-               fwd_counts: list[int], subsets, subset_counts: list[list[int]], own: list[BlockUnique],
+    def _widen(self, step: DedupStep, blocks: list[tuple[int, int]]):
+        """Grow every key width to the longest bag of its block (one extra host sync) and redo the uniques."""
+        okjt, skjt, GB, B = step.owner_kjt, step.sample_kjt, step.global_batch, step.batch
+        ol, sl = okjt.lengths(), skjt.lengths()
+        longest = [ol[i * GB + a:i * GB + a + n].amax() if n else ol.new_zeros(())
+                   for i in range(len(self.local_entries)) for a, n in blocks]
+        longest += [sl[j * B:(j + 1) * B].amax() if B else sl.new_zeros(()) for j in range(len(self.all_entries))]
+        host = torch.stack(longest).tolist() if longest else []
+        nb = len(blocks)
+        for i in range(len(self.local_entries)):
+            for b in range(nb):
+                self._owner_widths[i][b] = max(self._owner_widths[i][b], host[i * nb + b])
+        for j in range(len(self.all_entries)):
+            self._own_widths[j] = max(self._own_widths[j], host[len(self.local_entries) * nb + j])
+        return self._uniques(step, blocks)
+
+    def _build(self, step: DedupStep, blocks: list[tuple[int, int]], owner: list[BlockUnique],
+               owner_counts: list[int], fwd_counts: list[int], own: list[BlockUnique],
                own_counts: list[int]) -> TwoLevelPlan:
+        """Stage 1 now; stage 2 once the rail hop is launched (`TwoLevelPlan.complete`: the id
+        exchange inside the node, the forwarder's node-level unique, its indices)."""
         topo, unit = self.topology, self.unit
-        L, N = topo.ranks_per_node, topo.nodes
+        L, N, n = topo.ranks_per_node, topo.nodes, topo.node
         device = step.device
-        B = step.batch
+        node = topo.node_ranks(n)
+        NB = sum(step.sizes[r] for r in node)
         empty = torch.zeros(0, dtype=torch.int64, device=device)
+        cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
+        ar: dict[int, torch.Tensor] = {}
 
         def units(base: torch.Tensor, d: int) -> torch.Tensor:  # unit rows of d units from each base
-            return (base.unsqueeze(1) + torch.arange(d, device=device)).reshape(-1)
+            if d not in ar:
+                ar[d] = torch.arange(d, device=device)
+            return (base.unsqueeze(1) + ar[d]).reshape(-1)
 
-        # owner -> rail: to node n, the node-unique rows of each local entry
+        def elems(features: list[int], counts) -> int:
+            return sum(counts[j] * self.all_entries[j].dim for j in features)
+
+        # stage 1, owner: to each rank of its node, then over the rail to each other node, the
+        # distinct rows of each local entry's block
         local_units = sum(e.dim for e in self.local_entries) // unit
         col = [0]
         for e in self.local_entries:
             col.append(col[-1] + e.dim // unit)
-        rail_send, rail_send_splits = [], []
-        for n in range(N):
-            elems = 0
+        nblocks = len(blocks)
+        send_parts, block_elems = [], []
+        for b, (start, _) in enumerate(blocks):
+            total = 0
             for i, e in enumerate(self.local_entries):
-                c = owner_counts[i * N + n]
-                rows = node_start[n] + owner[i * N + n].first[:c]
-                rail_send.append(units(rows * local_units + col[i], e.dim // unit))
-                elems += c * e.dim
-            rail_send_splits.append(elems)
-        # rail -> forwarder: from node m, the node-unique rows of its owner's entries (feats order)
-        feats = self.rail_features[topo.local_rank]
-        rail_at, at = [], 0
-        rail_recv_splits = [0] * N
-        for k, j in enumerate(feats):
-            e = self.all_entries[j]
-            rail_at.append(at)
-            at += fwd_counts[k] * e.dim // unit
-            rail_recv_splits[topo.node_of(self._owner_of(j))] += fwd_counts[k] * e.dim
-        # forwarder -> intra: to local rank k, the rows its bags use, per rail feature
-        intra_send, intra_send_splits = [], []
-        for k in range(L):
-            elems = 0
-            for f, j in enumerate(feats):
-                d = self.all_entries[j].dim // unit
-                c = subset_counts[k][f]
-                intra_send.append(units(rail_at[f] + subsets[k][f][0][:c] * d, d))
-                elems += c * self.all_entries[j].dim
-            intra_send_splits.append(elems)
-        # receiver: from local rank k, the rows of rail k's features; then expand in output order
-        intra_at: dict[int, int] = {}
-        at = 0
-        intra_recv_splits = []
-        for k in range(L):
-            elems = 0
-            for j in self.rail_features[k]:
-                e = self.all_entries[j]
-                intra_at[j] = at
-                at += own_counts[j] * e.dim // unit
-                elems += own_counts[j] * e.dim
-            intra_recv_splits.append(elems)
-        recv_parts = [intra_at[j] + own[j].inverse.unsqueeze(1) * (e.dim // unit)
-                      + torch.arange(e.dim // unit, device=device) for j, e in enumerate(self.all_entries)]
-        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
-        out_dim = sum(e.dim for e in self.all_entries)
-        cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
-        return TwoLevelPlan(unit, cat(rail_send), rail_send_splits, rail_recv_splits, cat(intra_send),
-                            intra_send_splits, intra_recv_splits, recv_index, (B, out_dim), self.groups)
+                c = owner_counts[i * nblocks + b]
+                send_parts.append(units((start + owner[i * nblocks + b].first[:c]) * local_units + col[i],
+                                        e.dim // unit))
+                total += c * e.dim
+            block_elems.append(total)
+        local_send_splits = block_elems[:L]
+        rail_send_splits = block_elems[L:]
+        rail_send_splits.insert(n, 0)  # nothing to this node over the rail
+        # stage 1, receiver: from each rank k of its node the rows of k's features it uses
+        local_recv_splits = [elems(self.features_of[r], own_counts) for r in node]
+        # rail -> forwarder: from node m, the node-unique rows of its rail peer's entries (counts it sent)
+        mine = self.remote_features[topo.local_rank]
+        fwd = dict(zip(mine, fwd_counts))
+        rail_recv_splits = [0 if m == n else elems(self.features_of[m * L + topo.local_rank], fwd)
+                            for m in range(N)]
+        # stage 2, receiver: from rank k the rows of rail k's remote features
+        intra_recv_splits = [elems(self.remote_features[k], own_counts) for k in range(L)]
+        own_count_tensor = (torch.stack([u.count.to(torch.int64) for u in own]) if own
+                            else torch.zeros(0, dtype=torch.int64, device=device))
+        # the exchange's counts travel with stage 1; read (the second host sync) in `complete`
+        counts = start_node_counts(step, topo, self.groups, own_count_tensor)
 
-    def _owner_of(self, j: int) -> int:
-        for o, feats in enumerate(self.features_of):
-            if feats and feats[0] <= j <= feats[-1]:
-                return o
-        raise IndexError(j)
+        def deferred() -> tuple[torch.Tensor, torch.Tensor]:
+            t0 = time.perf_counter()
+            # the node's ids of this rail's remote features, and every node rank's unique counts
+            ex = exchange_node_ids(step, topo, self.groups, self.remote_features, counts=counts)
+            t1 = time.perf_counter()
+            step.stats.add_hop("ids", t1 - t0)
+            widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
+            fwd_specs = [BagBlock(f * NB, NB, widths[f], self.all_entries[j], self.all_entries[j].table in
+                                  self.dedup_tables) for f, j in enumerate(mine)]
+            uniques = blocks_unique(ex.values, _offsets(ex.lengths), ex.lengths, fwd_specs)
+            chosen = node_subsets([u.inverse for u in uniques], [step.sizes[r] for r in node], NB)[0] \
+                if uniques else None
+            # stage 2, forwarder: to rank k the rows its bags use (k's own count) of each remote feature
+            sub = [[ex.gathered_of[k][j] for j in mine] for k in range(L)]
+            plan.intra_send_splits = [sum(sub[k][f] * self.all_entries[j].dim for f, j in enumerate(mine))
+                                      for k in range(L)]
+            rail_at, at = [], 0
+            for f, j in enumerate(mine):
+                rail_at.append(at)
+                at += fwd_counts[f] * self.all_entries[j].dim // unit
+            intra_send = [units(rail_at[f] + chosen[k, f, :sub[k][f]] * (self.all_entries[j].dim // unit),
+                                self.all_entries[j].dim // unit)
+                          for k in range(L) for f, j in enumerate(mine)]
+            # where each feature's rows start in the receive buffer [stage 1 local | stage 2]
+            base, at = {}, 0
+            for groups in ([self.features_of[r] for r in node], self.remote_features):
+                for features in groups:
+                    for j in features:
+                        base[j] = at
+                        at += own_counts[j] * self.all_entries[j].dim // unit
+            recv_parts = [base[j] + own[j].inverse.unsqueeze(1) * (e.dim // unit) + torch.arange(e.dim // unit,
+                                                                                              device=device)
+                          for j, e in enumerate(self.all_entries)]
+            recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+            stats = step.stats
+            stats.count_traffic(list(zip(node, plan.intra_send_splits, intra_recv_splits)), topo.rank,
+                                topo.node_of, step.wire_bytes)
+            stats.id_exchange_bytes += ex.exchanged_bytes
+            stats.messages += ex.messages
+            stats.add_hop("plan", time.perf_counter() - t1)
+            return cat(intra_send), recv_index
+
+        out_dim = sum(e.dim for e in self.all_entries)
+        plan = TwoLevelPlan(unit, cat(send_parts), rail_send_splits, rail_recv_splits, None, None,
+                            intra_recv_splits, None, (step.batch, out_dim), self.groups,
+                            local_send_splits=local_send_splits, local_recv_splits=local_recv_splits,
+                            deferred=deferred)
+        return plan
 
     # ------------------------------------------------------------- counters
-    def _account(self, step: DedupStep, ids: _NodeIds, owner_counts: list[int], node_size: list[int],
+    def _account(self, step: DedupStep, blocks: list[tuple[int, int]], owner_counts: list[int],
                  own_counts: list[int]) -> None:
-        """This step's bytes per table, as one-level dedup counts them: rows the owner puts on its
-        rail (the node-unique rows), rows reaching this rank; the ids of both all-to-alls.
-        Bytes and messages between nodes are counted per message by the dist (`TwoLevelPlan.traffic`)."""
+        """This step's bytes per table, as one-level dedup counts them: rows the owner sends (to its
+        node's ranks, and the node-unique rows on its rail), rows reaching this rank; the ids of both
+        all-to-alls. Bytes and messages of stage 1 are counted per message by the dist
+        (`TwoLevelPlan.traffic`), stage 2's and the id exchange's by `TwoLevelPlan.complete`."""
         stats, wire, elem = step.stats, step.wire_bytes, step.elem_bytes
-        N = self.topology.nodes
         okjt, skjt, sizes, B = step.owner_kjt, step.sample_kjt, step.sizes, step.batch
         owner_lengths = okjt.length_per_key() if self.local_entries else []
         for i, e in enumerate(self.local_entries):
             t = stats.table(e.table)
-            for n in range(N):
-                t.add_rows(e.dim, wire, elem, sent=owner_counts[i * N + n], stock_sent=node_size[n])
+            for b, (_, n) in enumerate(blocks):
+                t.add_rows(e.dim, wire, elem, sent=owner_counts[i * len(blocks) + b], stock_sent=n)
             t.id_recv_bytes += (owner_lengths[i] * okjt.values().element_size()
                                 + sum(sizes) * okjt.lengths().element_size())
         sample_lengths = skjt.length_per_key() if self.all_entries else []
@@ -417,5 +556,7 @@ class TwoLevelPlanner:
             t.add_rows(e.dim, wire, elem, received=own_counts[j], stock_received=B, bags=B)
             t.id_sent_bytes += (sample_lengths[j] * skjt.values().element_size()
                                 + B * skjt.lengths().element_size())
-        stats.id_exchange_bytes += ids.exchanged_bytes
-        stats.messages += ids.messages
+        # the count exchange: one message to each other node's rail peer (its payload is not rows)
+        others = self.topology.nodes - 1
+        stats.messages += others
+        stats.inter_node_messages += others

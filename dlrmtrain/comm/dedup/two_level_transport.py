@@ -1,15 +1,18 @@
 """The two-level all-to-all of a `TwoLevelPlan` (two_level.py) as an autograd pair.
 
-Forward, in `_TwoLevelStart`: the owner gathers its node-unique rows and
-launches the rail all-to-all (between nodes, the slow hop) asynchronously;
-`wait()` (`_TwoLevelWait`) waits for it, picks each node rank's rows, runs the
-intra-node all-to-all (the fast hop) and expands. Backward mirrors it: the
-wait's backward segment-sums per unique bag, runs the intra-node hop back,
-sums the node's gradients per node-unique bag and launches the rail hop
-back; the start's backward waits for it and scatters the sums at each bag's
-first occurrence for the fused embedding backward. So, as with TorchRec's
-own dists, the transfer between nodes overlaps whatever runs between the
-two halves.
+Forward, in `_TwoLevelStart`: the owner gathers the rows it sends and
+launches stage 1 asynchronously: the rail all-to-all (between nodes, the slow
+hop) first, then the rows for its own node's ranks (inside the node).
+`wait()` (`_TwoLevelWait`) plans stage 2 while they travel (`TwoLevelPlan.complete`),
+waits for the rail hop, forwards inside the node what each rank uses (stage 2),
+waits for both and expands. Backward mirrors it: the wait's backward
+segment-sums per unique bag, sends stage 2's sums to their forwarders (and
+stage 1's straight to their owners, in flight until the end), sums the
+node's gradients per node-unique bag and launches the rail hop back; the
+start's backward waits for both and scatters the sums at each bag's first
+occurrence for the fused embedding backward. So, as with TorchRec's own
+dists, the transfer between nodes overlaps whatever runs between the two
+halves. Every phase's time goes to the dist's `hop_seconds` (`comm.stats.HOPS`).
 Lossless only (no wire precision): the forwarder sums gradients, and a
 rounded wire would round twice.
 """
@@ -24,8 +27,27 @@ import torch
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
-from dlrmtrain.comm.dedup.transport import DedupDistState, _start_all_to_all, _timed_wait, owner_gradient
+from dlrmtrain.comm.dedup.transport import DedupDistState, _start_all_to_all, owner_gradient
 from dlrmtrain.comm.dedup.two_level import TwoLevelPlan
+from dlrmtrain.comm.stats import DistCommStats
+
+
+def _codec(stats: DistCommStats, hop: str, t0: float) -> float:
+    """Count the time since t0 as codec time of `hop`; returns now."""
+    t1 = time.perf_counter()
+    stats.codec_seconds += t1 - t0
+    stats.add_hop(hop, t1 - t0)
+    return t1
+
+
+def _wait(work, stats: DistCommStats, hop: str) -> float:
+    """Wait for a transfer, counted as transfer time of `hop`; returns now."""
+    t0 = time.perf_counter()
+    work.wait()
+    t1 = time.perf_counter()
+    stats.transfer_seconds += t1 - t0
+    stats.add_hop(hop, t1 - t0)
+    return t1
 
 
 @dataclass
@@ -35,28 +57,38 @@ class _Request:
     plan: TwoLevelPlan
     owner: Any
     local_shape: torch.Size | None = None
-    rail_send: torch.Tensor | None = None    # kept alive until its transfer is done
+    send: torch.Tensor | None = None        # kept alive until its transfers are done
     rail_recv: torch.Tensor | None = None
+    recv: torch.Tensor | None = None        # [stage 1 local | stage 2 | pad]: what the expand reads
     work: Any = None
-    grad_rail_send: torch.Tensor | None = None
-    grad_rail_recv: torch.Tensor | None = None
+    local_work: Any = None
+    grad_owner: torch.Tensor | None = None  # [stage 1 local | rail]: the owner's received sums
+    grad_sends: tuple = ()                  # kept alive until their transfers are done
     grad_work: Any = None
+    grad_local_work: Any = None
     dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
 
 
 class _TwoLevelStart(torch.autograd.Function):
-    """Forward: gather the node-unique rows, launch the rail hop. Backward: wait for it, scatter."""
+    """Forward: gather the owner's rows, launch stage 1. Backward: wait for the sums, scatter."""
 
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
-        req.rail_send = gather_rows(local_embs.reshape(-1, plan.unit), plan.rail_send_index).view(-1)
-        req.rail_recv = req.rail_send.new_empty(sum(plan.rail_recv_splits))
-        req.work = _start_all_to_all(req.rail_recv, req.rail_send, plan.rail_recv_splits, plan.rail_send_splits,
-                                     plan.groups.rail)
-        req.local_shape = local_embs.shape
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        send = gather_rows(local_embs.reshape(-1, plan.unit), plan.send_index).view(-1)
+        local = plan.local_elems
+        req.rail_recv = send.new_empty(sum(plan.rail_recv_splits))
+        req.work = _start_all_to_all(req.rail_recv, send[local:], plan.rail_recv_splits, plan.rail_send_splits,
+                                     plan.groups.rail)  # the slow hop first
+        stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
+        req.recv = send.new_empty(stage1 + stage2 + plan.pad_units * plan.unit)
+        req.recv[stage1 + stage2:].zero_()
+        if plan.local_send_splits is not None:
+            req.local_work = _start_all_to_all(req.recv[:stage1], send[:local], plan.local_recv_splits,
+                                               plan.local_send_splits, plan.groups.intra)
+        req.send, req.local_shape = send, local_embs.shape
+        _codec(owner.comm_stats, "gather", t0)
         ctx.req = req
         return req.dummy
 
@@ -64,38 +96,43 @@ class _TwoLevelStart(torch.autograd.Function):
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
         plan, owner = req.plan, req.owner
-        _timed_wait(req.grad_work, owner.comm_stats)
-        t0 = time.perf_counter()
-        grad_local = owner_gradient(owner, req.grad_rail_recv, plan.rail_send_index, req.local_shape,
-                                    plan.unit)
-        req.grad_rail_send = req.grad_rail_recv = req.grad_work = None
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        t0 = _wait(req.grad_work, owner.comm_stats, "rail bwd")
+        if req.grad_local_work is not None:
+            t0 = _wait(req.grad_local_work, owner.comm_stats, "intra bwd")
+        grad_local = owner_gradient(owner, req.grad_owner, plan.send_index, req.local_shape, plan.unit)
+        req.grad_owner = req.grad_work = req.grad_local_work = None
+        req.grad_sends = ()
+        _codec(owner.comm_stats, "scatter", t0)
         ctx.req = None
         return grad_local, None
 
 
 class _TwoLevelWait(torch.autograd.Function):
-    """Forward: wait for the rail hop, forward inside the node, expand.
-    Backward: segment-sum, the intra-node hop back, sum per node-unique bag, launch the rail hop back."""
+    """Forward: wait for the rail hop, forward inside the node (stage 2), expand.
+    Backward: segment-sum, stage 2 back, sum per node-unique bag, launch the rail hop back."""
 
     @staticmethod
     def forward(ctx, dummy: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
-        _timed_wait(req.work, owner.comm_stats)
+        # stage 2's plan while stage 1 travels: here rather than at launch, so that whatever runs
+        # between the halves (the bottom MLP) runs first and the node's ranks meet later in the id
+        # exchange (its hops: "ids", "plan")
         t0 = time.perf_counter()
+        plan.complete()
+        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        t0 = _wait(req.work, owner.comm_stats, "rail fwd")
+        stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
         intra_send = gather_rows(req.rail_recv.view(-1, plan.unit), plan.intra_send_index).view(-1)
-        total = sum(plan.intra_recv_splits)
-        intra_recv = intra_send.new_empty(total + plan.pad_units * plan.unit)
-        intra_recv[total:].zero_()
-        work = _start_all_to_all(intra_recv[:total], intra_send, plan.intra_recv_splits, plan.intra_send_splits,
-                                 plan.groups.intra)
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
-        _timed_wait(work, owner.comm_stats)
-        t0 = time.perf_counter()
-        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), intra_recv.dtype, intra_recv.device)
-        expand_rows(intra_recv.view(-1, plan.unit), plan.recv_index, out=out)
-        req.rail_recv = req.rail_send = req.work = None
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        work = _start_all_to_all(req.recv[stage1:stage1 + stage2], intra_send, plan.intra_recv_splits,
+                                 plan.intra_send_splits, plan.groups.intra)
+        _codec(owner.comm_stats, "intra fwd", t0)
+        t0 = _wait(work, owner.comm_stats, "intra fwd")
+        if req.local_work is not None:
+            t0 = _wait(req.local_work, owner.comm_stats, "intra fwd")
+        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), req.recv.dtype, req.recv.device)
+        expand_rows(req.recv.view(-1, plan.unit), plan.recv_index, out=out)
+        req.rail_recv = req.send = req.recv = req.work = req.local_work = None
+        _codec(owner.comm_stats, "expand", t0)
         ctx.req = req
         return out.view(plan.out_shape)
 
@@ -104,23 +141,29 @@ class _TwoLevelWait(torch.autograd.Function):
         req = ctx.req
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
-        units = sum(plan.intra_recv_splits) // plan.unit
+        stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
+        units = (stage1 + stage2) // plan.unit
         grad_recv = segment_sum_rows(grad_out.contiguous().view(-1, plan.unit), plan.recv_index,
-                                     units + plan.pad_units)[:units]
+                                     units + plan.pad_units)[:units].reshape(-1)
+        # stage 2 back to the forwarders first (the rail hop waits for it), stage 1 straight to the owners
         grad_intra = grad_recv.new_empty(sum(plan.intra_send_splits))
-        work = _start_all_to_all(grad_intra, grad_recv.reshape(-1), plan.intra_send_splits, plan.intra_recv_splits,
+        work = _start_all_to_all(grad_intra, grad_recv[stage1:], plan.intra_send_splits, plan.intra_recv_splits,
                                  plan.groups.intra)
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
-        _timed_wait(work, owner.comm_stats)
-        t0 = time.perf_counter()
+        local = plan.local_elems
+        req.grad_owner = grad_recv.new_empty(local + sum(plan.rail_send_splits))
+        if plan.local_send_splits is not None:
+            req.grad_local_work = _start_all_to_all(req.grad_owner[:local], grad_recv[:stage1],
+                                                    plan.local_send_splits, plan.local_recv_splits,
+                                                    plan.groups.intra)
+        _codec(owner.comm_stats, "intra bwd", t0)
+        t0 = _wait(work, owner.comm_stats, "intra bwd")
         # the forwarder: one gradient per node-unique bag, summed over its node's ranks
         rail_units = sum(plan.rail_recv_splits) // plan.unit
-        req.grad_rail_send = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index,
-                                              rail_units).view(-1)
-        req.grad_rail_recv = req.grad_rail_send.new_empty(sum(plan.rail_send_splits))
-        req.grad_work = _start_all_to_all(req.grad_rail_recv, req.grad_rail_send, plan.rail_send_splits,
+        grad_rail = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index, rail_units).view(-1)
+        req.grad_work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
                                           plan.rail_recv_splits, plan.groups.rail)
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        req.grad_sends = (grad_recv, grad_rail)
+        _codec(owner.comm_stats, "node sum", t0)
         ctx.req = None
         return torch.zeros_like(req.dummy), None
 
