@@ -122,25 +122,28 @@ def _free_port() -> int:
 
 def test_two_nodes_train_as_one_node_of_the_same_world_size(tmp_path):
     """Two torchrun agents on this machine as two nodes (c10d rendezvous on 127.0.0.1),
-    one rank each, codec dedup: the same losses as one node with two ranks."""
+    one rank each, codec dedup: the same losses as one node with two ranks. The one-node
+    run goes at the same time (its own standalone store): their start-ups overlap."""
     common = ["--config", "configs/quickstart.yaml",
               *tiny_overrides(str(tmp_path), "run.max_steps=4", "eval.enabled=false",
                               "comm.codec=dedup")]
-    one = dlrmtrain("train", "--nproc", "2", *common, "run.name=one_node", timeout=120)
-    assert one.returncode == 0, one.stderr
     rdzv = f"127.0.0.1:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "dlrmtrain", "train", "--nproc", "1", "--nnodes", "2",
-         "--node-rank", str(r), "--rdzv", rdzv, "--rdzv-id", f"test{rdzv}", *common,
-         "run.name=two_nodes"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    commands = {"one node": ["--nproc", "2", *common, "run.name=one_node"],
+                **{f"node {r}": ["--nproc", "1", "--nnodes", "2", "--node-rank", str(r),
+                                 "--rdzv", rdzv, "--rdzv-id", f"test{rdzv}", *common,
+                                 "run.name=two_nodes"] for r in (0, 1)}}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "dlrmtrain", "train", *args],
+                                    cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+             for name, args in commands.items()}
     try:
-        outputs = [n.communicate(timeout=120)[0] for n in nodes]
+        outputs = {name: p.communicate(timeout=180)[0] for name, p in procs.items()}
     finally:
-        for n in nodes:
-            n.kill()
-    assert [n.returncode for n in nodes] == [0, 0], "\n".join(outputs)
+        for p in procs.values():
+            p.kill()
+    assert {name: p.returncode for name, p in procs.items()} == dict.fromkeys(procs, 0), \
+        "\n".join(f"--- {name}\n{out}" for name, out in outputs.items())
 
     def losses(name: str) -> list[float]:
         return [loss for _, loss in

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config.loader import dump_config, load_config
-from dlrmtrain.mlperf.compliance import ComplianceResult
+from dlrmtrain.mlperf.compliance import ComplianceResult, check_log
 from dlrmtrain.mlperf.scoring import RunTime, olympic_score
 from dlrmtrain.mlperf.runner import (
     CodecOutcome,
@@ -20,7 +20,7 @@ from dlrmtrain.mlperf.runner import (
     speedup,
 )
 from tests.common import tiny_config
-from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
+from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN, TARGET
 
 
 def _eval_aucs(result_file: Path) -> list[float]:
@@ -63,6 +63,15 @@ def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
         none, dedup = (_eval_aucs(out / "results" / f"cpu2_gloo_codec-{c}" / "dlrm_dcnv2" /
                                   f"result_{index}.txt") for c in ("none", "dedup"))
         assert dedup == pytest.approx(none, abs=2e-3)
+    # Seed 0 of codec none is the dcnv2 run of tests/mlperf/test_trainer_mlperf_log.py: its log
+    # reached the small target, passes the derived rules cleanly, and fails the official ones on
+    # exactly the accuracy target and the eval size.
+    log = out / "results" / "cpu2_gloo_codec-none" / "dlrm_dcnv2" / "result_0.txt"
+    assert TARGET <= max(_eval_aucs(log)) < 0.8025
+    assert sum('"key": "run_start"' in line for line in log.read_text().splitlines()) == 1
+    derived = check_log(log, "6.0.0", Path(summary["rules"]))
+    assert derived.passed and not derived.warnings, (derived.failures, derived.warnings)
+    assert check_log(log, "6.0.0").failed_keys == {"eval_accuracy", "eval_samples"}
     # The runner draws every run: one report row per (codec, seed), and the AUC plot.
     report = (out / "report" / "report.md").read_text()
     assert sum(line.startswith(("| run0_", "| run1_")) for line in report.splitlines()) == 4

@@ -3,6 +3,7 @@ damaged checkpoint is refused in favour of the previous one."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,21 @@ def _run(tmp_path, name, *overrides):
                      timeout=240)
 
 
-def test_resume_continues_the_same_trajectory(tmp_path):
+@pytest.fixture(scope="module")
+def ten_steps(tmp_path_factory) -> Path:
+    """One 10-step run ("split", checkpoints at steps 5 and 10); each test copies it."""
+    out = tmp_path_factory.mktemp("ten_steps")
+    _run(out, "split", "run.max_steps=10")
+    return out / "split"
+
+
+def _copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run_dir, tmp_path / run_dir.name))
+
+
+def test_resume_continues_the_same_trajectory(tmp_path, ten_steps):
     full = _run(tmp_path, "full", "run.max_steps=20")
-    _run(tmp_path, "split", "run.max_steps=10")
+    _copy_run(ten_steps, tmp_path)
     resumed = _run(tmp_path, "split", "run.max_steps=20", "checkpoint.resume=true")
     for rank in range(2):
         start, summary, weights = resumed[rank]
@@ -59,26 +72,24 @@ def test_resume_continues_the_same_trajectory(tmp_path):
             assert torch.equal(weights[key], full_weights[key]), key
 
 
-def test_damaged_checkpoint_is_refused_and_the_previous_one_used(tmp_path):
-    _run(tmp_path, "dmg", "run.max_steps=10")  # checkpoints at steps 5 and 10
-    ckpts = tmp_path / "dmg" / "checkpoints"
+def test_damaged_checkpoint_is_refused_and_the_previous_one_used(tmp_path, ten_steps):
+    ckpts = _copy_run(ten_steps, tmp_path) / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_10", "step_5"]
     shard = next(p for p in sorted((ckpts / "step_10").iterdir()) if p.suffix == ".distcp")
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # cut mid-file
     # A save that died before its commit leaves only a .partial folder: never used.
     (ckpts / "step_15.partial").mkdir()
-    resumed = _run(tmp_path, "dmg", "run.max_steps=12", "checkpoint.resume=true",
+    resumed = _run(tmp_path, "split", "run.max_steps=12", "checkpoint.resume=true",
                    "checkpoint.every_steps=0")
     assert [start for start, _, _ in resumed] == [5, 5]
-    log = (tmp_path / "dmg" / "metrics.jsonl").read_text()
+    log = (tmp_path / "split" / "metrics.jsonl").read_text()
     assert "train" in log
 
 
-def test_verify_names_the_truncated_file(tmp_path):
+def test_verify_names_the_truncated_file(tmp_path, ten_steps):
     from dlrmtrain.run.checkpoint import verify_checkpoint
 
-    _run(tmp_path, "v", "run.max_steps=5")
-    ckpt = tmp_path / "v" / "checkpoints" / "step_5"
+    ckpt = Path(shutil.copytree(ten_steps / "checkpoints" / "step_5", tmp_path / "step_5"))
     assert verify_checkpoint(ckpt) is None
     victim = ckpt / "trainer_state.json"
     victim.write_text(victim.read_text()[:-3])

@@ -37,23 +37,37 @@ V1_DENSE_PARAMS = ((13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
                    + (512 * 256 + 256) + (256 + 1))
 
 
-@pytest.mark.parametrize("name, dense_params", [
-    ("mlperf_v1_terabyte", V1_DENSE_PARAMS),
-    ("mini_mlperf_dim128", V1_DENSE_PARAMS),
-    # Same MLPs, cross net 3 × (3456·512 + 512·3456 + 3456) on 27·128 inputs, top on 3456.
-    ("mlperf_dcnv2", (13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
-     + 3 * (3456 * 512 * 2 + 3456)
-     + (3456 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 512 + 512) + (512 * 256 + 256)
-     + (256 + 1)),
-])
-def test_mlperf_config_trains_scaled_down(tmp_path, name, dense_params):
-    path = str(REPO / "configs" / f"{name}.yaml")
-    (summary, n_params), _ = run_ranks(_run_config, 2, path,
-                                       SMALL + [f"run.output_dir={tmp_path}"], timeout=300)
+# Same MLPs, cross net 3 × (3456·512 + 512·3456 + 3456) on 27·128 inputs, top on 3456.
+DCNV2_DENSE_PARAMS = ((13 * 512 + 512) + (512 * 256 + 256) + (256 * 128 + 128)
+                      + 3 * (3456 * 512 * 2 + 3456)
+                      + (3456 * 1024 + 1024) + (1024 * 1024 + 1024) + (1024 * 512 + 512)
+                      + (512 * 256 + 256) + (256 + 1))
+DENSE_PARAMS = {"mlperf_v1_terabyte": V1_DENSE_PARAMS, "mini_mlperf_dim128": V1_DENSE_PARAMS,
+                "mlperf_dcnv2": DCNV2_DENSE_PARAMS}
+
+
+def _run_every_config(rank, world_size, out_dir):
+    """Every config in one spawned group: a spawn costs as much as one of these runs."""
+    return {name: _run_config(rank, world_size, str(REPO / "configs" / f"{name}.yaml"),
+                              SMALL + [f"run.output_dir={out_dir}"])
+            for name in DENSE_PARAMS}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("mlperf_configs")
+    rank0, _ = run_ranks(_run_every_config, 2, str(out), timeout=500)
+    return rank0, out
+
+
+@pytest.mark.parametrize("name", list(DENSE_PARAMS))
+def test_mlperf_config_trains_scaled_down(trained, name):
+    runs, out = trained
+    summary, n_params = runs[name]
     assert summary["steps"] == 3
     assert summary["final_auc"] is not None
-    assert n_params == dense_params
-    log = (tmp_path / name / "mlperf.log").read_text()  # the configs log MLPerf events
+    assert n_params == DENSE_PARAMS[name]
+    log = (out / name / "mlperf.log").read_text()  # the configs log MLPerf events
     assert log.count('"key": "run_start"') == 1 and '"key": "eval_accuracy"' in log
 
 

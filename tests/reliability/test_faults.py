@@ -108,25 +108,36 @@ def _ended(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def _sigterm_pending(pid: int) -> bool:
+    """A SIGTERM sent to `pid` and not yet acted on (a stopped process keeps it pending)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return bool(pending & (1 << (signal.SIGTERM - 1)))
+
+
 def test_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     """Rank 1 stopped (SIGSTOP) mid-run: rank 0's collective fails after
     run.collective_timeout_s (not torch's default 300 s) and rank 0 exits; torchrun
-    then kills the frozen rank (SIGTERM, which a stopped process does not act on,
-    then SIGKILL after its fixed 30 s grace)."""
+    then sends the frozen rank SIGTERM, which a stopped process leaves pending. Its
+    SIGKILL would follow after a fixed 30 s grace (on a failed rank torchrun ignores
+    its own --shutdown-timeout): the test gives that SIGKILL itself once the SIGTERM is
+    pending, and the job then ends."""
     timeout_s, slack = 10, 20
     job = start_job(tmp_path, *LONG, f"run.collective_timeout_s={timeout_s}")
     try:
         wait_until(_trained_past(tmp_path / "f", 2), START_TIMEOUT, job)
-        alive = worker_pid(job, 0)
-        os.kill(worker_pid(job, 1), signal.SIGSTOP)  # alive, but never answers again
+        alive, frozen = worker_pid(job, 0), worker_pid(job, 1)
+        os.kill(frozen, signal.SIGSTOP)  # alive, but never answers again
         start = time.monotonic()
         while not _ended(alive) and time.monotonic() - start < timeout_s + slack:
             time.sleep(0.1)
         rank0_seconds = time.monotonic() - start
-        rc, _ = finish(job, 30 + slack)
+        assert rank0_seconds < timeout_s + slack, "rank 0 still waiting on the frozen rank"
+        wait_until(lambda: _sigterm_pending(frozen), slack, job)  # torchrun is ending the job
+        os.kill(frozen, signal.SIGKILL)  # torchrun's own, 30 s later
+        rc, _ = finish(job, slack)
     finally:
         kill_job(job)
-    assert rank0_seconds < timeout_s + slack, "rank 0 still waiting on the frozen rank"
     # gloo's words depend on the collective rank 0 waits in (a barrier, or the all-gather
     # by which the ranks agree on a checkpoint save's outcome)
     out = output_of(tmp_path)
@@ -142,19 +153,34 @@ def _preprocess_cmd(paths, out):
             *map(str, paths)]
 
 
+def _raw_days(folder: Path) -> list[Path]:
+    from tests.data.raw_rows import random_raw_lines, write_lines
+
+    lines = random_raw_lines(24000, seed=3)  # 3 files of ~2 MB: passes take long enough to hit
+    return [write_lines(folder / f"day_{i}", lines[i * 8000:(i + 1) * 8000]) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The preprocessing of `_raw_days` run once without a fault (shared by both kills)."""
+    from dlrmtrain.data.preprocess.pipeline import preprocess
+
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    preprocess(_raw_days(folder), folder / "out", "mlperf_vocab", hash_range=1000, progress=False)
+    return folder / "out"
+
+
 @pytest.mark.parametrize("kill_when", ["pass 1 staged day_0", "pass 2 started"])
-def test_preprocessing_killed_in_each_pass_then_rerun(tmp_path, kill_when):
+def test_preprocessing_killed_in_each_pass_then_rerun(tmp_path, kill_when, uninterrupted):
     """kill -9 mid-pass; the rerun finishes and gives the uninterrupted result."""
     import subprocess
 
     import numpy as np
 
-    from tests.data.raw_rows import random_raw_lines, write_lines
     from tests.data.preprocess.test_pipeline import load_everything
     from tests.reliability.jobs import REPO
 
-    lines = random_raw_lines(24000, seed=3)  # 3 files of ~2 MB: passes take long enough to hit
-    paths = [write_lines(tmp_path / f"day_{i}", lines[i * 8000:(i + 1) * 8000]) for i in range(3)]
+    paths = _raw_days(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     trigger = (out / "staging" / "parts" / "day_0" / "part.json" if kill_when.startswith("pass 1")
@@ -174,11 +200,10 @@ def test_preprocessing_killed_in_each_pass_then_rerun(tmp_path, kill_when):
         if job.poll() is None:
             job.kill()
             job.wait(timeout=30)
-    # The rerun (in this process: the same code the command runs), then an uninterrupted run.
+    # The rerun (in this process: the same code the command runs).
     from dlrmtrain.data.preprocess.pipeline import preprocess
 
-    for target in (out, tmp_path / "fresh"):
-        preprocess(paths, target, "mlperf_vocab", hash_range=1000, progress=False)
+    preprocess(paths, out, "mlperf_vocab", hash_range=1000, progress=False)
     assert not list(out.rglob("*.tmp-*")) and not (out / "staging").exists()
-    for got, want in zip(load_everything(out), load_everything(tmp_path / "fresh")):
+    for got, want in zip(load_everything(out), load_everything(uninterrupted)):
         np.testing.assert_array_equal(got, want)
