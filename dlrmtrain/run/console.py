@@ -64,13 +64,12 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
     largest = sorted(tables.items(), key=lambda kv: -kv[1]["payload_fwd_recv_bytes"])[:top]
     lines.append("  most bytes: " + ", ".join(
         f"{name} {_mib(t['payload_fwd_recv_bytes'] / steps)}" for name, t in largest))
+    syncs = ("" if stats.get("host_syncs_per_step") is None else
+             f"; host syncs on the critical path {stats['host_syncs_per_step']:.2f}/step (plans made "
+             f"ahead at the pipeline's input stage: {stats['planned_ahead_steps']} of {stats['steps']} passes)")
     lines.append(f"  codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, transfer "
-                 f"{stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step, extra host syncs "
+                 f"{stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step{syncs}; extra host syncs "
                  f"{stats['extra_syncs']}")
-    if stats.get("host_syncs_per_step") is not None:
-        lines.append(f"  codec host syncs on the critical path: {stats['host_syncs_per_step']:.2f} per step "
-                     f"(plans made ahead, at the pipeline's input stage: {stats['planned_ahead_steps']} "
-                     f"of {stats['steps']} passes)")
     decisions = stats.get("auto_decisions", [])
     if decisions:
         lines.append(f"  auto: {decisions[0]}" + (f" (+{len(decisions) - 1} more decisions)"
