@@ -1,6 +1,6 @@
 """dedup vs TorchRec's stock all-to-all on real Gloo ranks (see ranks.py).
 
-Tolerances (DESIGN.md §4): the forward and the dense gradients of step 1 must
+Tolerances (docs/design.md §4): the forward and the dense gradients of step 1 must
 be bitwise equal; the embedding gradients differ only in float summation
 order (rtol 1e-6); weights after step 1 within 4 ulp (of max(|w|, 0.01)), plus for Adagrad what
 that gradient difference can move a weight (see `weight_tolerance`); losses over 10 steps
