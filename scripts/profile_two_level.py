@@ -75,23 +75,29 @@ def relaunch(args: argparse.Namespace) -> None:
                         *sys.argv[1:]])
 
 
+def _wrap(owner, name: str, record) -> None:
+    """Replace `owner.name` by a wrapper that calls `record(args, t0, t1)` after each call."""
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            record(a, t0, time.perf_counter())
+    setattr(owner, name, wrapper)
+
+
 def wrap_plan_pieces() -> None:
     """Time the two-level planner's pieces (module functions it calls by name)."""
     from dlrmtrain.comm.dedup import two_level
 
     def timed(owner, name: str, label: str) -> None:
-        fn = getattr(owner, name)
-
-        @functools.wraps(fn)
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                t1 = time.perf_counter()
-                PLAN_PIECES[label] += t1 - t0
-                EVENTS.append((f"  {label}", t0, t1))
-        setattr(owner, name, wrapper)
+        def record(_args, t0: float, t1: float) -> None:
+            PLAN_PIECES[label] += t1 - t0
+            EVENTS.append((f"  {label}", t0, t1))
+        _wrap(owner, name, record)
 
     for name in ("exchange_node_ids", "blocks_unique", "node_subsets"):
         timed(two_level, name, name)
@@ -104,16 +110,8 @@ def trace_events() -> None:
     from dlrmtrain.comm.dedup import dist as dedup_dist, transport, two_level_transport
 
     def traced(owner, name: str, label) -> None:
-        fn = getattr(owner, name)
-
-        @functools.wraps(fn)
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                EVENTS.append((label(*a) if callable(label) else label, t0, time.perf_counter()))
-        setattr(owner, name, wrapper)
+        _wrap(owner, name, lambda a, t0, t1: EVENTS.append(
+            (label(*a) if callable(label) else label, t0, t1)))
 
     traced(dedup_dist.DedupDist, "forward", "plan+launch")
     traced(transport, "_timed_wait", "wait (one-level)")
