@@ -416,8 +416,9 @@ def main() -> None:
                 print(f"    {name:<{width}} codec {ms:7.1f} ms/step = "
                       f"{100 * ms / max(1000 * base_all_to_all, 1e-9):.0f}% of it")
         seconds, hidden = overlap[base]
+        free_codec_bound = 1 - seconds * (1 - hidden) / median[base]
         print(f"  bound: a free codec that moved nothing would step in "
-              f"{1 - seconds * (1 - hidden) / median[base]:.3f} of ({base})'s time (its exposed "
+              f"{free_codec_bound:.3f} of ({base})'s time (its exposed "
               "embedding all-to-all removed; Amdahl, rank 0)")
         print("  embedding all-to-all wall time hidden behind compute, rank 0 (one profiled block; "
               "a lower bound; rough):")
@@ -446,7 +447,7 @@ def main() -> None:
                 "base_all_to_all_ms_per_step": 1000 * base_all_to_all,
                 "all_to_all_ms_per_step": {n: 1000 * o[0] for n, o in overlap.items()},
                 "all_to_all_hidden_fraction": {n: o[1] for n, o in overlap.items()},
-                "free_codec_bound": 1 - overlap[base][0] * (1 - overlap[base][1]) / median[base],
+                "free_codec_bound": free_codec_bound,
             }, indent=2) + "\n")
     del steppers
     trainer.close()
