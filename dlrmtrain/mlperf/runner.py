@@ -84,7 +84,7 @@ class RunnerPlan:
         kind = "gpu" if self.backend == "nccl" else "cpu"
         ranks = f"{self.sim_nodes}x{self.nproc}" if self.sim_nodes else f"{self.nproc}"
         link = f"_link-{self.link.gbit:g}gbit" if self.link else ""
-        return f"{kind}{ranks}_{self.backend}{link}_codec-{codec}"
+        return f"{kind}{ranks}_{self.backend}{link}_codec-{codec.replace('/', '-')}"
 
     @property
     def nodes(self) -> int:
@@ -112,7 +112,11 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
 
     cfg = load_config(args.config, list(args.overrides))
     for codec in args.codecs.split(","):
-        validate_config(load_config(args.config, [*args.overrides, f"comm.codec={codec}"]),
+        try:
+            settings = contender_overrides(codec)
+        except ValueError as e:
+            raise SystemExit(f"--codecs: {e}") from None
+        validate_config(load_config(args.config, [*args.overrides, *settings]),
                         world_size=args.nproc * (args.sim_nodes or 1))
     link = None
     if args.link_gbit is not None:
@@ -212,7 +216,7 @@ def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
     """The command line of one run: `dlrmtrain train` (torchrun in-process), behind the plan's
     link, or on its simulated nodes (`dlrmtrain train` builds them)."""
     run_root = plan.out / "runs" / plan.system(codec)
-    overrides = [*plan.overrides, f"run.seed={plan.base_seed + index}", f"comm.codec={codec}",
+    overrides = [*plan.overrides, f"run.seed={plan.base_seed + index}", *contender_overrides(codec),
                  f"run.output_dir={run_root}", f"run.name={run_name(plan, index)}",
                  "mlperf.enabled=true", "logging.progress_bar=false"]
     ranks = [f"--nproc={plan.nproc}"]
@@ -224,6 +228,15 @@ def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
     cmd = [sys.executable, "-m", "dlrmtrain", "train", *ranks, "--config", str(plan.config),
            *overrides]
     return cmd if plan.sim_nodes is not None else wrap_command(cmd, plan.link)
+
+
+def contender_overrides(contender: str) -> list[str]:
+    """The config settings of one `--codecs` entry: a codec name, or `<codec>/node` for that
+    codec over the two-level all-to-all (`comm.hierarchy: node`)."""
+    codec, slash, hierarchy = contender.partition("/")
+    if not codec or (slash and hierarchy != "node"):
+        raise ValueError(f"{contender!r} is neither a codec nor <codec>/node (two levels)")
+    return [f"comm.codec={codec}"] + (["comm.hierarchy=node"] if slash else [])
 
 
 def run_name(plan: RunnerPlan, index: int) -> str:
@@ -349,7 +362,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, required=True, help="run config (YAML)")
     p.add_argument("--out", type=Path, required=True, help="submission tree to write")
     p.add_argument("--codecs", default="none,dedup,auto",
-                   help="comma-separated, the first is the baseline of the ratios "
+                   help="comma-separated, the first is the baseline of the ratios; "
+                        "<codec>/node: that codec over two levels (comm.hierarchy=node) "
                         "(default: none,dedup,auto)")
     p.add_argument("--runs", type=int, default=None, help="runs per codec (default: MLPerf's)")
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (default: 2)")

@@ -92,6 +92,24 @@ def test_unknown_codec_is_refused_before_any_launch(tmp_path, capsys):
     assert not (tmp_path / "out" / "results").exists()
 
 
+def test_codec_slash_node_runs_that_codec_over_two_levels(tmp_path):
+    """`--codecs none,dedup/node`: the two-level contender gets comm.hierarchy=node and a system
+    name without a slash; anything else after the slash is refused before any launch."""
+    from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
+
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    plan = plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "out"),
+                                      "--codecs", "none,dedup/node"]))
+    two_level, flat = run_command(plan, "dedup/node", 0), run_command(plan, "none", 0)
+    assert {"comm.codec=dedup", "comm.hierarchy=node"} <= set(two_level)
+    assert "comm.codec=none" in flat and not any(a.startswith("comm.hierarchy") for a in flat)
+    assert plan.system("dedup/node") == "cpu2_gloo_codec-dedup-node"
+    with pytest.raises(SystemExit, match="--codecs: 'dedup/rack' is neither"):
+        plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o2"),
+                                   "--codecs", "none,dedup/rack"]))
+
+
 def _outcome(codec: str, *minutes: float | None) -> CodecOutcome:
     runs = [RunTime(f"result_{i}.txt", m) for i, m in enumerate(minutes)]
     return CodecOutcome(codec, olympic_score("dlrm", runs), tuple[ComplianceResult, ...]())
