@@ -92,32 +92,38 @@ def topology_of(hierarchy: Hierarchy, pg: dist.ProcessGroup) -> NodeTopology:
 
 @dataclass(frozen=True)
 class NodeGroups:
-    """This rank's two groups: its node's ranks and its rail."""
+    """This rank's groups: its node's ranks, its rail, and a rail of one dist's own."""
 
     intra: dist.ProcessGroup
     rail: dist.ProcessGroup
+    rail_grad: dist.ProcessGroup | None = None
+    """the rail again, used only by one dist's backward rail hop, which is launched off the main
+    thread when the node's gradients are in (two_level_transport): a group of its own keeps
+    its order the same on every rank whatever the main thread launches meanwhile"""
 
 
 _GROUPS: dict[tuple[int, int], NodeGroups] = {}
 
 
-def node_groups(topology: NodeTopology, pg: dist.ProcessGroup) -> NodeGroups:
-    """This rank's intra-node and rail groups, built once per (world group, L).
+def _new_groups(members: list[list[int]], mine: int) -> dist.ProcessGroup:
+    """Create one group per member list (every rank creates every group); return group `mine`."""
+    groups = [dist.new_group(ranks) for ranks in members]
+    return groups[mine]
 
-    Collective the first time: every rank creates every group, in the same order.
+
+def node_groups(topology: NodeTopology, pg: dist.ProcessGroup) -> NodeGroups:
+    """This dist's groups: the intra-node and rail groups, built once per (world group, L), and a
+    rail group of its own (`NodeGroups.rail_grad`).
+
+    Collective: every rank creates every group, in the same order (dists are made in the
+    sharding plan's order, the same everywhere).
     """
     if dist.get_world_size(pg) != dist.get_world_size():
         raise ValueError("comm.hierarchy: node needs the sharding's process group to be the whole world")
     key = (id(pg), topology.ranks_per_node)
+    rails = [topology.rail_ranks(local) for local in range(topology.ranks_per_node)]
     if key not in _GROUPS:
-        intra = rail = None
-        for node in range(topology.nodes):
-            group = dist.new_group(topology.node_ranks(node))
-            if node == topology.node:
-                intra = group
-        for local in range(topology.ranks_per_node):
-            group = dist.new_group(topology.rail_ranks(local))
-            if local == topology.local_rank:
-                rail = group
-        _GROUPS[key] = NodeGroups(intra, rail)
-    return _GROUPS[key]
+        intra = _new_groups([topology.node_ranks(n) for n in range(topology.nodes)], topology.node)
+        _GROUPS[key] = NodeGroups(intra, _new_groups(rails, topology.local_rank))
+    shared = _GROUPS[key]
+    return NodeGroups(shared.intra, shared.rail, _new_groups(rails, topology.local_rank))

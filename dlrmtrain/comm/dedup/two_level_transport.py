@@ -7,9 +7,10 @@ hop) first, then the rows for its own node's ranks (inside the node).
 waits for the rail hop, forwards inside the node what each rank uses (stage 2),
 waits for both and expands. Backward mirrors it: the wait's backward
 segment-sums per unique bag, sends stage 2's sums to their forwarders (and
-stage 1's straight to their owners, in flight until the end), sums the
-node's gradients per node-unique bag and launches the rail hop back; the
-start's backward waits for both and scatters the sums at each bag's first
+stage 1's straight to their owners, in flight until the end) and goes on
+with the backward; when the node's sums are in, the forwarder sums them per
+node-unique bag and launches the rail hop back (a callback on the intra-node
+transfer, on its own rail group: `NodeGroups.rail_grad`); the start's backward waits for both and scatters the sums at each bag's first
 occurrence for the fused embedding backward. So, as with TorchRec's own
 dists, the transfer between nodes overlaps whatever runs between the two
 halves. Every phase's time goes to the dist's `hop_seconds` (`comm.stats.HOPS`).
@@ -64,7 +65,8 @@ class _Request:
     local_work: Any = None
     grad_owner: torch.Tensor | None = None  # [stage 1 local | rail]: the owner's received sums
     grad_sends: tuple = ()                  # kept alive until their transfers are done
-    grad_work: Any = None
+    grad_rail: Any = None                   # future of the rail hop back's work (`sum_and_send`)
+    node_sum_seconds: float = 0.0
     grad_local_work: Any = None
     dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
 
@@ -96,11 +98,18 @@ class _TwoLevelStart(torch.autograd.Function):
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
         plan, owner = req.plan, req.owner
-        t0 = _wait(req.grad_work, owner.comm_stats, "rail bwd")
+        t0 = time.perf_counter()
+        grad_work = req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
+        t1 = time.perf_counter()
+        owner.comm_stats.transfer_seconds += t1 - t0 - req.node_sum_seconds
+        owner.comm_stats.add_hop("intra bwd", t1 - t0 - req.node_sum_seconds)
+        owner.comm_stats.codec_seconds += req.node_sum_seconds  # off this thread, but CPU all the same
+        owner.comm_stats.add_hop("node sum", req.node_sum_seconds)
+        t0 = _wait(grad_work, owner.comm_stats, "rail bwd")
         if req.grad_local_work is not None:
             t0 = _wait(req.grad_local_work, owner.comm_stats, "intra bwd")
         grad_local = owner_gradient(owner, req.grad_owner, plan.send_index, req.local_shape, plan.unit)
-        req.grad_owner = req.grad_work = req.grad_local_work = None
+        req.grad_owner = req.grad_rail = req.grad_local_work = None
         req.grad_sends = ()
         _codec(owner.comm_stats, "scatter", t0)
         ctx.req = None
@@ -156,14 +165,24 @@ class _TwoLevelWait(torch.autograd.Function):
                                                     plan.local_send_splits, plan.local_recv_splits,
                                                     plan.groups.intra)
         _codec(owner.comm_stats, "intra bwd", t0)
-        t0 = _wait(work, owner.comm_stats, "intra bwd")
-        # the forwarder: one gradient per node-unique bag, summed over its node's ranks
         rail_units = sum(plan.rail_recv_splits) // plan.unit
-        grad_rail = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index, rail_units).view(-1)
-        req.grad_work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
-                                          plan.rail_recv_splits, plan.groups.rail)
-        req.grad_sends = (grad_recv, grad_rail)
-        _codec(owner.comm_stats, "node sum", t0)
+
+        def sum_and_send(_stage2_done) -> Any:
+            # on the intra-node group's thread once the node's stage 2 gradients are in: the
+            # forwarder's one gradient per node-unique bag, summed over its node's ranks, launched
+            # over the rail. This thread goes on with the backward meanwhile (the bottom MLP's),
+            # so a rank whose node peer is slower waits for it off the critical path.
+            t = time.perf_counter()
+            grad_rail = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index,
+                                         rail_units).view(-1)
+            req.grad_sends = (grad_recv, grad_intra, grad_rail)
+            work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
+                                     plan.rail_recv_splits, plan.groups.rail_grad)
+            req.node_sum_seconds = time.perf_counter() - t
+            return work
+
+        req.grad_sends = (grad_recv, grad_intra)
+        req.grad_rail = work.get_future().then(sum_and_send)
         ctx.req = None
         return torch.zeros_like(req.dummy), None
 
