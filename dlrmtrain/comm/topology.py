@@ -100,6 +100,9 @@ class NodeGroups:
     """the rail again, used only by one dist's backward rail hop, which is launched off the main
     thread when the node's gradients are in (two_level_transport): a group of its own keeps
     its order the same on every rank whatever the main thread launches meanwhile"""
+    ids: dist.ProcessGroup | None = None
+    """the node again, used only by one dist's id exchange, launched off the main thread when
+    its counts are in (two_level.py), for the same reason"""
 
 
 _GROUPS: dict[tuple[int, int], NodeGroups] = {}
@@ -113,7 +116,7 @@ def _new_groups(members: list[list[int]], mine: int) -> dist.ProcessGroup:
 
 def node_groups(topology: NodeTopology, pg: dist.ProcessGroup) -> NodeGroups:
     """This dist's groups: the intra-node and rail groups, built once per (world group, L), and a
-    rail group of its own (`NodeGroups.rail_grad`).
+    rail and a node group of its own (`NodeGroups.rail_grad`, `NodeGroups.ids`).
 
     Collective: every rank creates every group, in the same order (dists are made in the
     sharding plan's order, the same everywhere).
@@ -122,8 +125,9 @@ def node_groups(topology: NodeTopology, pg: dist.ProcessGroup) -> NodeGroups:
         raise ValueError("comm.hierarchy: node needs the sharding's process group to be the whole world")
     key = (id(pg), topology.ranks_per_node)
     rails = [topology.rail_ranks(local) for local in range(topology.ranks_per_node)]
+    nodes = [topology.node_ranks(n) for n in range(topology.nodes)]
     if key not in _GROUPS:
-        intra = _new_groups([topology.node_ranks(n) for n in range(topology.nodes)], topology.node)
-        _GROUPS[key] = NodeGroups(intra, _new_groups(rails, topology.local_rank))
+        _GROUPS[key] = NodeGroups(_new_groups(nodes, topology.node), _new_groups(rails, topology.local_rank))
     shared = _GROUPS[key]
-    return NodeGroups(shared.intra, shared.rail, _new_groups(rails, topology.local_rank))
+    return NodeGroups(shared.intra, shared.rail, _new_groups(rails, topology.local_rank),
+                      _new_groups(nodes, topology.node))

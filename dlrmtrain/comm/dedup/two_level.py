@@ -22,8 +22,9 @@ node. Then, while the rows travel (`TwoLevelPlan.complete`), p gets the ids of
 its node's bags for the features that other nodes' ranks of its rail own: the
 ranks of a node exchange them (`exchange_node_ids`: one small all-gather of
 per-feature id counts, longest bags and unique counts, launched with stage 1;
-the second host sync reads it; one all-to-all of lengths and ids; both inside
-the node; ids are 8 bytes where a row is 4·D). With them p computes the same node-level unique as o
+when it is in, a callback reads it (the second host sync) and launches one
+all-to-all of lengths and ids, so no rank waits for its node's others before
+`complete`; both inside the node; ids are 8 bytes where a row is 4·D). With them p computes the same node-level unique as o
 (same keys, same sort) and, for each r, the node-unique rows r's bags use, in
 node-unique order: the unique order is the lexicographic order of the bag
 keys, so that subset, in order, IS r's own unique set as r computes it.
@@ -235,25 +236,34 @@ def start_node_counts(step: DedupStep, topo: NodeTopology, groups: NodeGroups,
     return CountsInFlight(dist.all_gather(everyone, mine, group=groups.intra, async_op=True), mine, everyone)
 
 
-def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
-                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None,
-                      counts: CountsInFlight | None = None) -> NodeExchange:
-    """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
+@dataclass
+class IdsInFlight:
+    """The second half of `exchange_node_ids`: its all-to-all of lengths and ids, launched."""
 
-    One all-gather of per-feature id counts and longest bags (and `gathered`,
-    the same number of values on every rank; `counts`: that all-gather,
-    launched earlier by `start_node_counts`), the host sync that reads them
-    (and `extra`), then one all-to-all of lengths and ids, both over the
-    intra-node group.
-    """
+    work: Any
+    recv: torch.Tensor
+    send: torch.Tensor  # kept alive until the transfer is done
+    counts_of: list[list[int]]
+    longest_of: list[list[int]]
+    gathered_of: list[list[int]]
+    extra: list[int]
+    exchanged_bytes: int
+    messages: int
+
+
+def start_node_ids(step: DedupStep, topo: NodeTopology, rail_features: list[list[int]],
+                   counts: CountsInFlight, group: dist.ProcessGroup,
+                   extra: torch.Tensor | None = None) -> IdsInFlight:
+    """Read the all-gathered counts (and `extra`: the host sync) and launch the all-to-all that sends
+    each rank of the node, over `group`, the lengths then the ids of the features in
+    `rail_features[its local rank]`. The counts must be in: their work waited for, or this called
+    from their future's callback (where waiting for the work itself would never return)."""
     kjt, B = step.sample_kjt, step.batch
     L, F = topo.ranks_per_node, len(kjt.keys())
     node = topo.node_ranks(topo.node)
     lengths = kjt.lengths().to(torch.int64)
     values = kjt.values().to(torch.int64)
     per_key = kjt.length_per_key() if F else []
-    counts = counts or start_node_counts(step, topo, groups, gathered)
-    counts.work.wait()
     mine = counts.mine
     flat = torch.cat([torch.stack(counts.everyone).view(-1)]
                      + ([extra.view(-1)] if extra is not None else [])).tolist()
@@ -262,7 +272,6 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
     longest_of = [flat[k * G + F:k * G + 2 * F] for k in range(L)]
     gathered_of = [flat[k * G + 2 * F:(k + 1) * G] for k in range(L)]
 
-    # one all-to-all: to local rank l, the lengths then the ids of rail l's features
     key_offsets = [0]
     for c in per_key:
         key_offsets.append(key_offsets[-1] + c)
@@ -277,26 +286,49 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
                    for k, r in enumerate(node)]
     send = torch.cat(send_parts) if send_parts else values.new_zeros(0)
     recv = values.new_empty(sum(recv_splits))
-    dist.all_to_all_single(recv, send, recv_splits, send_splits, group=groups.intra)
+    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=True)
+    own = topo.local_rank
+    exchanged = sum(s for k, s in enumerate(send_splits) if k != own) * 8 + (L - 1) * mine.numel() * 8
+    messages = sum(1 for k, s in enumerate(send_splits) if k != own and s) + (L - 1)
+    return IdsInFlight(work, recv, send, counts_of, longest_of, gathered_of, flat[L * G:], exchanged, messages)
 
-    # regroup feature-major: for each rail feature, the bags of local rank 0, 1, ... (the node block)
+
+def finish_node_ids(step: DedupStep, topo: NodeTopology, rail_features: list[list[int]],
+                    ids: IdsInFlight) -> NodeExchange:
+    """Wait for `start_node_ids`'s all-to-all and regroup what it brought feature-major: for each
+    rail feature, the bags of local rank 0, 1, ... (the node block)."""
+    ids.work.wait()
+    recv, mine_feats = ids.recv, rail_features[topo.local_rank]
     len_pieces: list[list[torch.Tensor]] = [[] for _ in mine_feats]
     val_pieces: list[list[torch.Tensor]] = [[] for _ in mine_feats]
     at = 0
-    for k, r in enumerate(node):
+    for k, r in enumerate(topo.node_ranks(topo.node)):
         for f in range(len(mine_feats)):
             len_pieces[f].append(recv[at:at + step.sizes[r]])
             at += step.sizes[r]
         for f, j in enumerate(mine_feats):
-            val_pieces[f].append(recv[at:at + counts_of[k][j]])
-            at += counts_of[k][j]
-    node_lengths = torch.cat([p for ps in len_pieces for p in ps]) if mine_feats else lengths.new_zeros(0)
-    node_values = torch.cat([p for ps in val_pieces for p in ps]) if mine_feats else values.new_zeros(0)
-    own = topo.local_rank
-    exchanged = sum(s for k, s in enumerate(send_splits) if k != own) * 8 + (L - 1) * mine.numel() * 8
-    messages = sum(1 for k, s in enumerate(send_splits) if k != own and s) + (L - 1)
-    extra_host = flat[L * G:]
-    return NodeExchange(node_values, node_lengths, longest_of, extra_host, gathered_of, exchanged, messages)
+            val_pieces[f].append(recv[at:at + ids.counts_of[k][j]])
+            at += ids.counts_of[k][j]
+    node_lengths = torch.cat([p for ps in len_pieces for p in ps]) if mine_feats else recv.new_zeros(0)
+    node_values = torch.cat([p for ps in val_pieces for p in ps]) if mine_feats else recv.new_zeros(0)
+    return NodeExchange(node_values, node_lengths, ids.longest_of, ids.extra, ids.gathered_of,
+                        ids.exchanged_bytes, ids.messages)
+
+
+def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
+                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None) -> NodeExchange:
+    """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
+
+    One all-gather of per-feature id counts and longest bags (and `gathered`,
+    the same number of values on every rank), the host sync that reads them
+    (and `extra`), then one all-to-all of lengths and ids, both over the
+    intra-node group; `start_node_counts`, `start_node_ids` and
+    `finish_node_ids` are its three steps, for a caller that overlaps them.
+    """
+    counts = start_node_counts(step, topo, groups, gathered)
+    counts.work.wait()
+    ids = start_node_ids(step, topo, rail_features, counts, groups.intra, extra)
+    return finish_node_ids(step, topo, rail_features, ids)
 
 
 class TwoLevelPlanner:
@@ -482,13 +514,16 @@ class TwoLevelPlanner:
         intra_recv_splits = [elems(self.remote_features[k], own_counts) for k in range(L)]
         own_count_tensor = (torch.stack([u.count.to(torch.int64) for u in own]) if own
                             else torch.zeros(0, dtype=torch.int64, device=device))
-        # the exchange's counts travel with stage 1; read (the second host sync) in `complete`
+        # the node's ids of this rail's remote features, and every node rank's unique counts: the
+        # counts' all-gather travels with stage 1 and, once it is in, launches the ids' all-to-all
+        # (on the dist's own group: it may be launched off this thread); `complete` reads both
         counts = start_node_counts(step, topo, self.groups, own_count_tensor)
+        ids_in_flight = counts.work.get_future().then(
+            lambda _: start_node_ids(step, topo, self.remote_features, counts, self.groups.ids))
 
         def deferred() -> tuple[torch.Tensor, torch.Tensor]:
             t0 = time.perf_counter()
-            # the node's ids of this rail's remote features, and every node rank's unique counts
-            ex = exchange_node_ids(step, topo, self.groups, self.remote_features, counts=counts)
+            ex = finish_node_ids(step, topo, self.remote_features, ids_in_flight.wait())
             t1 = time.perf_counter()
             step.stats.add_hop("ids", t1 - t0)
             widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
