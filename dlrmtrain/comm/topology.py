@@ -92,7 +92,7 @@ def topology_of(hierarchy: Hierarchy, pg: dist.ProcessGroup) -> NodeTopology:
 
 @dataclass(frozen=True)
 class NodeGroups:
-    """This rank's groups: its node's ranks, its rail, and a rail of one dist's own."""
+    """This rank's groups: its node's ranks and its rail, and the same two again of one dist's own."""
 
     intra: dist.ProcessGroup
     rail: dist.ProcessGroup

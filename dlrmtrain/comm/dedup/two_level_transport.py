@@ -10,7 +10,8 @@ segment-sums per unique bag, sends stage 2's sums to their forwarders (and
 stage 1's straight to their owners, in flight until the end) and goes on
 with the backward; when the node's sums are in, the forwarder sums them per
 node-unique bag and launches the rail hop back (a callback on the intra-node
-transfer, on its own rail group: `NodeGroups.rail_grad`); the start's backward waits for both and scatters the sums at each bag's first
+transfer, over the dist's own rail group `NodeGroups.rail_grad`); the
+start's backward waits for both and scatters the sums at each bag's first
 occurrence for the fused embedding backward. So, as with TorchRec's own
 dists, the transfer between nodes overlaps whatever runs between the two
 halves. Every phase's time goes to the dist's `hop_seconds` (`comm.stats.HOPS`).
