@@ -30,7 +30,7 @@ import yaml
 
 CODEC_COLOURS = {"none": "#4c72b0", "dedup": "#dd8452", "fp16": "#55a868", "bf16": "#c44e52",
                  "int8": "#8172b3", "fp8": "#937860", "dedup+fp16": "#da8bc3",
-                 "dedup+bf16": "#8c8c8c"}
+                 "dedup+bf16": "#8c8c8c", "dedup/node": "#64b5cd", "auto/node": "#ccb974"}
 OTHER_COLOUR = "#333333"
 
 
@@ -78,7 +78,7 @@ def load_run(path: str | Path) -> RunData:
         if not (path / need).is_file():
             raise ReportError(f"{path}: no {need} (not a finished dlrmtrain run directory)")
     cfg = yaml.safe_load((path / "config.yaml").read_text())
-    run = RunData(path=path, name=cfg["run"]["name"], codec=cfg["comm"]["codec"],
+    run = RunData(path=path, name=cfg["run"]["name"], codec=_contender(cfg["comm"]),
                   global_batch_size=cfg["run"]["global_batch_size"],
                   target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"))
     for number, line in enumerate((path / "metrics.jsonl").read_text().splitlines(), 1):
@@ -94,6 +94,12 @@ def load_run(path: str | Path) -> RunData:
     if (path / "step_breakdown.json").is_file():
         run.breakdown = _read_json(path / "step_breakdown.json")
     return run
+
+
+def _contender(comm: dict[str, Any]) -> str:
+    """The run's codec as the MLPerf runner's --codecs names it: `<codec>/node` over two levels,
+    so that one-level and two-level runs of a codec are told apart."""
+    return comm["codec"] + ("/node" if comm.get("hierarchy") == "node" else "")
 
 
 def _colour(codec: str) -> str:

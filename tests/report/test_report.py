@@ -64,6 +64,25 @@ def test_plots_without_comm_stats_or_breakdown_are_skipped(two_runs, tmp_path):
     assert {p.name for p in written} == {"auc.png", "loss.png", "throughput.png", "report.md"}
 
 
+def test_two_level_runs_are_told_apart_from_one_level_ones(two_runs, tmp_path):
+    """A run with comm.hierarchy: node is `dedup/node` in the report (its own colour and legend
+    entry), as the MLPerf runner's --codecs names it, not merged with one-level `dedup`."""
+    import yaml
+
+    from dlrmtrain.report import _colour
+
+    run = tmp_path / "two_level"
+    shutil.copytree(two_runs[1], run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["comm"]["hierarchy"] = "node"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert load_run(two_runs[1]).codec == "dedup"
+    assert load_run(run).codec == "dedup/node"
+    assert _colour("dedup/node") != _colour("dedup")
+    md = write_report([two_runs[1], run], tmp_path / "report")[-1].read_text()
+    assert "| dedup/node |" in md and "| dedup |" in md
+
+
 def test_a_damaged_metrics_line_is_named(two_runs, tmp_path):
     run = tmp_path / "damaged"
     shutil.copytree(two_runs[0], run)
