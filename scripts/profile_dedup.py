@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO))
 TOTALS: collections.Counter = collections.Counter()
 
 
-def timed(owner, name: str, label: str) -> None:
+def wrap_calls(owner, name: str, record) -> None:
+    """Replace `owner.name` by a wrapper that calls `record(args, t0, t1)` after each call."""
     fn = getattr(owner, name)
 
     @functools.wraps(fn)
@@ -32,8 +33,13 @@ def timed(owner, name: str, label: str) -> None:
         try:
             return fn(*a, **k)
         finally:
-            TOTALS[label] += time.perf_counter() - t0
+            record(a, t0, time.perf_counter())
     setattr(owner, name, wrapper)
+
+
+def timed(owner, name: str, label: str) -> None:
+    """Add the wall time of every call of `owner.name` to `TOTALS[label]`."""
+    wrap_calls(owner, name, lambda _args, t0, t1: TOTALS.update({label: t1 - t0}))
 
 
 def main() -> None:

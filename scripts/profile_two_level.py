@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import os
 import statistics
 import sys
@@ -30,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from scripts.profile_dedup import wrap_calls  # noqa: E402  (after the path: run as a script)
 
 CONTENDERS = {"dedup": [], "two-level": ["comm.hierarchy=node"]}
 PLAN_PIECES: collections.Counter = collections.Counter()
@@ -75,19 +76,6 @@ def relaunch(args: argparse.Namespace) -> None:
                         *sys.argv[1:]])
 
 
-def _wrap(owner, name: str, record) -> None:
-    """Replace `owner.name` by a wrapper that calls `record(args, t0, t1)` after each call."""
-    fn = getattr(owner, name)
-
-    @functools.wraps(fn)
-    def wrapper(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            record(a, t0, time.perf_counter())
-    setattr(owner, name, wrapper)
-
 
 def wrap_plan_pieces() -> None:
     """Time the two-level planner's pieces (module functions it calls by name)."""
@@ -97,9 +85,9 @@ def wrap_plan_pieces() -> None:
         def record(_args, t0: float, t1: float) -> None:
             PLAN_PIECES[label] += t1 - t0
             EVENTS.append((f"  {label}", t0, t1))
-        _wrap(owner, name, record)
+        wrap_calls(owner, name, record)
 
-    for name in ("exchange_node_ids", "blocks_unique", "node_subsets"):
+    for name in ("start_node_ids", "finish_node_ids", "blocks_unique", "node_subsets"):
         timed(two_level, name, name)
     for name in ("_build", "_account"):
         timed(two_level.TwoLevelPlanner, name, f"TwoLevelPlanner.{name}")
@@ -110,7 +98,7 @@ def trace_events() -> None:
     from dlrmtrain.comm.dedup import dist as dedup_dist, transport, two_level_transport
 
     def traced(owner, name: str, label) -> None:
-        _wrap(owner, name, lambda a, t0, t1: EVENTS.append(
+        wrap_calls(owner, name, lambda a, t0, t1: EVENTS.append(
             (label(*a) if callable(label) else label, t0, t1)))
 
     traced(dedup_dist.DedupDist, "forward", "plan+launch")

@@ -274,15 +274,12 @@ class AutoDist(nn.Module):
         for src in (d.tables, self.none_stats.tables):
             for name, t in src.items():
                 tables.setdefault(name, TableCommStats()).add(t)
-        return DistCommStats(
-            codec="auto", sharding_type=self.sharding_type, tables=tables,
+        # the dedup path's counters (codec time, syncs, messages, hops), with both paths'
+        # tables and steps and auto's own name, choices and decisions
+        return dataclasses.replace(
+            d, codec="auto", sharding_type=self.sharding_type, tables=tables,
             table_codecs={t: f"auto:{self.table_choice.get(t, 'none')}" for t in tables},
-            steps=d.steps + self.none_stats.steps, codec_seconds=d.codec_seconds,
-            transfer_seconds=d.transfer_seconds, extra_syncs=d.extra_syncs, fallback_steps=d.fallback_steps,
-            step_host_syncs=d.step_host_syncs, planned_ahead=d.planned_ahead,
-            decisions=list(self.none_stats.decisions), hierarchy=d.hierarchy, messages=d.messages,
-            inter_node_messages=d.inter_node_messages, inter_node_bytes=d.inter_node_bytes,
-            intra_node_bytes=d.intra_node_bytes, id_exchange_bytes=d.id_exchange_bytes,
+            steps=d.steps + self.none_stats.steps, decisions=list(self.none_stats.decisions),
             hop_seconds=dict(d.hop_seconds))
 
     @comm_stats.setter

@@ -224,7 +224,7 @@ class CountsInFlight:
 def start_node_counts(step: DedupStep, topo: NodeTopology, groups: NodeGroups,
                       gathered: torch.Tensor | None = None) -> CountsInFlight:
     """Launch the all-gather of per-feature id counts and longest bags (and `gathered`, the same
-    number of values on every rank) over the intra-node group; `exchange_node_ids` reads it."""
+    number of values on every rank) over the intra-node group; `start_node_ids` reads it."""
     kjt, B = step.sample_kjt, step.batch
     F = len(kjt.keys())
     lengths = kjt.lengths().to(torch.int64)
@@ -316,16 +316,15 @@ def finish_node_ids(step: DedupStep, topo: NodeTopology, rail_features: list[lis
 
 
 def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
-                      extra: torch.Tensor | None = None, gathered: torch.Tensor | None = None) -> NodeExchange:
+                      extra: torch.Tensor | None = None) -> NodeExchange:
     """Send each rank of the node the bags (lengths, ids) of the features in `rail_features[its local rank]`.
 
-    One all-gather of per-feature id counts and longest bags (and `gathered`,
-    the same number of values on every rank), the host sync that reads them
+    One all-gather of per-feature id counts and longest bags, the host sync that reads them
     (and `extra`), then one all-to-all of lengths and ids, both over the
     intra-node group; `start_node_counts`, `start_node_ids` and
     `finish_node_ids` are its three steps, for a caller that overlaps them.
     """
-    counts = start_node_counts(step, topo, groups, gathered)
+    counts = start_node_counts(step, topo, groups)
     counts.work.wait()
     ids = start_node_ids(step, topo, rail_features, counts, groups.intra, extra)
     return finish_node_ids(step, topo, rail_features, ids)
