@@ -17,7 +17,6 @@ from tqdm import tqdm
 
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data import build_datasets
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
@@ -42,7 +41,7 @@ from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import unresolved_keys
-from dlrmtrain.workloads import build_sharded_model
+from dlrmtrain.workloads import build_datasets, build_sharded_model
 
 
 def _mlperf_eval_grid(cfg: Config, train_samples: int) -> Optional[EvalGrid]:

@@ -8,8 +8,10 @@ run before any process group exists (and again in every rank, on the same files)
 
 Each package owns the rules it knows (config: sizes, ranges, table names; data: the
 tables against the feature layout and the source settings; distributed: placements
-and planner limits; comm: the codec choice). This module only calls them: config/
-sits below those packages and must not import them.
+and planner limits; comm: the codec choice), and what differs per model family is
+its workload's (dlrmtrain/workloads/: which sources feed it, which checks apply,
+what it refuses). This module only calls them: config/ sits below those packages
+and must not import them.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_n
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data import YAMBDA_SOURCES, checks as data_checks
-from dlrmtrain.data.metadata import apply_dataset_metadata
 from dlrmtrain.distributed.planner import check_sharding_config
+from dlrmtrain.workloads import Workload, workload_of
 
 
 def resolved_device_type(cfg: Config) -> str:
@@ -38,9 +39,6 @@ def resolved_device_type(cfg: Config) -> str:
 def _check_hierarchy(cfg: Config, world_size: int) -> None:
     """comm.hierarchy: node takes dedup (and per-table none) only, and whole nodes."""
     comm = cfg.comm
-    if comm.hierarchy == "node" and cfg.model.arch == "dlrmv4_hstu":
-        raise ConfigError("comm.hierarchy: node covers pooled embeddings (model.arch dlrm_v1 / "
-                          "dlrm_dcnv2) only; DLRMv4's sequence embeddings take comm.hierarchy: flat")
     try:
         validate_hierarchy(Hierarchy(comm.hierarchy, comm.ranks_per_node), comm.codec, comm.table_codecs)
         if comm.hierarchy == "node":
@@ -67,12 +65,6 @@ def _check_pipeline(cfg: Config, device_type: str) -> None:
     mode = cfg.run.pipeline
     if mode == "off":
         return
-    if cfg.model.arch == "dlrmv4_hstu":
-        raise ConfigError(f"run.pipeline: {mode} is not available for model.arch dlrmv4_hstu: "
-                          "TorchRec's pipelines fx-trace the model's forward to find the sharded "
-                          "tables' input, and the HSTU forward sizes its attention from the "
-                          "batch's longest sequence (a host value fx cannot trace); use "
-                          "run.pipeline=off")
     if mode == "fused_sparse_dist" and device_type != "cpu":
         raise ConfigError(
             "run.pipeline: fused_sparse_dist runs on CPU only: on a GPU TorchRec looks the next "
@@ -83,32 +75,27 @@ def _check_pipeline(cfg: Config, device_type: str) -> None:
 
 
 def resolve_config(cfg: Config) -> Config:
-    """A copy of `cfg` with what comes from the data filled in (null table sizes and
+    """A copy of `cfg` with what comes from the data filled in (DLRM: null table sizes and
     bag sizes from the dataset's metadata, or the synthetic profile's); raises
     ConfigError when the data and the config disagree. `cfg` itself is unchanged."""
     resolved = copy.deepcopy(cfg)
-    if cfg.data.source not in YAMBDA_SOURCES:  # DLRMv4 tables are sized by the data's loaders
-        apply_dataset_metadata(resolved)
+    workload = workload_of(cfg)
+    if cfg.data.source in workload.sources:  # another family's source: validate_config refuses it
+        workload.resolve(resolved)
     return resolved
 
 
 def unresolved_keys(cfg: Config) -> list[str]:
     """Keys still null that `resolve_config` fills in (empty for a resolved config)."""
-    if cfg.data.source in YAMBDA_SOURCES:
-        return []
-    return ["data.table_sizes"] if cfg.data.table_sizes is None else []
+    return workload_of(cfg).unresolved_keys(cfg)
 
 
-def _check_data(cfg: Config, world_size: int) -> None:
-    """The data section by its kind: DLRM's Criteo-shaped sources, or DLRMv4's sequences."""
-    data_checks.check_arch_and_source(cfg)
-    if cfg.data.source in YAMBDA_SOURCES:
-        from dlrmtrain.data.yambda.checks import check_yambda_data  # torch: DLRMv4 configs only
-
-        check_yambda_data(cfg.data, cfg.run.global_batch_size, world_size)
-        data_checks.check_sequence_model_fits(cfg)
-    else:
-        data_checks.check_config(cfg)
+def _check_data(cfg: Config, world_size: int, workload: Workload) -> None:
+    """The data section: a source of the model's family, then that family's data rules."""
+    if cfg.data.source not in workload.sources:
+        raise ConfigError(f"data.source: {cfg.data.source!r} does not feed model.arch "
+                          f"{cfg.model.arch!r} (it reads {' or '.join(workload.sources)})")
+    workload.check_data(cfg, world_size)
 
 
 def validate_config(cfg: Config, world_size: int) -> None:
@@ -117,12 +104,16 @@ def validate_config(cfg: Config, world_size: int) -> None:
     disagree with the dataset's are refused here too)."""
     cfg = resolve_config(cfg)
     device_type = resolved_device_type(cfg)
+    workload = workload_of(cfg)
     checks.check_run(cfg, world_size)
-    _check_data(cfg, world_size)
+    _check_data(cfg, world_size, workload)
     checks.check_model(cfg)
+    workload.check_model(cfg)
+    workload.check_pipeline(cfg)
     _check_pipeline(cfg, device_type)
-    checks.check_table_keys(cfg)
+    checks.check_table_keys(cfg, workload.table_names(cfg))
     check_sharding_config(cfg, world_size, device_type)
     _check_codecs(cfg, device_type)
+    workload.check_hierarchy(cfg)
     _check_hierarchy(cfg, world_size)
     checks.check_schedule_and_outputs(cfg)

@@ -10,17 +10,6 @@ from __future__ import annotations
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
-from dlrmtrain.features import TABLE_NAMES
-
-
-def table_names(cfg: Config) -> list[str]:
-    """The embedding tables of this config, in feature order."""
-    if cfg.model.arch == "dlrmv4_hstu":
-        # imported here: the sequence layout brings torch, which DLRM configs never need
-        from dlrmtrain.sequence_features import TABLES
-
-        return list(TABLES)
-    return TABLE_NAMES[:len(cfg.data.table_sizes)]
 
 
 def check_run(cfg: Config, world_size: int) -> None:
@@ -44,12 +33,15 @@ def check_run(cfg: Config, world_size: int) -> None:
 
 
 def check_model(cfg: Config) -> None:
+    """model: what every family shares (each family's own: its workload, dlrmtrain/workloads/)."""
     model = cfg.model
     if model.max_table_rows is not None and model.max_table_rows < 1:
         raise ConfigError("model.max_table_rows: must be positive or null")
-    if model.arch == "dlrmv4_hstu":
-        check_hstu_model(cfg)
-        return
+
+
+def check_dlrm_model(cfg: Config) -> None:
+    """model (arch dlrm_v1, dlrm_dcnv2): the MLPs end in the embedding width and the logit."""
+    model = cfg.model
     if model.bottom_mlp[-1:] != [model.embedding_dim]:
         raise ConfigError(f"model.bottom_mlp: the last width must equal model.embedding_dim "
                           f"({model.embedding_dim}), got {model.bottom_mlp}")
@@ -73,7 +65,8 @@ def check_hstu_model(cfg: Config) -> None:
     for key in ("loss_weight", "action_embedding_init_std"):
         if getattr(h, key) <= 0:
             raise ConfigError(f"model.hstu.{key}: must be positive, got {getattr(h, key)}")
-    from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES  # torch: see table_names
+    # imported here: the sequence layout brings torch, which DLRM configs never need
+    from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES
 
     least = len(CONTEXTUAL_FEATURES) + 2  # contextual tokens, one history event, the candidate
     if h.max_seq_len < least:
@@ -82,9 +75,8 @@ def check_hstu_model(cfg: Config) -> None:
                           f"take {least - 1}); at least {least}")
 
 
-def check_table_keys(cfg: Config) -> None:
-    """Every per-table setting names a table of this config."""
-    names = table_names(cfg)
+def check_table_keys(cfg: Config, names: list[str]) -> None:
+    """Every per-table setting names one of the model's tables, `names` (its workload's)."""
     known = set(names)
     for table in cfg.sharding.table_ranks:
         if table not in known:

@@ -1,11 +1,12 @@
 """Data: sources of samples and their per-rank batches.
 
-`build_datasets` is the one entry the trainer uses. The DLRM sources are a list
-of Parts (parts.py) read by one loader (loader.py): `criteo` files in any layout
-(formats/, opened by sources.py, split by splits.py) or `synthetic` rows generated
-in memory (synthetic/). The DLRMv4 sources (`yambda`, `synthetic_yambda`) are
-sequences read by yambda/ (`SequenceBatch`es). preprocess/ is the offline step
-(data_prep/); checks.py holds the data section's config rules.
+Two kinds of source, one builder each (which kind a model reads is its workload's
+choice, dlrmtrain/workloads/). `build_row_datasets`: the row sources, a list of Parts
+(parts.py) read by one loader (loader.py): `criteo` files in any layout (formats/,
+opened by sources.py, split by splits.py) or `synthetic` rows generated in memory
+(synthetic/). `build_sequence_datasets`: the sequence sources (`yambda`,
+`synthetic_yambda`) read by yambda/ (`SequenceBatch`es). preprocess/ is the offline
+step (data_prep/); checks.py holds the data section's config rules.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from dlrmtrain.data.synthetic.source import build_synthetic_loaders
 from dlrmtrain.features import TABLE_NAMES
 from dlrmtrain.sequence_features import SequenceBatch
 
-YAMBDA_SOURCES = ("synthetic_yambda", "yambda")
-"""The DLRMv4 sources: sequence batches for model.arch dlrmv4_hstu."""
+_ROW_LOADERS = {"synthetic": build_synthetic_loaders, "criteo": build_criteo_loaders}
+
+ROW_SOURCES = tuple(_ROW_LOADERS)
+"""The sources of rows (TorchRec `Batch`es of Criteo's layout): `build_row_datasets`."""
+SEQUENCE_SOURCES = ("synthetic_yambda", "yambda")
+"""The sources of sequences (`SequenceBatch`es): `build_sequence_datasets`."""
 
 
 @dataclass
@@ -71,8 +76,9 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
     )
 
 
-def _yambda_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    from dlrmtrain.data.yambda import build_yambda_loaders  # the sequence data path: DLRMv4 runs only
+def build_sequence_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
+    """This rank's train and eval batches of a sequence source, read by yambda/."""
+    from dlrmtrain.data.yambda import build_yambda_loaders  # the sequence data path: its runs only
 
     loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
                                    cfg.eval.batch_size)
@@ -86,14 +92,11 @@ def _yambda_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
     )
 
 
-def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    """This rank's train and eval batches: the DLRM sources through one loader, the
-    DLRMv4 sources through yambda/."""
-    if cfg.data.source in YAMBDA_SOURCES:
-        return _yambda_datasets(cfg, rank, world_size)
+def build_row_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
+    """This rank's train and eval batches of a row source, through one loader."""
+    build_loaders = _ROW_LOADERS.get(cfg.data.source)
+    if build_loaders is None:  # the workload's source check refuses it first
+        raise ValueError(f"data.source: {cfg.data.source!r} is not a source of rows "
+                         f"({', '.join(ROW_SOURCES)})")
     rows = table_rows(cfg)
-    if cfg.data.source == "criteo":
-        return _datasets(*build_criteo_loaders(cfg, rank, world_size, rows), rows)
-    if cfg.data.source == "synthetic":
-        return _datasets(*build_synthetic_loaders(cfg, rank, world_size, rows), rows)
-    raise ValueError(f"data.source: unknown source {cfg.data.source!r}")  # the loader refuses it first
+    return _datasets(*build_loaders(cfg, rank, world_size, rows), rows)

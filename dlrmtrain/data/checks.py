@@ -1,5 +1,6 @@
-"""The data section's rules: which sources feed which model, tables against the Criteo
-feature layout, source settings (the DLRMv4 sources' own rules: yambda/checks.py)."""
+"""The data section's rules: the row sources' tables against the Criteo feature layout
+and their settings; the sequence sources against the model (their own settings:
+yambda/checks.py). Which source feeds which model is the workload's (dlrmtrain/workloads/)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _check_criteo_source(data: DataConfig) -> None:
 
 
 def check_config(cfg: Config) -> None:
-    """Raise ConfigError naming the data key for any impossible combination."""
+    """A row source's data section: raise ConfigError naming the key for any impossible combination."""
     data = cfg.data
     if len(data.table_sizes) != NUM_SPARSE:
         raise ConfigError(f"data.table_sizes: {len(data.table_sizes)} tables given, but Criteo "
@@ -48,20 +49,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("data.synthetic.num_eval_samples: must be positive when eval is enabled")
 
 
-_SEQUENCE_SOURCES = ("synthetic_yambda", "yambda")
-
-
-def check_arch_and_source(cfg: Config) -> None:
-    """DLRMv4 (dlrmv4_hstu) reads sequences (the Yambda sources); DLRM models read rows."""
-    sequences = cfg.data.source in _SEQUENCE_SOURCES
-    if sequences != (cfg.model.arch == "dlrmv4_hstu"):
-        wanted = "synthetic_yambda or yambda" if cfg.model.arch == "dlrmv4_hstu" else "synthetic or criteo"
-        raise ConfigError(f"data.source: {cfg.data.source!r} does not feed model.arch "
-                          f"{cfg.model.arch!r} (it reads {wanted})")
-
-
 def check_sequence_model_fits(cfg: Config) -> None:
-    """The DLRMv4 data against the model: sequences fit, tables are sized by the data."""
+    """A sequence source against the model: sequences fit, tables are sized by the data."""
     data_len, model_len = cfg.data.yambda.max_seq_len, cfg.model.hstu.max_seq_len
     if data_len > model_len:
         raise ConfigError(f"data.yambda.max_seq_len: {data_len} exceeds model.hstu.max_seq_len "

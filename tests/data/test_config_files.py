@@ -6,11 +6,12 @@ import pytest
 
 from dlrmtrain.config import load_config
 from dlrmtrain.validation import resolve_config, validate_config
-from dlrmtrain.data import build_datasets, table_rows
+from dlrmtrain.data import table_rows
 from dlrmtrain.data.formats.binary import read_manifest
 from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.data.synthetic.profiles import KAGGLE_SAMPLE_COLUMNS
+from dlrmtrain.workloads import build_datasets
 from tests.data.raw_rows import REPO_ROOT, shared_data_dir
 
 CONFIGS = REPO_ROOT / "configs" / "data"

@@ -8,8 +8,9 @@ import torch
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.validation import validate_config
-from dlrmtrain.data import build_datasets, table_rows
+from dlrmtrain.data import table_rows
 from dlrmtrain.data.preprocess.pipeline import preprocess
+from dlrmtrain.workloads import build_datasets
 from tests.common import tiny_config
 from tests.data.raw_rows import random_raw_lines, write_lines
 from tests.multiproc import run_ranks

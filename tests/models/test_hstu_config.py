@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config import load_config
-from dlrmtrain.config.checks import check_model, table_names
+from dlrmtrain.config.checks import check_model
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.sequence_features import TABLES
+from dlrmtrain.workloads import workload_of
 from tests.models.hstu_batches import tiny_hstu_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -21,7 +22,8 @@ def test_shipped_configs_load_and_pass_the_model_checks(name):
     cfg = load_config(CONFIGS / name)
     assert cfg.model.arch == "dlrmv4_hstu"
     check_model(cfg)
-    assert table_names(cfg) == list(TABLES)
+    workload_of(cfg).check_model(cfg)
+    assert workload_of(cfg).table_names(cfg) == list(TABLES)
 
 
 @pytest.mark.parametrize("override, key", [
@@ -32,8 +34,10 @@ def test_shipped_configs_load_and_pass_the_model_checks(name):
     ("model.max_table_rows=0", "model.max_table_rows"),
 ])
 def test_bad_hstu_values_are_refused_naming_the_key(override, key):
+    cfg = tiny_hstu_config(override)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        check_model(tiny_hstu_config(override))
+        check_model(cfg)  # the shared model checks, then DLRMv4's own (as validate_config asks them)
+        workload_of(cfg).check_model(cfg)
 
 
 def test_unknown_hstu_keys_and_postprocessors_are_refused_by_the_loader():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrmtrain.models import build_model
 from dlrmtrain.models.hstu import DlrmHSTU, build_hstu_model
 from dlrmtrain.models.hstu.tables import hstu_table_rows
 from dlrmtrain.sequence_features import TABLES
+from dlrmtrain.workloads import build_model
 from tests.models.hstu_batches import make_batch, random_batch, tiny_hstu_config
 
 CPU = torch.device("cpu")

@@ -18,12 +18,11 @@ def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
     import torch
 
     from dlrmtrain.comm import torchrec_hooks as hooks
-    from dlrmtrain.data import build_datasets
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.models.dlrm import set_sparse_first
     from dlrmtrain.optim.optimizers import build_optimizer
     from dlrmtrain.validation import resolve_config, validate_config
-    from dlrmtrain.workloads import build_sharded_model
+    from dlrmtrain.workloads import build_datasets, build_sharded_model
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
     env = init_distributed("cpu")

@@ -91,7 +91,7 @@ def _flip_id(tmp_path, row: int, table: int) -> None:
 
 
 def test_corrupt_part_is_found_at_open_naming_the_file(tmp_path):
-    from dlrmtrain.data import build_datasets
+    from dlrmtrain.workloads import build_datasets
 
     cfg = _dataset_and_config(tmp_path)
     _flip_id(tmp_path, row=300, table=5)
@@ -100,7 +100,7 @@ def test_corrupt_part_is_found_at_open_naming_the_file(tmp_path):
 
 
 def test_id_outside_its_table_is_an_error_naming_the_table(tmp_path):
-    from dlrmtrain.data import build_datasets
+    from dlrmtrain.workloads import build_datasets
 
     cfg = _dataset_and_config(tmp_path, "data.verify=false")  # as on a terabyte run
     _flip_id(tmp_path, row=300, table=5)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.data import build_datasets, table_rows
+from dlrmtrain.data import table_rows
 from dlrmtrain.data.synthetic.generator import generate, multi_hot_offsets
+from dlrmtrain.workloads import build_datasets
 from tests.common import tiny_config
 
 SMALL = ["data.synthetic.num_train_samples=1000", "data.synthetic.num_eval_samples=700",

@@ -1,0 +1,52 @@
+"""What differs per model family, in one place: a Workload per `model.arch` that
+validation and the trainer's builders ask.
+
+    base.py      the Workload interface: sources, resolution, checks, builders
+    dlrm.py      DLRM (dlrm_v1, dlrm_dcnv2): Criteo rows, pooled EmbeddingBagCollection
+    dlrmv4.py    DLRMv4 (dlrmv4_hstu): Yambda sequences, sequence EmbeddingCollection
+    registry.py  model.arch → workload (`register`, `workload_of`)
+
+data/ and models/ sit below this package: they offer one builder per family and
+never choose between them; the workload chooses.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+
+from dlrmtrain.config.schema import Config
+from dlrmtrain.data import Datasets
+from dlrmtrain.models.embedding_init import init_embeddings
+from dlrmtrain.workloads.base import Workload
+from dlrmtrain.workloads.registry import WORKLOADS, register, workload_of
+
+
+def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
+    """This rank's train and eval batches, read as `model.arch`'s workload says."""
+    return workload_of(cfg).build_datasets(cfg, rank, world_size)
+
+
+def build_model(cfg: Config, rows: Optional[Mapping[str, int]], dense_device: torch.device) -> nn.Module:
+    """The training module for `model.arch` (forward(batch) → (loss, (loss, logits, labels))),
+    tables on the meta device. `rows`: table → rows in the model's table order
+    (`dlrmv4_hstu` also takes None: the reference's, capped at model.max_table_rows)."""
+    return workload_of(cfg).build_model(cfg, rows, dense_device)
+
+
+def build_sharded_model(cfg: Config, rows: dict[str, int], device: torch.device,
+                        world_size: int) -> tuple[DistributedModelParallel, str]:
+    """`model.arch` built with tables on meta, sharded by DistributedModelParallel (with the
+    configured codecs), its tables initialised from `run.seed` the same for any world size.
+    `rows`: table → rows, in the model's table order. Returns the model and its plan text."""
+    workload = workload_of(cfg)
+    dmp, plan_text = workload.shard(workload.build_model(cfg, rows, device), cfg, device, world_size)
+    init_embeddings(dmp, rows, cfg.run.seed)
+    return dmp, plan_text
+
+
+__all__ = ["WORKLOADS", "Workload", "build_datasets", "build_model", "build_sharded_model",
+           "register", "workload_of"]

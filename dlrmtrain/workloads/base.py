@@ -1,0 +1,74 @@
+"""The Workload interface: what one model family decides, asked by validation and the builders.
+
+A family is one file in this package (a Workload per `model.arch` it serves) and its
+line in registry.py. What no Workload decides is the same code for every family: the
+step, evaluation (every model returns `(loss, (loss, logits, labels))`), checkpoints,
+records.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Mapping, Optional
+
+from dlrmtrain.config.schema import Config
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from dlrmtrain.data import Datasets
+
+
+class Workload(ABC):
+    arch: str
+    """The `model.arch` this workload runs."""
+    sources: tuple[str, ...]
+    """The `data.source` values that feed it, in the order a refusal names them."""
+
+    # --- what comes from the data (validation.resolve_config, on a copy) ---
+
+    def resolve(self, cfg: Config) -> None:
+        """Fill in, in place, the null keys this family's data decides; default: none."""
+
+    def unresolved_keys(self, cfg: Config) -> list[str]:
+        """The keys `resolve` would fill that are still null (empty once resolved)."""
+        return []
+
+    # --- validation.validate_config asks these in its order; errors name the key ---
+
+    @abstractmethod
+    def check_data(self, cfg: Config, world_size: int) -> None:
+        """The data section for this family's sources (`data.source` is one of `sources`)."""
+
+    @abstractmethod
+    def check_model(self, cfg: Config) -> None:
+        """The model section's family-specific sizes (config/checks.py holds the shared ones)."""
+
+    def check_pipeline(self, cfg: Config) -> None:
+        """Refuse a `run.pipeline` this family's model cannot train under; default: none."""
+
+    @abstractmethod
+    def table_names(self, cfg: Config) -> list[str]:
+        """The embedding tables, in the model's order (per-table keys must name one)."""
+
+    def check_hierarchy(self, cfg: Config) -> None:
+        """Refuse a `comm.hierarchy` this family's all-to-alls cannot take; default: none."""
+
+    # --- the trainer's builders (through dlrmtrain.workloads) ---
+
+    @abstractmethod
+    def build_datasets(self, cfg: Config, rank: int, world_size: int) -> Datasets:
+        """This rank's train and eval batches."""
+
+    @abstractmethod
+    def build_model(self, cfg: Config, rows: Optional[Mapping[str, int]],
+                    dense_device: torch.device) -> nn.Module:
+        """The single-device training module, tables on meta; `rows`: table → rows in
+        the model's table order (`Datasets.table_rows`)."""
+
+    @abstractmethod
+    def shard(self, model: nn.Module, cfg: Config, device: torch.device,
+              world_size: int) -> tuple[DistributedModelParallel, str]:
+        """`model` sharded by DistributedModelParallel with the configured codecs; and the plan's text."""
