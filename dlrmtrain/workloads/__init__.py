@@ -22,7 +22,7 @@ from dlrmtrain.config.schema import Config
 from dlrmtrain.data import Datasets
 from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.workloads.base import Workload
-from dlrmtrain.workloads.registry import WORKLOADS, register, workload_of
+from dlrmtrain.workloads.registry import register, workload_of
 
 
 def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
@@ -48,5 +48,5 @@ def build_sharded_model(cfg: Config, rows: dict[str, int], device: torch.device,
     return dmp, plan_text
 
 
-__all__ = ["WORKLOADS", "Workload", "build_datasets", "build_model", "build_sharded_model",
-           "register", "workload_of"]
+__all__ = ["Workload", "build_datasets", "build_model", "build_sharded_model", "register",
+           "workload_of"]

@@ -45,6 +45,8 @@ class DlrmWorkload(Workload):
 
     def build_model(self, cfg: Config, rows: Optional[Mapping[str, int]],
                     dense_device: torch.device) -> nn.Module:
+        if not isinstance(rows, Mapping):
+            raise TypeError(f"{self.arch} takes its table rows as {{table name: rows}}")
         return build_dlrm_model(cfg, list(rows.values()), dense_device)
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
