@@ -158,3 +158,14 @@ def test_the_family_test_finder_sees_a_branch():
     assert _family_tests(ast.parse("if cfg.model.arch == 'x':\n    pass\n")) == [1]
     assert _family_tests(ast.parse("b = {'dlrm_v1': 1}\n")) == [1]
     assert _family_tests(ast.parse("s = cfg.data.source in YAMBDA_SOURCES\n")) == [1]
+
+
+def test_another_familys_source_is_refused_before_its_data_is_read(tmp_path):
+    """resolve_config fills in only from a source of the model's family: DLRMv4 on `criteo`
+    files is refused as the pairing it is, not for the Criteo dataset's missing metadata."""
+    cfg = load_config(None, ["model.arch=dlrmv4_hstu", "data.source=criteo",
+                             f"data.path={tmp_path / 'absent'}"])
+    assert resolve_config(cfg).data.table_sizes is None
+    with pytest.raises(ConfigError, match=r"data\.source: 'criteo' does not feed model\.arch "
+                                          r"'dlrmv4_hstu' \(it reads synthetic_yambda or yambda\)"):
+        validate_config(cfg, 2)
