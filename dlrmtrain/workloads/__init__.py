@@ -6,8 +6,8 @@ validation and the trainer's builders ask.
     dlrmv4.py    DLRMv4 (dlrmv4_hstu): Yambda sequences, sequence EmbeddingCollection
     registry.py  model.arch → workload (`register`, `workload_of`)
 
-data/ and models/ sit below this package: they offer one builder per family and
-never choose between them; the workload chooses.
+data/ (one builder per kind of source: rows, sequences) and models/ (one per model)
+sit below this package and never choose between their builders; the workload does.
 """
 
 from __future__ import annotations

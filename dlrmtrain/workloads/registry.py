@@ -18,6 +18,7 @@ WORKLOADS: dict[str, Workload] = {}
 
 
 def register(workload: Workload) -> None:
+    """Make `workload` the one validation and the builders ask for its `model.arch`."""
     if workload.arch in WORKLOADS:
         raise ValueError(f"model.arch {workload.arch!r} has a workload already")
     WORKLOADS[workload.arch] = workload
