@@ -41,7 +41,7 @@ from dlrmtrain.run.records import open_run_records
 from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
-from dlrmtrain.validation import unresolved_keys
+from dlrmtrain.validation import resolved_pipeline, unresolved_keys
 from dlrmtrain.workloads import build_sharded_model
 
 
@@ -102,7 +102,8 @@ class Trainer:
         self.step = 0           # optimizer steps taken
         self.epoch = 0          # current pass over the training data
         self.step_in_epoch = 0  # batches of this epoch already trained on
-        self.pipeline = build_train_pipeline(cfg.run.pipeline, self.model, self.optimizer,
+        mode = resolved_pipeline(cfg, env.device.type)  # `auto`: by the device
+        self.pipeline = build_train_pipeline(mode, self.model, self.optimizer,
                                              env.device, self._autocast_forward)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())

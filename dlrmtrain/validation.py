@@ -61,6 +61,20 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
         raise ConfigError(str(e)) from None
 
 
+def resolved_pipeline(cfg: Config, device_type: str) -> str:
+    """run.pipeline with `auto` resolved for a run on `device_type`: `sparse_dist` on CUDA,
+    where the next batch's id all-to-all runs during this step and a dedup plan's host sync
+    (its split sizes) leaves the step's critical path; `off` for DLRMv4, whose forward
+    TorchRec's pipelines cannot trace, and on CPU, where it always was (nothing waits on a
+    device there: the CPU tests and benchmarks keep timing the plain loop). Any other
+    value stays as given, checked by `_check_pipeline`."""
+    if cfg.run.pipeline != "auto":
+        return cfg.run.pipeline
+    if device_type == "cuda" and cfg.model.arch != "dlrmv4_hstu":
+        return "sparse_dist"
+    return "off"
+
+
 def _check_pipeline(cfg: Config, device_type: str) -> None:
     """run.pipeline: every choice trains the plain loop's numbers; refuse where that is
     not known to hold (schema.PipelineMode refuses the stale semi_sync outright)."""
@@ -84,9 +98,11 @@ def _check_pipeline(cfg: Config, device_type: str) -> None:
 
 def resolve_config(cfg: Config) -> Config:
     """A copy of `cfg` with what comes from the data filled in (null table sizes and
-    bag sizes from the dataset's metadata, or the synthetic profile's); raises
+    bag sizes from the dataset's metadata, or the synthetic profile's) and run.pipeline's
+    `auto` resolved for this machine's device; raises
     ConfigError when the data and the config disagree. `cfg` itself is unchanged."""
     resolved = copy.deepcopy(cfg)
+    resolved.run.pipeline = resolved_pipeline(cfg, resolved_device_type(cfg))
     if cfg.data.source not in YAMBDA_SOURCES:  # DLRMv4 tables are sized by the data's loaders
         apply_dataset_metadata(resolved)
     return resolved
