@@ -18,6 +18,7 @@ from tqdm import tqdm
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import build_datasets
+from dlrmtrain.data.loader import pins_for
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
@@ -87,7 +88,7 @@ class Trainer:
             remove_dead_partials(self.checkpointer.root, log=self._print)
         resume_from = (self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
                        if cfg.checkpoint.resume else None)
-        self.data = build_datasets(cfg, env.rank, env.world_size)
+        self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
         self._check_data_fills_a_step()
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)

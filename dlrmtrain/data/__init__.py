@@ -56,7 +56,10 @@ def table_rows(cfg: Config) -> list[int]:
     return [min(n, cap) if cap else n for n in data_table_sizes(cfg)]
 
 
-def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: list[int]) -> Datasets:
+def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: list[int],
+              pin_memory: bool) -> Datasets:
+    train.pin_memory = evaluation.pin_memory = pin_memory
+
     def train_for_epoch(epoch: int, start: int = 0) -> Iterable[Batch]:
         train.set_epoch(epoch)
         return train.batches_from(start)
@@ -71,11 +74,12 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
     )
 
 
-def _yambda_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
+def _yambda_datasets(cfg: Config, rank: int, world_size: int, pin_memory: bool) -> Datasets:
     from dlrmtrain.data.yambda import build_yambda_loaders  # the sequence data path: DLRMv4 runs only
 
     loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
                                    cfg.eval.batch_size)
+    loaders.train.pin_memory = loaders.eval.pin_memory = pin_memory
     return Datasets(
         train_batches=lambda epoch, start=0: loaders.train.batches_from(start),
         eval_batches=loaders.eval.iter_weighted,
@@ -86,14 +90,15 @@ def _yambda_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
     )
 
 
-def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
+def build_datasets(cfg: Config, rank: int, world_size: int, pin_memory: bool = False) -> Datasets:
     """This rank's train and eval batches: the DLRM sources through one loader, the
-    DLRMv4 sources through yambda/."""
+    DLRMv4 sources through yambda/; in pinned memory with `pin_memory` (a GPU run:
+    loader.pins_for)."""
     if cfg.data.source in YAMBDA_SOURCES:
-        return _yambda_datasets(cfg, rank, world_size)
+        return _yambda_datasets(cfg, rank, world_size, pin_memory)
     rows = table_rows(cfg)
     if cfg.data.source == "criteo":
-        return _datasets(*build_criteo_loaders(cfg, rank, world_size, rows), rows)
+        return _datasets(*build_criteo_loaders(cfg, rank, world_size, rows), rows, pin_memory)
     if cfg.data.source == "synthetic":
-        return _datasets(*build_synthetic_loaders(cfg, rank, world_size, rows), rows)
+        return _datasets(*build_synthetic_loaders(cfg, rank, world_size, rows), rows, pin_memory)
     raise ValueError(f"data.source: unknown source {cfg.data.source!r}")  # the loader refuses it first
