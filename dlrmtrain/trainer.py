@@ -40,7 +40,7 @@ from dlrmtrain.run.lock import RunLock
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records
 from dlrmtrain.run.signals import stop_signal
-from dlrmtrain.run.stop import announce_stop, announced_stop
+from dlrmtrain.run.stop import StopAtLoggingSteps, announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import resolved_pipeline, unresolved_keys
 from dlrmtrain.workloads import build_sharded_model
@@ -309,10 +309,11 @@ class Trainer:
         """Train to the planned step or the target AUC; each step is a checklist.
         A run stopped by a signal or an error closes its records and raises RunError."""
         run = self._begin_run()
+        stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
         try:
             for loss in self._steps_until(run.total):
                 self._record_step(run, loss)
-                self._stop_if_signalled()
+                self._stop_if_signalled(stops)
                 pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
                 if self._eval_due(run):
                     self._run_eval(run.summary, run.start)
@@ -328,9 +329,12 @@ class Trainer:
             raise stop from None
         return self._end_run(run)
 
-    def _stop_if_signalled(self) -> None:
-        signum = stop_signal()
-        if signum is not None:
+    def _stop_if_signalled(self, stops: StopAtLoggingSteps) -> None:
+        """Stop where every rank stops: at the logging step that this rank's (or another
+        rank's) stop signal asked for (run/stop.py)."""
+        request = stops.after_step(self.step, stop_signal())
+        if request is not None:
+            signum = request["exit_code"] - 128
             raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
 
     def _interrupted_message(self, signum: int, step: int) -> str:
