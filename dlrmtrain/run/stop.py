@@ -58,15 +58,19 @@ def announce_stop(message: str, exit_code: int) -> None:
         pass
 
 
-def announced_stop() -> Optional[dict]:
-    """{"message", "exit_code", "rank"} if another rank stopped the job on purpose."""
+def _read(name: str) -> Optional[dict]:
     try:
         store = _job_store()
-        if store is None or not store.check([_key(_STOPPED)]):
+        if store is None or not store.check([_key(name)]):
             return None
-        return json.loads(store.get(_key(_STOPPED)))
-    except Exception:  # noqa: BLE001 - no store (the agent is gone): nothing announced
+        return json.loads(store.get(_key(name)))
+    except Exception:  # noqa: BLE001 - no store (the agent is gone): nothing there
         return None
+
+
+def announced_stop() -> Optional[dict]:
+    """{"message", "exit_code", "rank"} if another rank stopped the job on purpose."""
+    return _read(_STOPPED)
 
 
 def request_stop(exit_code: int, stop_at: int) -> dict:
@@ -84,13 +88,7 @@ def request_stop(exit_code: int, stop_at: int) -> dict:
 
 def requested_stop() -> Optional[dict]:
     """{"exit_code", "stop_at", "rank"} if a rank of the job asked for the stop."""
-    try:
-        store = _job_store()
-        if store is None or not store.check([_key(_REQUEST)]):
-            return None
-        return json.loads(store.get(_key(_REQUEST)))
-    except Exception:  # noqa: BLE001 - no store: only this rank's own request counts
-        return None
+    return _read(_REQUEST)
 
 
 class StopAtLoggingSteps:

@@ -9,9 +9,10 @@ torch.distributed's collectives and `new_group` and records, for each call:
   torch.distributed's core), e.g. `dlrmtrain/comm/stats.py:_sum_over_ranks`;
 - `phase`: the part of the run it belongs to (setup, train, eval, checkpoint, resume,
   end), read from the stack; a call launched off the main thread names its thread;
-- `group` and `backend`: the group (`world` or `group<n>[ranks]`) and the backend it
-  would have on CUDA: the default group's is `backend_for(cuda)`; a `new_group` takes
-  its `backend=` argument, else the default group's, as torch does;
+- `group` and `backend`: the group (`world` or `group<n>[ranks]`) and its own backend:
+  a `new_group`'s `backend=` argument, None for the default group and the groups made
+  without one, which inherit the default group's (as torch does; `refusals` is told
+  which that is on CUDA);
 - `devices`: the device types its tensors would have on CUDA. Object collectives and
   barriers let torch pick the device from the group (the CPU when the group has a CPU
   backend, torch's `_get_object_coll_device`), so the group always serves them. A
@@ -156,7 +157,8 @@ class CollectiveAudit:
         for name in (*TENSOR_OPS, *HOST_PICKED_OPS):
             self._wrap(name, self._record_call)
         self._wrap("new_group", self._record_group)
-        self._wrap("_broadcast_coalesced", self._record_cxx)
+        for name in CXX_OPS:
+            self._wrap(name, self._record_cxx)
         return self
 
     def __exit__(self, *exc) -> None:

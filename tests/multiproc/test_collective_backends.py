@@ -97,7 +97,7 @@ def test_an_nccl_only_default_group_would_refuse_the_comm_stats_host_sums(audite
     assert len(old) >= 2 * len((*V1, *V4))  # at least the counters' and the timings' sums, each run
 
 
-# ---- the backend config itself, on real groups (a world of one, in this process) -------
+# ---- the backend config itself, on real groups (a world of one) -------------------------
 
 STAND_IN = "nccl_stand_in"
 """A backend registered for the cuda device type in NCCL's place (this machine has no
@@ -105,46 +105,46 @@ NCCL): torch's dispatch then routes and refuses by device type as it does with N
 
 
 def _world_of_one(backend: str) -> None:
-    from torch.distributed import ProcessGroupGloo
     import torch.distributed as dist
+    from torch.distributed import ProcessGroupGloo
 
+    if dist.is_initialized():  # the harness's Gloo group: replaced by the config under test
+        dist.destroy_process_group()
     if not hasattr(dist.Backend, STAND_IN.upper()):
         dist.Backend.register_backend(STAND_IN, lambda store, rank, size, timeout:
                                       ProcessGroupGloo(store, rank, size, timeout), devices=["cuda"])
     dist.init_process_group(backend.replace("nccl", STAND_IN), store=dist.HashStore(), rank=0, world_size=1)
 
 
-@pytest.fixture
-def no_group():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def test_groups_inherit_both_backends_and_the_comm_stats_sum_goes_through_gloo(no_group):
+def _stats_sum_under_each_config(rank: int, world_size: int) -> dict:
+    """The comm stats' host sum on the default group and on a node group made as
+    comm/topology.py makes them, under the CUDA config and under the old NCCL-only one."""
     import torch.distributed as dist
 
     from dlrmtrain.comm.stats import TableCommStats, _sum_over_ranks
 
     _world_of_one(backend_for(torch.device("cuda")))
-    node_group = dist.new_group([0])  # as comm/topology.py makes its node and rail groups
-    assert dist.get_backend(node_group) == dist.get_backend() == f"cpu:gloo,cuda:{STAND_IN}"
+    node_group = dist.new_group([0])  # no backend: inherited
     tables = {"t_cat_0": TableCommStats(bags=3)}
-    assert _sum_over_ranks(tables, [0.5], node_group) == [0.5] and tables["t_cat_0"].bags == 3
-    assert _sum_over_ranks(tables, [0.5], None) == [0.5]
-
-
-def test_an_nccl_only_default_group_refuses_the_comm_stats_sum(no_group):
-    """What every GPU run met at its end before (issue 26): the old default group."""
-    from dlrmtrain.comm.stats import TableCommStats, _sum_over_ranks
-
+    out = {"backends": (dist.get_backend(), dist.get_backend(node_group)),
+           "sums": (_sum_over_ranks(tables, [0.5], None), _sum_over_ranks(tables, [0.5], node_group)),
+           "bags": tables["t_cat_0"].bags}
     _world_of_one("nccl")
-    with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
-        _sum_over_ranks({"t_cat_0": TableCommStats(bags=3)}, [0.5], None)
+    try:
+        _sum_over_ranks(tables, [0.5], None)
+        out["nccl alone"] = "served"
+    except RuntimeError as e:
+        out["nccl alone"] = str(e)
+    dist.destroy_process_group()
+    return out
+
+
+def test_groups_inherit_both_backends_and_an_nccl_only_group_refuses_the_stats_sum():
+    (out,) = run_ranks(_stats_sum_under_each_config, 1, timeout=120)
+    assert out["backends"] == (f"cpu:gloo,cuda:{STAND_IN}",) * 2  # the node group inherits both
+    assert out["sums"] == ([0.5], [0.5]) and out["bags"] == 3    # through Gloo
+    # what every GPU run met at its end before (issue 26), with the old default group
+    assert "No backend type associated with device type cpu" in out["nccl alone"]
 
 
 def test_a_cuda_run_binds_its_gpu_and_a_cpu_run_stays_on_gloo():
