@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
+from dlrmtrain.data.loader import pins_for
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
@@ -38,9 +39,9 @@ from dlrmtrain.run.lock import RunLock
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records
 from dlrmtrain.run.signals import stop_signal
-from dlrmtrain.run.stop import announce_stop, announced_stop
+from dlrmtrain.run.stop import StopAtLoggingSteps, announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
-from dlrmtrain.validation import unresolved_keys
+from dlrmtrain.validation import resolved_pipeline, unresolved_keys
 from dlrmtrain.workloads import build_datasets, build_sharded_model
 
 
@@ -86,7 +87,7 @@ class Trainer:
             remove_dead_partials(self.checkpointer.root, log=self._print)
         resume_from = (self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
                        if cfg.checkpoint.resume else None)
-        self.data = build_datasets(cfg, env.rank, env.world_size)
+        self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
         self._check_data_fills_a_step()
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
@@ -101,7 +102,8 @@ class Trainer:
         self.step = 0           # optimizer steps taken
         self.epoch = 0          # current pass over the training data
         self.step_in_epoch = 0  # batches of this epoch already trained on
-        self.pipeline = build_train_pipeline(cfg.run.pipeline, self.model, self.optimizer,
+        mode = resolved_pipeline(cfg, env.device.type)  # `auto`: by the device
+        self.pipeline = build_train_pipeline(mode, self.model, self.optimizer,
                                              env.device, self._autocast_forward)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
@@ -306,10 +308,11 @@ class Trainer:
         """Train to the planned step or the target AUC; each step is a checklist.
         A run stopped by a signal or an error closes its records and raises RunError."""
         run = self._begin_run()
+        stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
         try:
             for loss in self._steps_until(run.total):
                 self._record_step(run, loss)
-                self._stop_if_signalled()
+                self._stop_if_signalled(stops)
                 pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
                 if self._eval_due(run):
                     self._run_eval(run.summary, run.start)
@@ -325,9 +328,12 @@ class Trainer:
             raise stop from None
         return self._end_run(run)
 
-    def _stop_if_signalled(self) -> None:
-        signum = stop_signal()
-        if signum is not None:
+    def _stop_if_signalled(self, stops: StopAtLoggingSteps) -> None:
+        """Stop where every rank stops: at the logging step that this rank's (or another
+        rank's) stop signal asked for (run/stop.py)."""
+        request = stops.after_step(self.step, stop_signal())
+        if request is not None:
+            signum = request["exit_code"] - 128
             raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
 
     def _interrupted_message(self, signum: int, step: int) -> str:

@@ -59,6 +59,15 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
         raise ConfigError(str(e)) from None
 
 
+def resolved_pipeline(cfg: Config, device_type: str) -> str:
+    """run.pipeline with `auto` resolved for a run on `device_type`, as the model's
+    workload says (Workload.default_pipeline). Any other value stays as given, checked
+    by `_check_pipeline`."""
+    if cfg.run.pipeline != "auto":
+        return cfg.run.pipeline
+    return workload_of(cfg).default_pipeline(device_type)
+
+
 def _check_pipeline(cfg: Config, device_type: str) -> None:
     """run.pipeline: every choice trains the plain loop's numbers; refuse where that is
     not known to hold (schema.PipelineMode refuses the stale semi_sync outright)."""
@@ -76,9 +85,11 @@ def _check_pipeline(cfg: Config, device_type: str) -> None:
 
 def resolve_config(cfg: Config) -> Config:
     """A copy of `cfg` with what comes from the data filled in (DLRM: null table sizes and
-    bag sizes from the dataset's metadata, or the synthetic profile's); raises
-    ConfigError when the data and the config disagree. `cfg` itself is unchanged."""
+    bag sizes from the dataset's metadata, or the synthetic profile's) and run.pipeline's
+    `auto` resolved for this machine's device; raises ConfigError when the data and the
+    config disagree. `cfg` itself is unchanged."""
     resolved = copy.deepcopy(cfg)
+    resolved.run.pipeline = resolved_pipeline(cfg, resolved_device_type(cfg))
     workload = workload_of(cfg)
     if cfg.data.source in workload.sources:  # another family's source: validate_config refuses it
         workload.resolve(resolved)

@@ -51,7 +51,7 @@ PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
             "cannot honour; use bf16")]
 PipelineMode = Annotated[
-    Literal["off", "sparse_dist", "fused_sparse_dist"],
+    Literal["off", "sparse_dist", "fused_sparse_dist", "auto"],
     Alias(False, "off"), Alias(True, "sparse_dist"),
     Refused("semi_sync", "TorchRec's TrainPipelineSemiSync looks batch i+1's embeddings up "
                          "before batch i's embedding update (one step stale): not the math of "
@@ -86,8 +86,9 @@ class RunConfig:
     """Passes over the training data (fractions allowed, e.g. 0.5)."""
     max_steps: Optional[int] = None
     """Stop after this many steps even if the epochs are not done (null: no cap)."""
-    pipeline: PipelineMode = "off"
-    """Overlap across steps, same numbers as the plain loop: `off`; `sparse_dist`
+    pipeline: PipelineMode = "auto"
+    """Overlap across steps, same numbers as the plain loop: `auto` (`sparse_dist` on CUDA,
+    `off` on CPU and for DLRMv4; validation.resolved_pipeline); `off`; `sparse_dist`
     (`true`): the next batch's id all-to-all runs during this step (TorchRec
     TrainPipelineSparseDist); `fused_sparse_dist`: that, and this batch's lookup and
     embedding all-to-all start before its step, in flight during the data loading and

@@ -61,7 +61,10 @@ def table_rows(cfg: Config) -> list[int]:
     return [min(n, cap) if cap else n for n in data_table_sizes(cfg)]
 
 
-def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: list[int]) -> Datasets:
+def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: list[int],
+              pin_memory: bool) -> Datasets:
+    train.pin_memory = evaluation.pin_memory = pin_memory
+
     def train_for_epoch(epoch: int, start: int = 0) -> Iterable[Batch]:
         train.set_epoch(epoch)
         return train.batches_from(start)
@@ -76,12 +79,15 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
     )
 
 
-def build_sequence_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    """This rank's train and eval batches of a sequence source, read by yambda/."""
+def build_sequence_datasets(cfg: Config, rank: int, world_size: int,
+                            pin_memory: bool = False) -> Datasets:
+    """This rank's train and eval batches of a sequence source, read by yambda/; in
+    pinned memory with `pin_memory` (a GPU run: loader.pins_for)."""
     from dlrmtrain.data.yambda import build_yambda_loaders  # the sequence data path: its runs only
 
     loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
                                    cfg.eval.batch_size)
+    loaders.train.pin_memory = loaders.eval.pin_memory = pin_memory
     return Datasets(
         train_batches=lambda epoch, start=0: loaders.train.batches_from(start),
         eval_batches=loaders.eval.iter_weighted,
@@ -92,11 +98,13 @@ def build_sequence_datasets(cfg: Config, rank: int, world_size: int) -> Datasets
     )
 
 
-def build_row_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    """This rank's train and eval batches of a row source, through one loader."""
+def build_row_datasets(cfg: Config, rank: int, world_size: int,
+                       pin_memory: bool = False) -> Datasets:
+    """This rank's train and eval batches of a row source, through one loader; in
+    pinned memory with `pin_memory` (a GPU run: loader.pins_for)."""
     build_loaders = _ROW_LOADERS.get(cfg.data.source)
     if build_loaders is None:  # the workload's source check refuses it first
         raise ValueError(f"data.source: {cfg.data.source!r} is not a source of rows "
                          f"({', '.join(ROW_SOURCES)})")
     rows = table_rows(cfg)
-    return _datasets(*build_loaders(cfg, rank, world_size, rows), rows)
+    return _datasets(*build_loaders(cfg, rank, world_size, rows), rows, pin_memory)

@@ -42,6 +42,14 @@ from dlrmtrain.data.parts import Part, RowBlock, concat_blocks
 LAST_BATCH_POLICIES = ("drop", "partial", "pad")
 
 
+def pins_for(device: torch.device) -> bool:
+    """Whether batches bound for `device` are built in page-locked (pinned) memory. A copy
+    to the GPU from pageable memory is staged and synchronous whatever `non_blocking`
+    says; from pinned memory it is a DMA that overlaps the step. Only CUDA has pinned
+    memory (pin_memory() raises without it)."""
+    return torch.device(device).type == "cuda"
+
+
 def fold_ids(block: RowBlock, table_rows: Sequence[int]) -> RowBlock:
     """`id % rows` per table, for models whose tables are smaller than the data's vocabulary."""
     rows = np.asarray(table_rows, dtype=np.int64)
@@ -125,6 +133,7 @@ class CriteoBatchLoader:
     `fold_to_rows`: per-table row counts to fold ids into (`id % rows`) when the model's
     tables are smaller than the data's vocabulary (scaled-down runs); None = ids as stored,
     checked against `table_rows` when given (an id outside its table is an error).
+    `pin_memory`: build each batch and its weights in pinned memory (see `pins_for`).
     """
 
     def __init__(
@@ -139,6 +148,7 @@ class CriteoBatchLoader:
         prefetch: int = 2,
         fold_to_rows: Sequence[int] | None = None,
         table_rows: Sequence[int] | None = None,
+        pin_memory: bool = False,
     ) -> None:
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} is not divisible by world size {world_size}")
@@ -151,6 +161,7 @@ class CriteoBatchLoader:
         self.local_batch_size = global_batch_size // world_size
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.last_batch, self.prefetch = last_batch, prefetch
+        self.pin_memory = pin_memory  # set by build_datasets from the device (pins_for)
         self.fold_to_rows = list(fold_to_rows) if fold_to_rows is not None else None
         self.table_rows = list(table_rows) if table_rows is not None else None
         self.full_batches, self.remainder = divmod(self.source.rows, global_batch_size)
@@ -198,6 +209,8 @@ class CriteoBatchLoader:
             block = fold_ids(block, self.fold_to_rows)
         elif self.table_rows is not None:
             check_ids_in_range(block, self.table_rows, spec.start)
+        if self.pin_memory:  # here, on the prefetch thread when there is one
+            return block_to_batch(block).pin_memory(), weight.pin_memory()
         return block_to_batch(block), weight
 
     def iter_weighted(self, start: int = 0) -> Iterator[tuple[Batch, torch.Tensor]]:

@@ -42,6 +42,39 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device(requested)
 
 
+CUDA_BACKEND = "cpu:gloo,cuda:nccl"
+"""The default group's backends on CUDA: NCCL for CUDA tensors, Gloo for CPU tensors."""
+
+
+def backend_for(device: torch.device) -> str:
+    """The default group's backend for a run on `device`.
+
+    On CUDA the group gets both NCCL and Gloo, each serving the tensors of its device
+    type: the step's traffic (embedding all-to-alls, DDP's gradients, the loss and AUC
+    inputs) lives on the GPU and goes through NCCL; what is kept on the host (the
+    comm stats' counters and timings, checkpoint sizes, pickled objects) goes through
+    Gloo instead of failing on an NCCL-only group ("No backend type associated with
+    device type cpu"). This is what torch itself builds when init_process_group gets
+    no backend, and what torchtitan asks for once host-side collectives exist
+    (`enable_cpu_backend`); moving every host value to the GPU instead would add a
+    copy and a device sync to each, and break again at the next host-side counter.
+    Groups from `new_group()` without a backend (comm/topology.py's node and rail
+    groups) inherit the pair. Object collectives then pickle through Gloo, so no
+    pickle crosses to the GPU.
+    """
+    return CUDA_BACKEND if device.type == "cuda" else "gloo"
+
+
+def group_options(device: torch.device) -> dict[str, Any]:
+    """`init_process_group`'s backend and, on CUDA, `device_id`: bound to its GPU, NCCL
+    creates the default communicator at once and splits the later groups from it
+    (ncclCommSplit) instead of creating each lazily inside its first collective."""
+    options: dict[str, Any] = {"backend": backend_for(device)}
+    if device.type == "cuda":
+        options["device_id"] = device
+    return options
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
     """Join the process group torchrun prepared (or create a world of one).
     A collective that has not completed after `timeout_s` raises on the ranks
@@ -50,18 +83,18 @@ def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    options = group_options(dev)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         if world_size == 1 and "MASTER_PORT" not in os.environ:
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
-                                    world_size=1, timeout=timeout)
+            dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout, **options)
         else:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29500")
-            dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                                    timeout=timeout)
-    return DistEnv(rank, world_size, local_rank, dev, backend)
+            dist.init_process_group(rank=rank, world_size=world_size, timeout=timeout,
+                                    **options)
+    return DistEnv(rank, world_size, local_rank, dev, options["backend"])
 
 
 def decide_on_rank0(decide: Callable[[], Any], rank: int) -> Any:

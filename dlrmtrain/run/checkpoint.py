@@ -4,7 +4,7 @@ position and RNG, saved atomically and verified before they are trusted.
 Layout of one checkpoint, `<dir>/step_<N>/`:
   *.distcp, .metadata   torch.distributed.checkpoint (DCP) files: every rank
                         writes its own shards of the model and optimizer
-  rng_rank<r>.pt        each rank's torch RNG state
+  rng_rank<r>.pt        each rank's torch RNG states: the CPU's, and every visible GPU's
   trainer_state.json    step, epoch, position in the epoch, LR-schedule state
   manifest.json         size and sha256 of every file above — written last
 A checkpoint is written into `step_<N>.partial/` and renamed only after every
@@ -65,6 +65,26 @@ class TrainerPosition:
     epoch: int
     step_in_epoch: int
     schedule: dict[str, Any]
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch RNG states: the CPU generator's and, where CUDA is present,
+    every visible GPU's (DLRMv4's dropout draws on the GPU's generator; a resume that
+    restored the CPU's alone would draw other masks from there on)."""
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng_state(state: Any) -> None:
+    """Set the states `rng_state` returned. A checkpoint from before the GPUs' states were
+    kept holds the CPU's alone (a tensor): it loads, the GPUs' generators staying as seeded.
+    GPUs this process cannot see keep no state (fewer visible than when saved)."""
+    if isinstance(state, torch.Tensor):
+        state = {"cpu": state, "cuda": []}
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] and torch.cuda.is_available():
+        for device, gpu_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(gpu_state, device)
 
 
 def _sha256(path: Path) -> str:
@@ -244,7 +264,7 @@ class Checkpointer:
         """Every rank: its shards (DCP raises on every rank if any rank fails) and RNG state."""
         dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
                  checkpoint_id=str(partial))
-        torch.save(torch.get_rng_state(), partial / f"rng_rank{self.rank}.pt")
+        torch.save(rng_state(), partial / f"rng_rank{self.rank}.pt")
 
     def _disk_full(self) -> bool:
         """Whether the checkpoint directory's file system has (next to) no room left."""
@@ -354,5 +374,5 @@ class Checkpointer:
         self.last_step = int(json.loads((path / TRAINER_STATE).read_text())["step"])
         rng = path / f"rng_rank{self.rank}.pt"
         if rng.is_file():
-            torch.set_rng_state(torch.load(rng))
+            restore_rng_state(torch.load(rng))
         return TrainerPosition(**json.loads((path / TRAINER_STATE).read_text()))

@@ -2,8 +2,9 @@
 
 torchrun's agent forwards the signal it gets to every rank; a rank can also be
 signalled by itself (a scheduler, `kill`). The first signal only asks the run to
-stop: `Trainer.train` looks at `stop_signal()` after each step and raises
-`RunInterrupted` there, so every record up to that step is written. A second
+stop: `Trainer.train` looks at `stop_signal()` after each step and, at the next
+logging step, when every rank stops with it (run/stop.py), raises `RunInterrupted`
+there, so every record up to that step is written. A second
 signal stops at once (the same error, from wherever the rank is).
 """
 

@@ -25,9 +25,10 @@ from dlrmtrain.workloads.base import Workload
 from dlrmtrain.workloads.registry import register, workload_of
 
 
-def build_datasets(cfg: Config, rank: int, world_size: int) -> Datasets:
-    """This rank's train and eval batches, read as `model.arch`'s workload says."""
-    return workload_of(cfg).build_datasets(cfg, rank, world_size)
+def build_datasets(cfg: Config, rank: int, world_size: int, pin_memory: bool = False) -> Datasets:
+    """This rank's train and eval batches, read as `model.arch`'s workload says; in
+    pinned memory with `pin_memory` (a GPU run: data.loader.pins_for)."""
+    return workload_of(cfg).build_datasets(cfg, rank, world_size, pin_memory)
 
 
 def build_model(cfg: Config, rows: Optional[Mapping[str, int]], dense_device: torch.device) -> nn.Module:

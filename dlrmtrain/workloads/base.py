@@ -49,6 +49,14 @@ class Workload(ABC):
     def check_pipeline(self, cfg: Config) -> None:
         """Refuse a `run.pipeline` this family's model cannot train under; default: none."""
 
+    def default_pipeline(self, device_type: str) -> str:
+        """What `run.pipeline: auto` becomes on `device_type`: `sparse_dist` on CUDA, where
+        the next batch's id all-to-all runs during this step and a dedup plan's host sync
+        (its split sizes) leaves the step's critical path; `off` on CPU, where it always
+        was (nothing waits on a device there: the CPU tests and benchmarks keep timing
+        the plain loop)."""
+        return "sparse_dist" if device_type == "cuda" else "off"
+
     @abstractmethod
     def table_names(self, cfg: Config) -> list[str]:
         """The embedding tables, in the model's order (per-table keys must name one)."""
@@ -59,8 +67,9 @@ class Workload(ABC):
     # --- the trainer's builders (through dlrmtrain.workloads) ---
 
     @abstractmethod
-    def build_datasets(self, cfg: Config, rank: int, world_size: int) -> Datasets:
-        """This rank's train and eval batches."""
+    def build_datasets(self, cfg: Config, rank: int, world_size: int,
+                       pin_memory: bool = False) -> Datasets:
+        """This rank's train and eval batches, in pinned memory with `pin_memory`."""
 
     @abstractmethod
     def build_model(self, cfg: Config, rows: Optional[Mapping[str, int]],

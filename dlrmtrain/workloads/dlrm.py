@@ -40,8 +40,9 @@ class DlrmWorkload(Workload):
     def table_names(self, cfg: Config) -> list[str]:
         return TABLE_NAMES[:len(cfg.data.table_sizes)]
 
-    def build_datasets(self, cfg: Config, rank: int, world_size: int) -> Datasets:
-        return build_row_datasets(cfg, rank, world_size)
+    def build_datasets(self, cfg: Config, rank: int, world_size: int,
+                       pin_memory: bool = False) -> Datasets:
+        return build_row_datasets(cfg, rank, world_size, pin_memory)
 
     def build_model(self, cfg: Config, rows: Optional[Mapping[str, int]],
                     dense_device: torch.device) -> nn.Module:

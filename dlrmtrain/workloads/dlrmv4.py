@@ -42,6 +42,9 @@ class Dlrmv4Workload(Workload):
                               "batch's longest sequence (a host value fx cannot trace); use "
                               "run.pipeline=off")
 
+    def default_pipeline(self, device_type: str) -> str:
+        return "off"  # the only mode check_pipeline takes
+
     def table_names(self, cfg: Config) -> list[str]:
         return list(TABLES)
 
@@ -50,8 +53,9 @@ class Dlrmv4Workload(Workload):
             raise ConfigError("comm.hierarchy: node covers pooled embeddings (model.arch dlrm_v1 / "
                               "dlrm_dcnv2) only; DLRMv4's sequence embeddings take comm.hierarchy: flat")
 
-    def build_datasets(self, cfg: Config, rank: int, world_size: int) -> Datasets:
-        return build_sequence_datasets(cfg, rank, world_size)
+    def build_datasets(self, cfg: Config, rank: int, world_size: int,
+                       pin_memory: bool = False) -> Datasets:
+        return build_sequence_datasets(cfg, rank, world_size, pin_memory)
 
     def build_model(self, cfg: Config, rows: Optional[Mapping[str, int]],
                     dense_device: torch.device) -> nn.Module:

@@ -71,7 +71,7 @@ class ToyWorkload(Workload):
     def check_hierarchy(self, cfg):
         self._ask("check_hierarchy")
 
-    def build_datasets(self, cfg, rank, world_size):
+    def build_datasets(self, cfg, rank, world_size, pin_memory=False):
         return ("toy datasets", rank, world_size)
 
     def build_model(self, cfg, rows, dense_device):

@@ -51,7 +51,7 @@ class Windows:
 class SequenceBatchLoader:
     def __init__(self, windows: Windows | Sequence[np.ndarray], make_columns: Callable[[np.ndarray], SampleColumns],
                  rank: int, world_size: int, global_batch_size: int, slicing: RankSlicing = "round_robin",
-                 last_batch: LastBatch = "drop", prefetch: int = 0) -> None:
+                 last_batch: LastBatch = "drop", prefetch: int = 0, pin_memory: bool = False) -> None:
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} does not divide by the world size {world_size}")
         if not 0 <= rank < world_size:
@@ -60,6 +60,7 @@ class SequenceBatchLoader:
         self.make_columns, self.rank, self.world = make_columns, rank, world_size
         self.global_batch, self.local_batch = global_batch_size, global_batch_size // world_size
         self.slicing, self.last_batch, self.prefetch = slicing, last_batch, prefetch
+        self.pin_memory = pin_memory  # pinned batches for a GPU (data.loader.pins_for), built on the prefetch thread
         per_window = [n // global_batch_size if last_batch == "drop" else -(-n // global_batch_size)
                       for n in self.windows.sizes]
         self._first_batch = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
@@ -108,7 +109,10 @@ class SequenceBatchLoader:
         ids, real = self.rank_sample_ids(position)
         weights = torch.zeros(len(ids), dtype=torch.float32)
         weights[:real] = 1.0
-        return to_sequence_batch(self.make_columns(ids)), weights
+        batch = to_sequence_batch(self.make_columns(ids))
+        if self.pin_memory:
+            return batch.pin_memory(), weights.pin_memory()
+        return batch, weights
 
     def _weighted_from(self, start: int) -> Iterator[tuple[SequenceBatch, torch.Tensor]]:
         positions = range(start, self.num_batches)

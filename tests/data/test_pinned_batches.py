@@ -1,0 +1,86 @@
+"""Batches bound for a GPU are built in pinned memory, on the prefetch thread (issue 26):
+a copy from pageable memory is synchronous whatever `non_blocking` says. Pinning needs
+CUDA, so on CPU the decision (a function of the device) is checked, and the pin path is
+followed with `pin_memory` stood in for; the real copy is checked where CUDA is present."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torchrec.datasets.utils import Batch
+
+from dlrmtrain.config import load_config
+from dlrmtrain.workloads import build_datasets
+from dlrmtrain.data.loader import pins_for
+from dlrmtrain.sequence_features import SequenceBatch
+from tests.common import TINY
+from tests.multiproc.test_dlrmv4 import MINI, TINY as TINY_V4
+
+
+def test_only_a_cuda_device_pins():
+    assert pins_for(torch.device("cuda", 1)) and pins_for("cuda")
+    assert not pins_for(torch.device("cpu"))
+
+
+@pytest.fixture
+def pinned(monkeypatch) -> list[tuple[str, str, int]]:
+    """(what, thread, id) for every pin_memory call; each returns its argument unchanged."""
+    calls: list[tuple[str, str, int]] = []
+
+    def stand_in(what):
+        def pin(self):
+            calls.append((what, threading.current_thread().name, id(self)))
+            return self
+        return pin
+
+    monkeypatch.setattr(Batch, "pin_memory", stand_in("batch"))
+    monkeypatch.setattr(SequenceBatch, "pin_memory", stand_in("batch"))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", stand_in("weights"))
+    return calls
+
+
+@pytest.mark.parametrize("config, overrides, thread", [
+    (None, [*TINY, "data.source=synthetic"], "MainThread"),  # in memory: built where it is read
+    (MINI, [*TINY_V4, "data.yambda.prefetch_batches=2"], "yambda-prefetch"),
+])
+def test_a_gpu_runs_batches_are_pinned_where_they_are_built(pinned, tmp_path, config, overrides, thread):
+    cfg = load_config(config, [*overrides, f"run.output_dir={tmp_path}"])
+    data = build_datasets(cfg, 0, 2, pin_memory=True)
+    batches = [b for _, b in zip(range(3), data.train_batches(0, 0))]
+    evals = [e for _, e in zip(range(1), data.eval_batches())]
+    assert len(batches) == 3 and len(evals) == 1
+    pinned_ids = {i for _, _, i in pinned}
+    assert all(id(b) in pinned_ids for b in batches)  # every batch yielded went through the pin
+    assert all(id(b) in pinned_ids and id(w) in pinned_ids for b, w in evals)
+    assert {t for _, t, _ in pinned} == {thread}
+    pinned.clear()
+    unpinned = build_datasets(cfg, 0, 2, pin_memory=False)
+    next(iter(unpinned.train_batches(0, 0)))
+    assert pinned == []  # a CPU run pins nothing
+
+
+def test_the_criteo_loader_pins_on_its_prefetch_thread(pinned, tmp_path):
+    from dlrmtrain.data.loader import CriteoBatchLoader
+    from dlrmtrain.data.sources import open_parts
+    from tests.data.test_loader import make_indexed_dataset
+
+    make_indexed_dataset(tmp_path)
+    loader = CriteoBatchLoader(open_parts(tmp_path), 8, last_batch="pad", prefetch=2, pin_memory=True)
+    batches = list(loader.iter_weighted())
+    assert len(batches) == len(loader)
+    pinned_ids = {i for _, _, i in pinned}
+    assert all(id(b) in pinned_ids and id(w) in pinned_ids for b, w in batches)
+    assert {t for _, t, _ in pinned} == {"batch-prefetch"} and len(pinned) == 2 * len(loader)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_a_pinned_batch_is_copied_without_blocking(tmp_path):
+    cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}"])
+    data = build_datasets(cfg, 0, 1, pin_memory=pins_for(torch.device("cuda")))
+    batch = next(iter(data.train_batches(0, 0)))
+    assert batch.dense_features.is_pinned() and batch.sparse_features.values().is_pinned()
+    on_gpu = batch.to(torch.device("cuda"), non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(on_gpu.dense_features.cpu(), batch.dense_features)
