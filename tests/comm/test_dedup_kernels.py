@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlrmtrain.comm.dedup import kernels
 from dlrmtrain.comm.dedup.kernels import (
@@ -86,9 +87,82 @@ def test_segment_sum_is_bitwise_index_add(width: int) -> None:
     want = torch.zeros(60, width).index_add_(0, index, rows)
     assert torch.equal(segment_sum_rows(rows, index, 60), want)
     assert torch.equal(segment_sum_rows(rows[:0], index[:0], 5), torch.zeros(5, width))
-    half = rows.to(torch.bfloat16)
+    half = rows.to(torch.bfloat16)  # 16-bit rows: the float32 sum (same order), rounded once
     assert torch.equal(segment_sum_rows(half, index, 60),
-                       torch.zeros(60, width, dtype=torch.bfloat16).index_add_(0, index, half))
+                       torch.zeros(60, width).index_add_(0, index, half.float()).to(torch.bfloat16))
+
+
+def _bf16_grads(n: int, width: int, segments: int, seed: int):
+    """bf16 bag gradients with long runs of duplicate bags (the receiver's backward at a skewed batch)."""
+    g = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, segments, (n,), generator=g) ** 2 // segments
+    return (torch.randn(n, width, generator=g) * 1e-3).to(torch.bfloat16), index
+
+
+def test_bf16_sums_accumulate_in_fp32_and_round_once() -> None:
+    """A bf16 `index_add_` rounds after every add: with ~100 duplicates per unique bag that is
+    far from the float32 sum. segment_sum_rows rounds the float32 sum once (precision.py)."""
+    grads, index = _bf16_grads(4000, 16, 40, seed=1)
+    exact = torch.zeros(40, 16, dtype=torch.float64).index_add_(0, index, grads.double())
+    got = segment_sum_rows(grads, index, 40)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, torch.zeros(40, 16).index_add_(0, index, grads.float()).to(torch.bfloat16))
+    # one rounding: within half a bf16 ulp (2**-8 relative: 8 significant bits) of the exact sum, plus float32's reordering
+    slack = 2.0 ** -8 * exact.abs() + 2.0 ** -20 * torch.zeros_like(exact).index_add_(
+        0, index, grads.double().abs())
+    assert bool(((got.double() - exact).abs() <= slack).all())
+    # what a bf16 accumulator gives (CUDA's bf16 atomicAdd: a rounding after every add)
+    step_rounded = torch.zeros(40, 16, dtype=torch.bfloat16)
+    for i, u in enumerate(index.tolist()):
+        step_rounded[u] += grads[i]
+    assert not bool(((step_rounded.double() - exact).abs() <= slack).all())
+
+
+class _AccumulatorDtypes(TorchDispatchMode):
+    """Records the dtype of every tensor an accumulating op (index_add, scatter_add, embedding_bag) writes."""
+
+    ACCUMULATE = ("index_add", "scatter_add", "embedding_bag", "scatter_reduce")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = next((a for a in self.ACCUMULATE if a in func.overloadpacket.__name__), None)
+        if name is not None:
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            self.seen.append((name, first.dtype))
+        return out
+
+
+def test_bf16_sums_issue_no_16_bit_accumulation() -> None:
+    """On CPU torch's bf16 index_add_ happens to sum in float32, on CUDA it rounds after every
+    add (atomics): the kernel must never ask for a 16-bit accumulation, on any device."""
+    grads, index = _bf16_grads(500, 8, 20, seed=3)
+    with _AccumulatorDtypes() as mode:
+        segment_sum_rows(grads, index, 20)
+    accumulations = [dtype for name, dtype in mode.seen if name in ("index_add", "embedding_bag")]
+    assert accumulations and all(dtype == torch.float32 for dtype in accumulations), mode.seen
+
+
+def test_bf16_dedup_gradient_is_none_path_up_to_one_rounding_per_unique_bag() -> None:
+    """`none` on CUDA bf16: the owner's TBE backward gets each bag's bf16 gradient and sums a
+    row's bags in float32. dedup: the receiver sums a unique bag's duplicates in float32, rounds
+    once to bf16 (what crosses the wire), the owner writes it at the bag's first occurrence and
+    the same TBE sums in float32. Same bytes where no bag repeats; else one bf16 rounding."""
+    grads, index = _bf16_grads(2000, 8, 30, seed=2)  # one-hot: unique bag u is table row u
+    first = torch.full((30,), 2000).scatter_reduce_(0, index, torch.arange(2000), reduce="amin")
+    present = first < 2000
+    tbe_sum = lambda g, rows: torch.zeros(30, 8).index_add_(0, rows, g.float())  # noqa: E731
+    none_grad = tbe_sum(grads, index)
+    sums = segment_sum_rows(grads, index, 30)
+    owner_grad = torch.zeros(2000, 8, dtype=torch.bfloat16).index_copy_(0, first[present], sums[present])
+    dedup_grad = tbe_sum(owner_grad, index)  # zeros at the repeats add nothing
+    assert torch.equal(dedup_grad, none_grad.to(torch.bfloat16).float())  # = none's, rounded once
+    assert not torch.equal(dedup_grad, none_grad)  # ... which is a rounding none does not make
+    singles = torch.arange(2000)  # no duplicates: the same dtype path, bitwise
+    assert torch.equal(segment_sum_rows(grads, singles, 2000), grads)
 
 
 def test_batched_one_hot_blocks_equal_block_by_block() -> None:

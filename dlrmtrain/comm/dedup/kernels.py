@@ -125,11 +125,19 @@ def expand_rows(unique_rows: torch.Tensor, index: torch.Tensor,
 def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """out[u] = sum of rows[i] with index[i] == u — the receiver's backward encode.
 
+    Sums accumulate in float32 whatever the rows' dtype and are cast to it once
+    at the end: a bf16 (or fp16) gradient is rounded once per unique bag, not
+    after every add as a 16-bit `index_add_` would (and without its CUDA
+    atomics, whose order varies run to run). dlrmtrain/precision.py's table
+    says where that one rounding sits against `none`'s bf16 path.
+
     float32 rows go through embedding_bag's fused gather-and-sum over the rows
     stably sorted by segment: each segment still adds its rows in ascending i
     from zero, so the result is bitwise `index_add_`'s, at a third of the time
     on CPU (index_add_ costs ~100 ns per row there) and without CUDA atomics.
     """
+    if rows.dtype in (torch.float16, torch.bfloat16):
+        return segment_sum_rows(rows.float(), index, num_segments).to(rows.dtype)
     if rows.dtype != torch.float32 or rows.numel() == 0:
         out = rows.new_zeros((num_segments, rows.shape[1]))
         out.index_add_(0, index, rows)
