@@ -217,3 +217,42 @@ def test_int32_lengths_and_offsets_as_the_data_loader_builds_them() -> None:
         assert int(r.count) == 4 and r.inverse.tolist() == [2, 0, 2, 1, 3, 1]
         (b,) = one_hot_blocks_unique(values, o, l, [0], [6], [10])
         assert torch.equal(b.inverse, r.inverse)
+
+
+@pytest.mark.parametrize("width", [2, 3, 5, 8, 100])
+def test_multi_hot_blocks_keyed_together_equal_block_by_block(width: int) -> None:
+    """Equal-width multi-hot blocks share log2(width) + 1 sorts (DCNv2's widths: 2 .. 100) and give
+    block_unique's results per block, bitwise: DCNv2-like fixed bags and ragged ones with repeats."""
+    g = torch.Generator().manual_seed(width)
+    pool = [torch.randint(0, 6, (int(n),), generator=g).tolist()
+            for n in torch.randint(0, width + 1, (12,), generator=g)]
+    pool += [[3] * width, [3] * (width - 1), [3] * (width - 1) + [0]]  # a prefix and near-equal bags
+    bags = [pool[i] for i in torch.randint(0, len(pool), (90,), generator=g).tolist()]
+    bags[40] = [1] * (width + 1)  # too long for the key width: only its block overflows
+    values, offsets, lengths = _kjt_parts(bags)
+    starts, sizes, nums = [0, 12, 12, 30, 41, 70], [12, 0, 18, 11, 29, 20], [6, 6, 7, 6, 9, 6]
+    batched = kernels.blocks_unique(values, offsets, lengths, starts, sizes, width, nums)
+    assert batched.counts.shape == (6,)
+    for (s, n, num), got in zip(zip(starts, sizes, nums), batched.split()):
+        want = block_unique(values, offsets[s:s + n], lengths[s:s + n], width, num)
+        assert bool(got.overflow) == bool(want.overflow) and bool(got.bad_ids) == bool(want.bad_ids)
+        if not bool(want.overflow):
+            c = int(want.count)
+            assert int(got.count) == c
+            assert torch.equal(got.inverse, want.inverse)
+            assert torch.equal(got.first[:c], want.first[:c])
+    assert batched.overflow.tolist() == [False, False, False, True, False, False]
+    values, offsets, lengths = _kjt_parts([[1, 2], [9], [2, 2]])
+    assert kernels.blocks_unique(values, offsets, lengths, [0, 1], [1, 2], 2, [5, 5]).bad_ids.tolist() \
+        == [False, True]
+
+
+def test_multi_hot_sorts_do_not_grow_with_blocks_or_columns() -> None:
+    """One sort per halving of the key width plus one, for 2 blocks or 16 (one per sample rank)."""
+    for nblocks in (2, 16):
+        values, offsets, lengths = _kjt_parts([[i % 5, i % 3, 1] for i in range(16 * nblocks)])
+        with torch.profiler.profile() as prof:
+            kernels.blocks_unique(values, offsets, lengths, [16 * j for j in range(nblocks)], [16] * nblocks,
+                                  100, [5] * nblocks)
+        sorts = sum(1 for e in prof.events() if e.name == "aten::sort")
+        assert sorts == 7 + 1, sorts  # ceil(log2 100) pairings, then the (block, code) sort
