@@ -73,6 +73,7 @@ def _kernel_cases(n: int) -> dict:
     """name -> fn(device) returning the kernel's outputs (inputs made on the CPU, then moved)."""
     one_hot = _jagged(8 * n, 1, 50, seed=1)
     multi = _jagged(n, 4, 20, seed=2)
+    wide = _jagged(n, 100, 30, seed=5)
     g = torch.Generator().manual_seed(3)
     rows = torch.randn(4 * n, 16, generator=g) * torch.logspace(-4, 4, 4 * n).unsqueeze(1)
     index = torch.randint(0, n, (4 * n,), generator=g) ** 2 // n
@@ -81,6 +82,10 @@ def _kernel_cases(n: int) -> dict:
 
     def on(dev, *ts):
         return [t.to(dev) for t in ts]
+
+    def _batched(u: kernels.BlocksUnique):
+        valid = torch.arange(u.first.shape[1], device=u.first.device) < u.counts.unsqueeze(1)
+        return [u.inverse, torch.where(valid, u.first, -1), u.counts, u.overflow, u.bad_ids]
 
     def unique(u: kernels.BlockUnique):
         c = int(u.count)
@@ -93,6 +98,14 @@ def _kernel_cases(n: int) -> dict:
             *on(d, *one_hot), starts, sizes, [50] * 4) for t in unique(u)],
         "one_hot_blocks_unique (equal blocks)": lambda d: [t for u in kernels.one_hot_blocks_unique(
             *on(d, *one_hot), [0, 2 * n, 4 * n, 6 * n], [2 * n] * 4, [50] * 4) for t in unique(u)],
+        "blocks_unique multi-hot (width 4, ragged blocks)": lambda d: _batched(kernels.blocks_unique(
+            *on(d, *multi), [0, n // 4, n // 2], [n // 4, n // 4, n // 2], 4, [20] * 3)),
+        "blocks_unique multi-hot (width 100)": lambda d: _batched(kernels.blocks_unique(
+            *on(d, *wide), [0, n // 2], [n // 2, n // 2], 100, [30, 30])),
+        "segment_units (ragged widths)": lambda d: [kernels.segment_units(
+            index.to(d), [(0, n, 3, 1), (n, 2 * n, 7, 2), (3 * n, 0, 0, 4), (2 * n, n, 1, 3)], 5)],
+        "expand_units": lambda d: [kernels.expand_units(
+            index[:4 * (n // 4)].view(4, -1).to(d), [(2, 1, 0), (0, 2, 5), (0, 2, 6), (3, 1, 9)])],
         "sorted_unique_one_hot": lambda d: list(kernels.sorted_unique_one_hot(
             *on(d, index % 7, one_hot[0][:4 * n], one_hot[2][:4 * n] > 0), 7, 51)),
         "gather_rows": lambda d: [kernels.gather_rows(*on(d, rows, index))],

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
+from dlrmtrain.comm.dedup.kernels import expand_units, host_to_device, segment_units, sorted_unique_one_hot
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
 from dlrmtrain.comm.layout import RowWiseLayout
 
@@ -119,17 +119,16 @@ class RowWisePlanner:
         local_units = sum(d_units)
         col_units = [sum(d_units[:i]) for i in range(F)]
         # owner: unique u of group (s, i) is bag o_first[u] = i·B_global + row; send its units
-        send_parts, send_splits, u0 = [], [], 0
+        segments, send_splits, u0 = [], [], 0  # (first unique, uniques, unit added, units per row)
         for s in range(W):
             elems = 0
             for i in range(F):
                 n = send_counts[s * F + i]
-                rows = o_first[u0:u0 + n] - i * B_global
-                send_parts.append(((rows * local_units + col_units[i]).unsqueeze(1)
-                                   + torch.arange(d_units[i], device=device)).reshape(-1))
+                segments.append((u0, n, col_units[i] - i * B_global * local_units, d_units[i]))
                 u0 += n
                 elems += n * d_units[i] * unit
             send_splits.append(elems)
+        send_index = segment_units(o_first, segments, local_units)
         # receiver: units of unique u start at base[group] + (u - first uid of group)·d
         base_units, first_uid, recv_splits, unit_off, uid_off = [], [], [], 0, 0
         for r in range(W):
@@ -145,16 +144,13 @@ class RowWisePlanner:
         zero_unit = unit_off  # one all-zero row after the message: empty bags point there
         base_t = host_to_device(base_units + [zero_unit], device)
         first_t = host_to_device(first_uid + [uid_off], device)
-        recv_parts = []
-        for i in range(F):
-            uid = s_uid[i * B:(i + 1) * B]
-            valid = uid < uid_off  # empty (or missing) bags → the zero row
-            group = torch.where(valid, s_group[i * B:(i + 1) * B], W * F)
-            start = torch.where(valid, base_t[group] + (uid - first_t[group]) * d_units[i], zero_unit)
-            recv_parts.append(start.unsqueeze(1) + torch.arange(d_units[i], device=device))
-        empty = torch.zeros(0, dtype=torch.int64, device=device)
-        send_index = torch.cat(send_parts) if send_parts else empty
-        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+        # every feature's bags at once: [F, B] of each bag's first unit, then one column per unit
+        uid = s_uid.view(F, B)
+        valid = uid < uid_off  # empty (or missing) bags → the zero row
+        group = torch.where(valid, s_group.view(F, B), W * F)
+        d_t = host_to_device(d_units, device).unsqueeze(1)
+        start = torch.where(valid, base_t[group] + (uid - first_t[group]) * d_t, zero_unit)
+        recv_index = expand_units(start, [(i, 1, k) for i in range(F) for k in range(d_units[i])])
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits,
                          (B, local_units * unit), pad_units=max(d_units, default=0))
 
