@@ -165,21 +165,27 @@ def test_bf16_dedup_gradient_is_none_path_up_to_one_rounding_per_unique_bag() ->
     assert torch.equal(segment_sum_rows(grads, singles, 2000), grads)
 
 
-def test_batched_one_hot_blocks_equal_block_by_block() -> None:
-    g = torch.Generator().manual_seed(3)
-    bags = [[i] if i < 5 else [] for i in torch.randint(0, 7, (60,), generator=g).tolist()]
-    bags[10] = [4, 1]  # one bag too long for width 1: only its block overflows
-    values, offsets, lengths = _kjt_parts(bags)
-    starts, sizes, nums = [0, 12, 12, 30, 41], [12, 0, 18, 11, 19], [5, 5, 6, 5, 9]
-    batched = one_hot_blocks_unique(values, offsets, lengths, starts, sizes, nums)
+def _assert_block_by_block(batched, kjt_parts, starts, sizes, nums, width: int) -> None:
+    """Each block of a batched unique is what block_unique gives that block alone (where exact)."""
+    values, offsets, lengths = kjt_parts
     for (s, n, num), got in zip(zip(starts, sizes, nums), batched):
-        want = block_unique(values, offsets[s:s + n], lengths[s:s + n], 1, num)
+        want = block_unique(values, offsets[s:s + n], lengths[s:s + n], width, num)
         assert bool(got.overflow) == bool(want.overflow) and bool(got.bad_ids) == bool(want.bad_ids)
         if not bool(want.overflow):
             c = int(want.count)
             assert int(got.count) == c
             assert torch.equal(got.inverse, want.inverse)
             assert torch.equal(got.first[:c], want.first[:c])
+
+
+def test_batched_one_hot_blocks_equal_block_by_block() -> None:
+    g = torch.Generator().manual_seed(3)
+    bags = [[i] if i < 5 else [] for i in torch.randint(0, 7, (60,), generator=g).tolist()]
+    bags[10] = [4, 1]  # one bag too long for width 1: only its block overflows
+    values, offsets, lengths = _kjt_parts(bags)
+    starts, sizes, nums = [0, 12, 12, 30, 41], [12, 0, 18, 11, 19], [5, 5, 6, 5, 9]
+    _assert_block_by_block(one_hot_blocks_unique(values, offsets, lengths, starts, sizes, nums),
+                           (values, offsets, lengths), starts, sizes, nums, 1)
     values, offsets, lengths = _kjt_parts([[1], [9], [2]])
     assert [bool(u.bad_ids) for u in one_hot_blocks_unique(values, offsets, lengths, [0, 1], [1, 2], [5, 5])] \
         == [False, True]
@@ -233,14 +239,7 @@ def test_multi_hot_blocks_keyed_together_equal_block_by_block(width: int) -> Non
     starts, sizes, nums = [0, 12, 12, 30, 41, 70], [12, 0, 18, 11, 29, 20], [6, 6, 7, 6, 9, 6]
     batched = kernels.blocks_unique(values, offsets, lengths, starts, sizes, width, nums)
     assert batched.counts.shape == (6,)
-    for (s, n, num), got in zip(zip(starts, sizes, nums), batched.split()):
-        want = block_unique(values, offsets[s:s + n], lengths[s:s + n], width, num)
-        assert bool(got.overflow) == bool(want.overflow) and bool(got.bad_ids) == bool(want.bad_ids)
-        if not bool(want.overflow):
-            c = int(want.count)
-            assert int(got.count) == c
-            assert torch.equal(got.inverse, want.inverse)
-            assert torch.equal(got.first[:c], want.first[:c])
+    _assert_block_by_block(batched.split(), (values, offsets, lengths), starts, sizes, nums, width)
     assert batched.overflow.tolist() == [False, False, False, True, False, False]
     values, offsets, lengths = _kjt_parts([[1, 2], [9], [2, 2]])
     assert kernels.blocks_unique(values, offsets, lengths, [0, 1], [1, 2], 2, [5, 5]).bad_ids.tolist() \
