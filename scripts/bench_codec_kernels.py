@@ -23,13 +23,11 @@ from collections.abc import Callable
 import torch
 
 from dlrmtrain.comm.dedup.kernels import (
-    block_unique,
     blocks_unique,
     expand_rows,
     expand_units,
     gather_rows,
     host_to_device,
-    one_hot_blocks_unique,
     scatter_rows,
     segment_sum_rows,
     segment_units,
@@ -77,7 +75,7 @@ def bench_device(device: torch.device, args) -> list[tuple[str, float, float | N
     ids, offsets, lengths, pool = make_blocks(T, B, args.distinct)
     ids, offsets, lengths = ids.to(device), offsets.to(device), lengths.to(device)
     starts, sizes, nums = [t * B for t in range(T)], [B] * T, [pool] * T
-    uniques = one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums)
+    uniques = blocks_unique(ids, offsets, lengths, starts, sizes, 1, nums).split()
     U = int(uniques[0].count)
     inverse = torch.cat([u.inverse + t * U for t, u in enumerate(uniques)])  # all tables' rows stacked
     rows = torch.randn(T * U, D, device=device)
@@ -85,9 +83,9 @@ def bench_device(device: torch.device, args) -> list[tuple[str, float, float | N
     grads = torch.randn(T * B, D, device=device)
     elem = rows.element_size()
     results = []
-    ms = time_call(lambda: one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums), device, args.repeats)
+    ms = time_call(lambda: blocks_unique(ids, offsets, lengths, starts, sizes, 1, nums), device, args.repeats)
     results.append((f"unique ({T} blocks x {B} ids, one sort)", ms, None))
-    ms = time_call(lambda: block_unique(ids, offsets[:B], lengths[:B], 2, pool), device, args.repeats)
+    ms = time_call(lambda: blocks_unique(ids, offsets, lengths, [0], [B], 2, [pool]), device, args.repeats)
     results.append((f"unique multi-hot path (1 block x {B} bags, width 2)", ms, None))
     results.append(_multi_hot(device, args))
     # row-wise: (group, id) keys of all blocks in one sort

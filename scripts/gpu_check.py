@@ -94,10 +94,10 @@ def _kernel_cases(n: int) -> dict:
     return {
         "block_unique one-hot": lambda d: unique(kernels.block_unique(*on(d, *one_hot), 1, 50)),
         "block_unique multi-hot (width 4)": lambda d: unique(kernels.block_unique(*on(d, *multi), 4, 20)),
-        "one_hot_blocks_unique (ragged blocks)": lambda d: [t for u in kernels.one_hot_blocks_unique(
-            *on(d, *one_hot), starts, sizes, [50] * 4) for t in unique(u)],
-        "one_hot_blocks_unique (equal blocks)": lambda d: [t for u in kernels.one_hot_blocks_unique(
-            *on(d, *one_hot), [0, 2 * n, 4 * n, 6 * n], [2 * n] * 4, [50] * 4) for t in unique(u)],
+        "blocks_unique one-hot (ragged blocks)": lambda d: _batched(kernels.blocks_unique(
+            *on(d, *one_hot), starts, sizes, 1, [50] * 4)),
+        "blocks_unique one-hot (equal blocks)": lambda d: _batched(kernels.blocks_unique(
+            *on(d, *one_hot), [0, 2 * n, 4 * n, 6 * n], [2 * n] * 4, 1, [50] * 4)),
         "blocks_unique multi-hot (width 4, ragged blocks)": lambda d: _batched(kernels.blocks_unique(
             *on(d, *multi), [0, n // 4, n // 2], [n // 4, n // 4, n // 2], 4, [20] * 3)),
         "blocks_unique multi-hot (width 100)": lambda d: _batched(kernels.blocks_unique(

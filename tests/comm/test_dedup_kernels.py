@@ -10,9 +10,13 @@ from dlrmtrain.comm.dedup import kernels
 from dlrmtrain.comm.dedup.kernels import (
     block_unique,
     expand_rows,
-    one_hot_blocks_unique,
     segment_sum_rows,
 )
+
+
+def one_hot_blocks_unique(values, offsets, lengths, starts, sizes, nums):
+    """Many one-hot blocks in one `blocks_unique` call, block by block."""
+    return kernels.blocks_unique(values, offsets, lengths, starts, sizes, 1, nums).split()
 
 
 def _kjt_parts(bags: list[list[int]]):

@@ -185,12 +185,6 @@ class BlocksUnique:
                 for j, (o, n) in enumerate(zip(self.bag_offsets, self.sizes))]
 
 
-def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
-                          starts: list[int], sizes: list[int], num_embeddings: list[int]) -> list[BlockUnique]:
-    """`block_unique` with width 1 for many blocks of one KJT in a single sort, block by block."""
-    return blocks_unique(values, offsets, lengths, starts, sizes, 1, num_embeddings).split()
-
-
 def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, starts: list[int],
                   sizes: list[int], width: int, num_embeddings: list[int]) -> BlocksUnique:
     """`block_unique` at key width `width` for many blocks of one KJT at once, bitwise its results.
