@@ -5,6 +5,24 @@
 | fp32 | fp32                     | fp32                              | fp32                 |
 | bf16 | bf16 autocast (weights and their grads stay fp32) | fp32     | GPU: bf16 (the lookup emits bf16); CPU: fp32 (fbgemm's CPU lookup cannot emit bf16) |
 
+Where the bf16 embedding all-to-all rounds (GPU; on CPU it is fp32 throughout):
+
+| step | `none` | `dedup` |
+|------|--------|---------|
+| lookup | fbgemm's TBE sums a bag's fp32 rows in fp32, rounds once to bf16 | the same lookup |
+| forward wire | each bag's bf16 row | each unique bag's bf16 row: the output is `none`'s, bitwise |
+| backward, receiver | each bag's bf16 gradient is sent as is | a unique bag's repeats summed in fp32 (`dedup/kernels.segment_sum_rows`), rounded once to bf16 and sent |
+| backward, owner | TorchRec divides by the world size in bf16 (exact for a power of two) | the same division (`dedup/transport.owner_gradient`), the sum at the bag's first occurrence, zeros elsewhere |
+| embedding backward | the TBE sums a row's bag gradients in fp32 (fbgemm's `grad_sum` accumulator) and updates fp32 weights | the same TBE, same fp32 sum |
+
+So `dedup`'s row gradient is `none`'s up to one bf16 rounding of each repeated
+bag's gradient sum (|error| <= 2**-8 of that sum) and fp32 summation order;
+a bag that does not repeat crosses as the same bf16 bytes. Sending the sums in
+fp32 would not remove that rounding: autograd casts a gradient to its
+forward output's dtype, so the TBE receives bf16 either way. Two levels
+(`comm.hierarchy: node`) round twice: the rank's sum, then the forwarder's sum
+over its node's ranks (`dedup/two_level_transport.py`), each accumulated in fp32.
+
 The loss (BCE with logits) is computed in fp32 under autocast. fp16 is not
 offered: it needs loss scaling, and TorchRec's fused embedding optimizers
 update the tables inside the backward pass, before a scaler could unscale the

@@ -21,18 +21,21 @@ import time
 from collections.abc import Callable
 
 import torch
-from tqdm import tqdm
 
 from dlrmtrain.comm.dedup.kernels import (
-    block_unique,
+    blocks_unique,
     expand_rows,
+    expand_units,
     gather_rows,
     host_to_device,
-    one_hot_blocks_unique,
     scatter_rows,
     segment_sum_rows,
+    segment_units,
     sorted_unique_one_hot,
 )
+
+DCNV2_WIDTHS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+"""MLPerf DCNv2's multi-hot bag sizes per feature (docs/design.md's table)"""
 
 
 def make_blocks(tables: int, batch: int, distinct: float, seed: int = 0):
@@ -72,7 +75,7 @@ def bench_device(device: torch.device, args) -> list[tuple[str, float, float | N
     ids, offsets, lengths, pool = make_blocks(T, B, args.distinct)
     ids, offsets, lengths = ids.to(device), offsets.to(device), lengths.to(device)
     starts, sizes, nums = [t * B for t in range(T)], [B] * T, [pool] * T
-    uniques = one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums)
+    uniques = blocks_unique(ids, offsets, lengths, starts, sizes, 1, nums).split()
     U = int(uniques[0].count)
     inverse = torch.cat([u.inverse + t * U for t, u in enumerate(uniques)])  # all tables' rows stacked
     rows = torch.randn(T * U, D, device=device)
@@ -80,10 +83,11 @@ def bench_device(device: torch.device, args) -> list[tuple[str, float, float | N
     grads = torch.randn(T * B, D, device=device)
     elem = rows.element_size()
     results = []
-    ms = time_call(lambda: one_hot_blocks_unique(ids, offsets, lengths, starts, sizes, nums), device, args.repeats)
+    ms = time_call(lambda: blocks_unique(ids, offsets, lengths, starts, sizes, 1, nums), device, args.repeats)
     results.append((f"unique ({T} blocks x {B} ids, one sort)", ms, None))
-    ms = time_call(lambda: block_unique(ids, offsets[:B], lengths[:B], 2, pool), device, args.repeats)
+    ms = time_call(lambda: blocks_unique(ids, offsets, lengths, [0], [B], 2, [pool]), device, args.repeats)
     results.append((f"unique multi-hot path (1 block x {B} bags, width 2)", ms, None))
+    results.append(_multi_hot(device, args))
     # row-wise: (group, id) keys of all blocks in one sort
     groups = torch.arange(T, device=device).repeat_interleave(B)
     valid = torch.ones(T * B, dtype=torch.bool, device=device)
@@ -104,7 +108,38 @@ def bench_device(device: torch.device, args) -> list[tuple[str, float, float | N
     ms = time_call(lambda: scatter_rows(grad_local.zero_(), firsts, rows), device, args.repeats)
     results.append((f"zero + scatter [{T * U}, {D}] -> [{T * B}, {D}]", ms,
                     (T * B * D + 2 * T * U * D) * elem / (ms * 1e-3) / 1e9))
+    results += _plan_indices(device, uniques, T, B, U)
     return results
+
+
+def _multi_hot(device: torch.device, args) -> tuple[str, float, None]:
+    """DCNv2's multi-hot features (bags of a fixed function of one id), every width's blocks keyed
+    together: one `blocks_unique` call per width, as the table-wise planner makes them."""
+    B, W = args.batch_size, args.sample_ranks
+    widths = sorted({w for w in DCNV2_WIDTHS if w > 1})
+    g = torch.Generator().manual_seed(1)
+    calls = []
+    for w in widths:
+        blocks = W * sum(1 for x in DCNV2_WIDTHS if x == w)
+        lookup = torch.randint(0, 40_000_000, (max(1, int(args.distinct * B)), w), generator=g)
+        values = lookup[torch.randint(0, lookup.shape[0], (blocks * B,), generator=g)].reshape(-1).to(device)
+        lengths = torch.full((blocks * B,), w, dtype=torch.int64, device=device)
+        offsets = torch.arange(blocks * B + 1, device=device) * w
+        calls.append((values, offsets, lengths, [k * B for k in range(blocks)], [B] * blocks, w,
+                      [40_000_000] * blocks))
+    ms = time_call(lambda: [blocks_unique(*c) for c in calls], device, args.repeats)
+    return (f"unique multi-hot DCNv2 ({W} ranks x {B} bags, {len(widths)} widths)", ms, None)
+
+
+def _plan_indices(device: torch.device, uniques, T: int, B: int, U: int) -> list[tuple[str, float, None]]:
+    """The plan's send and expand indices of one rank owning all `T` tables, one sample rank."""
+    source = torch.cat([torch.stack([u.first for u in uniques]).reshape(-1), torch.arange(B, device=device)])
+    segments = [(t * B, U, t, 1) for t in range(T)]
+    inverse = torch.stack([u.inverse for u in uniques])
+    columns = [(t, 1, t * U) for t in range(T)]
+    return [(f"plan send index ({T} segments)", time_call(lambda: segment_units(source, segments, T), device, 3),
+             None),
+            (f"plan expand index ([{B}, {T}])", time_call(lambda: expand_units(inverse, columns), device, 3), None)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--distinct", type=float, default=0.22, help="distinct fraction per block, (0, 1]")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--sample-ranks", type=int, default=2, help="blocks per multi-hot feature (DCNv2 line)")
     ap.add_argument("--devices", nargs="+", default=None, help="cpu and/or cuda (default: all available)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (this machine: 2 shared cores)")
     args = ap.parse_args(argv)
@@ -127,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
           f"distinct {args.distinct}; median of {args.repeats} (CPU threads {args.threads})")
     if "cuda" not in devices:
         print("(no GPU here: CPU only)")
-    for name in tqdm(devices, desc="devices", leave=False):
+    for name in devices:
         device = torch.device(name)
         label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         print(f"\n{label}")

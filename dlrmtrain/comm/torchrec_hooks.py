@@ -56,6 +56,8 @@ SAMPLE_FEATURES = "dlrmtrain_sample_features"
 """sharding-context attribute: this rank's own KJT slice (before the id all-to-all)"""
 PLAN_AHEAD = "dlrmtrain_plan_ahead"
 """sharding-context attribute: the codec's plan for this pass, made when its ids arrived"""
+STARTED_WITH_IDS = "dlrmtrain_started_with_ids"
+"""sharding-context attribute: what an output dist launched with the ids (`StartsWithIds`)"""
 
 
 # ------------------------------------------------------------------ sharded EBC
@@ -151,6 +153,9 @@ class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
         for recorder, sharding_ctx in zip(self._input_dists, ctx.sharding_contexts):
             setattr(sharding_ctx, SAMPLE_FEATURES, recorder.last_input)
             recorder.last_input = None
+        for out_dist, sharding_ctx in zip(self._output_dists, ctx.sharding_contexts):
+            if isinstance(out_dist, StartsWithIds):  # in program order on every rank, like the ids
+                out_dist.start_with_ids(sharding_ctx)
         return awaitable
 
     def _record_owner_features(self, ctx: EmbeddingBagCollectionContext, dist_input) -> None:
@@ -177,6 +182,24 @@ class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
 def ids_of_both_ends(sharding_ctx) -> tuple[KeyedJaggedTensor | None, KeyedJaggedTensor | None]:
     """(owner's KJT, sample rank's KJT) recorded by `IdRecordingShardedEBC`, None where absent."""
     return getattr(sharding_ctx, OWNER_FEATURES, None), getattr(sharding_ctx, SAMPLE_FEATURES, None)
+
+
+@runtime_checkable
+class StartsWithIds(Protocol):
+    """An output dist that launches something of its own when the ids leave for the id all-to-all
+    (row-wise dedup: its "multi-id bag anywhere" flags), left in the context by `set_started_with_ids`."""
+
+    def start_with_ids(self, sharding_ctx) -> None:
+        ...
+
+
+def set_started_with_ids(sharding_ctx, started: Any) -> None:
+    setattr(sharding_ctx, STARTED_WITH_IDS, started)
+
+
+def started_with_ids(sharding_ctx) -> Any:
+    """What `StartsWithIds.start_with_ids` left in `sharding_ctx` (None if nothing)."""
+    return getattr(sharding_ctx, STARTED_WITH_IDS, None)
 
 
 def set_plan_ahead(sharding_ctx, plan: Any) -> None:

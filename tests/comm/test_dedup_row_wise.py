@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.comm.plan_collectives import compare_counting_plan_collectives
 from tests.comm.ranks import Scenario, Table, compare
 from tests.comm.test_dedup_training import check
 from tests.multiproc import run_ranks
@@ -24,9 +25,12 @@ def test_row_wise_one_hot_tracks_none_sgd():
         Table("r3", 10, 8, ("rw",), ids="equal"),
         Table("t", 12, 8, ("tw", 1)),
     ), batch=16, steps=6, optimizer="sgd", lr=0.5, id_range=10)
-    results = run_ranks(compare, 2, sc, timeout=280)
+    results = run_ranks(compare_counting_plan_collectives, 2, sc, timeout=280)
     check(sc, 2, results)
     for res in results:
+        # the plan launches no collective: the flags every rank agrees on left with the ids
+        assert res["plans"] >= sc.steps and res["plan_collectives"] == 0
+        assert res["flags_launched"] >= res["plans"]
         stats = res["dedup"]["stats"]
         assert stats["fallback_steps"] == 0
         assert stats["tables"]["r3"]["unique_bags"] == sc.steps  # one id per step, one shard sends it
@@ -48,8 +52,9 @@ def test_multi_id_bags_fall_back_to_the_reduce_scatter():
     # bags of 3 ids may span shards: every step must run TorchRec's reduce-scatter
     sc = Scenario(tables=(Table("m", 20, 8, ("rw",), bag=3), Table("t", 10, 8, ("tw", 0))),
                   batch=8, steps=3, id_range=10)
-    results = run_ranks(compare, 2, sc, timeout=280)
+    results = run_ranks(compare_counting_plan_collectives, 2, sc, timeout=280)
     for res in results:
+        assert res["plans"] >= sc.steps and res["plan_collectives"] == 0  # fell back on flags sent with the ids
         none, dedup = res["none"], res["dedup"]
         assert np.array_equal(none["pooled"], dedup["pooled"])
         assert dedup["losses"] == pytest.approx(none["losses"], rel=1e-6)

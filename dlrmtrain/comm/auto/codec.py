@@ -120,6 +120,11 @@ class AutoDist(nn.Module):
             self._settle(untimed)
         return awaitable
 
+    def start_with_ids(self, sharding_ctx) -> None:
+        """`hooks.StartsWithIds`: what dedup launches with the ids (row-wise: its flags), whichever
+        path the step then takes, so every rank launches the same collectives."""
+        self.dedup_dist.start_with_ids(sharding_ctx)
+
     def _run(self, path: str, local_embs: torch.Tensor, sharding_ctx) -> Awaitable[torch.Tensor]:
         if path == "dedup":
             return self.dedup_dist(local_embs, sharding_ctx)

@@ -38,7 +38,14 @@ from dlrmtrain.comm.dedup.plan import DedupPlan, DedupPlanner, DedupStep, Planne
 from dlrmtrain.comm.dedup.transport import start_dedup_all_to_all
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import NodeTopology
-from dlrmtrain.comm.torchrec_hooks import dist_callbacks, ids_of_both_ends, set_plan_ahead, take_plan_ahead
+from dlrmtrain.comm.torchrec_hooks import (
+    dist_callbacks,
+    ids_of_both_ends,
+    set_plan_ahead,
+    set_started_with_ids,
+    started_with_ids,
+    take_plan_ahead,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +134,14 @@ class DedupDist(nn.Module):
             raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
         sizes = list(sharding_ctx.batch_size_per_rank) or [sample_kjt.stride()] * self.world_size
         return DedupStep(owner_kjt, sample_kjt, sizes, self.rank, owner_kjt.values().device, elem_bytes,
-                         self._wire_bytes(elem_bytes), stats)
+                         self._wire_bytes(elem_bytes), stats, started_with_ids(sharding_ctx))
+
+    def start_with_ids(self, sharding_ctx: EmbeddingShardingContext) -> None:
+        """`hooks.StartsWithIds`: a planner that needs something launched when the ids leave (row-wise:
+        the flags every rank must agree on) starts it here, never inside its plan."""
+        start = getattr(self.planner, "start_with_ids", None)
+        if start is not None:
+            set_started_with_ids(sharding_ctx, start(ids_of_both_ends(sharding_ctx)[1]))
 
     def _wire_bytes(self, elem_bytes: int) -> int:
         return torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype else elem_bytes

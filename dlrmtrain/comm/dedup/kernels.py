@@ -125,11 +125,19 @@ def expand_rows(unique_rows: torch.Tensor, index: torch.Tensor,
 def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """out[u] = sum of rows[i] with index[i] == u — the receiver's backward encode.
 
+    Sums accumulate in float32 whatever the rows' dtype and are cast to it once
+    at the end: a bf16 (or fp16) gradient is rounded once per unique bag, not
+    after every add as a 16-bit `index_add_` would (and without its CUDA
+    atomics, whose order varies run to run). dlrmtrain/precision.py's table
+    says where that one rounding sits against `none`'s bf16 path.
+
     float32 rows go through embedding_bag's fused gather-and-sum over the rows
     stably sorted by segment: each segment still adds its rows in ascending i
     from zero, so the result is bitwise `index_add_`'s, at a third of the time
     on CPU (index_add_ costs ~100 ns per row there) and without CUDA atomics.
     """
+    if rows.dtype in (torch.float16, torch.bfloat16):
+        return segment_sum_rows(rows.float(), index, num_segments).to(rows.dtype)
     if rows.dtype != torch.float32 or rows.numel() == 0:
         out = rows.new_zeros((num_segments, rows.shape[1]))
         out.index_add_(0, index, rows)
@@ -146,23 +154,54 @@ def scatter_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> 
     return out.index_copy_(0, index, rows)
 
 
-def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
-                          starts: list[int], sizes: list[int], num_embeddings: list[int]) -> list[BlockUnique]:
-    """`block_unique` with width 1 for many blocks of one KJT in a single sort.
+@dataclass
+class BlocksUnique:
+    """Unique bags of many blocks, computed together: one tensor per quantity, not per block.
 
-    Bags [starts[j], starts[j] + sizes[j]) form block j. The block index is
-    packed above the id, so one sort orders every block's ids at once and
-    each block's unique bags come out in the same order `block_unique` gives.
+    Block j holds bags [bag_offsets[j], bag_offsets[j] + sizes[j]) of `inverse`
+    (each bag's unique index within its block); `first[j, u]` is the first bag
+    (within block j) of unique u, valid for u < counts[j]; `counts`,
+    `overflow` and `bad_ids` hold one entry per block (see `BlockUnique`).
+    """
+
+    inverse: torch.Tensor
+    first: torch.Tensor
+    counts: torch.Tensor
+    overflow: torch.Tensor
+    bad_ids: torch.Tensor
+    sizes: list[int]
+
+    @property
+    def bag_offsets(self) -> list[int]:
+        out = [0]
+        for n in self.sizes[:-1]:
+            out.append(out[-1] + n)
+        return out
+
+    def split(self) -> list[BlockUnique]:
+        """One `BlockUnique` per block, as views (for callers that take blocks one by one)."""
+        counts, overflow, bad = self.counts.unbind(), self.overflow.unbind(), self.bad_ids.unbind()
+        return [BlockUnique(self.inverse[o:o + n], self.first[j, :n], counts[j], overflow[j], bad[j])
+                for j, (o, n) in enumerate(zip(self.bag_offsets, self.sizes))]
+
+
+def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, starts: list[int],
+                  sizes: list[int], width: int, num_embeddings: list[int]) -> BlocksUnique:
+    """`block_unique` at key width `width` for many blocks of one KJT at once, bitwise its results.
+
+    Bags [starts[j], starts[j] + sizes[j]) form block j, of table size
+    num_embeddings[j]. The block index is packed above the key, so the sorts
+    order every block's bags at once: one sort for one-hot blocks; for wider
+    keys, log2(width) + 1 sorts whatever the number of blocks (`_row_codes`).
     """
     device = lengths.device
-    total = sum(sizes)
+    nblocks, total = len(sizes), sum(sizes)
     if total == 0:
-        return [block_unique(values, offsets[s:s], lengths[s:s], 1, n)
-                for s, n in zip(starts, num_embeddings)]
-    if _equal_contiguous(starts, sizes):
-        return _equal_contiguous_blocks_unique(values, offsets, lengths, starts[0], len(sizes), sizes[0],
+        zeros = torch.zeros(nblocks, dtype=torch.int64, device=device)
+        return BlocksUnique(zeros[:0], zeros.view(nblocks, 1)[:, :0], zeros, zeros.bool(), zeros.bool(), list(sizes))
+    if width == 1 and _equal_contiguous(starts, sizes):
+        return _equal_contiguous_blocks_unique(values, offsets, lengths, starts[0], nblocks, sizes[0],
                                                num_embeddings)
-    nblocks = len(sizes)
     # every block's bags and block index in a few whole-batch ops (no per-block tensors)
     block = torch.repeat_interleave(torch.arange(nblocks, device=device),
                                     host_to_device(sizes, device), output_size=total)
@@ -172,28 +211,53 @@ def one_hot_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: 
     shift = host_to_device([s - o for s, o in zip(starts, bag_offsets)], device)
     bags = torch.arange(total, device=device) + shift[block]
     lens = lengths[bags]
+    pos = torch.arange(width, device=device)
+    valid = pos < lens.unsqueeze(1)
     if values.numel():
-        ids = torch.where(lens > 0, values[offsets[bags].clamp(max=values.numel() - 1)].to(torch.int64), -1)
+        at = (offsets[bags].unsqueeze(1) + pos).clamp_(max=values.numel() - 1)
+        ids = torch.where(valid, values[at].to(torch.int64), -1)
     else:
-        ids = torch.full((total,), -1, dtype=torch.int64, device=device)
-    limit = host_to_device(num_embeddings, device)[block]
-    overflow = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block, (lens > 1).long())
-    bad = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(
-        0, block, ((lens > 0) & ((ids < 0) | (ids >= limit))).long())
+        ids = torch.full((total, width), -1, dtype=torch.int64, device=device)
+    limit = host_to_device(num_embeddings, device)[block].unsqueeze(1)
+    per_block = lambda flag: torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(  # noqa: E731
+        0, block, flag.long()) > 0
+    overflow = per_block(lens > width)
+    bad = per_block((valid & ((ids < 0) | (ids >= limit))).any(1))
     radix = max(num_embeddings) + 1
-    rank, perm, group, is_new = _dense_rank(block * radix + (ids + 1))
+    # ids clamped into the key's range (a block with bad ids is reported above; the plan raises)
+    codes, bound = (ids[:, 0].clamp(-1, radix - 2) + 1, radix) if width == 1 else _row_codes(ids, radix)
+    rank, perm, group, is_new = _dense_rank(block * bound + codes)
     counts = torch.zeros(nblocks, dtype=torch.int64, device=device).scatter_add_(0, block[perm], is_new.long())
     group_offset = torch.cumsum(counts, 0) - counts
     inverse = rank - group_offset[block]
     first_global = torch.full((total,), total, dtype=torch.int64, device=device)
     first_global.scatter_reduce_(0, group, perm, reduce="amin", include_self=True)
-    # first[j, u] for every block at once (valid for u < counts[j]); rows are sliced as views
-    widest = max(sizes)
-    pick = (group_offset.unsqueeze(1) + torch.arange(widest, device=device)).clamp_(max=total - 1)
+    # first[j, u] for every block at once (valid for u < counts[j])
+    pick = (group_offset.unsqueeze(1) + torch.arange(max(sizes), device=device)).clamp_(max=total - 1)
     first = first_global[pick] - host_to_device(bag_offsets, device).unsqueeze(1)
-    overflow, bad = (overflow > 0).unbind(), (bad > 0).unbind()
-    return [BlockUnique(inverse[o:o + n], first[j, :n], c, overflow[j], bad[j])
-            for j, (o, n, c) in enumerate(zip(bag_offsets, sizes, counts.unbind()))]
+    return BlocksUnique(inverse, first, counts, overflow, bad, list(sizes))
+
+
+def _row_codes(ids: torch.Tensor, radix: int) -> tuple[torch.Tensor, int]:
+    """Per row of `ids` ([n, width], -1 padded), an int64 code that orders rows lexicographically.
+
+    Prefix doubling: adjacent columns are paired into one key and the keys of
+    all rows and column pairs densely ranked together (one sort), halving the
+    width each round. A dense rank keeps the order of what it ranks, so after
+    ceil(log2 width) rounds one code per row orders the rows as their id
+    sequences (-1, "no id", below every id: a prefix first). Returns the codes
+    and an exclusive bound on them.
+    """
+    cols = ids.clamp(-1, radix - 2) + 1  # in [0, radix)
+    bound = radix
+    while cols.shape[1] > 1:
+        if cols.shape[1] % 2:  # the odd last column pairs with "nothing" (code -1, the same in every row)
+            cols = torch.cat([cols, cols.new_full((cols.shape[0], 1), -1)], 1)
+        assert bound * (bound + 1) < 2 ** 63, "key range too large to pair columns"
+        key = cols[:, 0::2] * (bound + 1) + (cols[:, 1::2] + 1)
+        rank = _dense_rank(key.reshape(-1))[0]
+        cols, bound = rank.view(key.shape), key.numel()
+    return cols[:, 0], bound
 
 
 def _equal_contiguous(starts: list[int], sizes: list[int]) -> bool:
@@ -205,8 +269,8 @@ def _equal_contiguous(starts: list[int], sizes: list[int]) -> bool:
 
 def _equal_contiguous_blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                                     start: int, nblocks: int, size: int,
-                                    num_embeddings: list[int]) -> list[BlockUnique]:
-    """`one_hot_blocks_unique` when the blocks tile [start, start + nblocks * size).
+                                    num_embeddings: list[int]) -> BlocksUnique:
+    """`blocks_unique` for one-hot keys when the blocks tile [start, start + nblocks * size).
 
     Every per-block quantity is a row of an (nblocks, size) view, so the
     general path's per-bag gathers (block index, limits, group offsets) become
@@ -246,9 +310,42 @@ def _equal_contiguous_blocks_unique(values: torch.Tensor, offsets: torch.Tensor,
     bag_in_block = perm.view(nblocks, size) - row_start
     first.view(-1).scatter_reduce_(0, (row_start + local_group).view(-1), bag_in_block.view(-1),
                                    reduce="amin", include_self=True)
-    inverse = inverse.view(nblocks, size)
-    return [BlockUnique(inverse[j], first[j], c, o, b)
-            for j, (c, o, b) in enumerate(zip(counts.unbind(), overflow.unbind(), bad.unbind()))]
+    return BlocksUnique(inverse, first, counts, overflow, bad, [size] * nblocks)
+
+
+def segment_units(source: torch.Tensor, segments: list[tuple[int, int, int, int]], stride: int) -> torch.Tensor:
+    """A message's unit rows from whole-message ops, however many segments it has.
+
+    Segment (at, n, add, d) is n rows r = source[at:at + n]; each row stands for
+    units r * stride + add + 0 .. d - 1. Returns every segment's units in order —
+    what a loop of per-segment arange / add / cat would give, without one op per
+    segment (a rank sends one segment per (destination rank, entry)).
+    """
+    device = source.device
+    rows = sum(n for _, n, _, _ in segments)
+    if rows == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    at, n, add, d = host_to_device([x for seg in segments for x in seg], device).view(-1, 4).unbind(1)
+    seg = torch.repeat_interleave(torch.arange(len(segments), device=device), n, output_size=rows)
+    within = torch.arange(rows, device=device) - (torch.cumsum(n, 0) - n)[seg]
+    start = source[at[seg] + within] * stride + add[seg]
+    widths = {w for _, c, _, w in segments if c}
+    if len(widths) == 1:
+        return (start.unsqueeze(1) + torch.arange(widths.pop(), device=device)).reshape(-1)
+    per_row = d[seg]
+    units = sum(c * w for _, c, _, w in segments)
+    row = torch.repeat_interleave(torch.arange(rows, device=device), per_row, output_size=units)
+    return start[row] + torch.arange(units, device=device) - (torch.cumsum(per_row, 0) - per_row)[row]
+
+
+def expand_units(inverse: torch.Tensor, columns: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The receiver's expand index, flattened [bags, columns]: column (j, d, base) of bag b reads
+    unit base + inverse[j, b] * d of the receive buffer (entry j's unique row of bag b, d units wide)."""
+    device = inverse.device
+    if not columns or inverse.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    j, d, base = host_to_device([x for c in columns for x in c], device).view(-1, 3).unbind(1)
+    return (inverse.index_select(0, j) * d.unsqueeze(1) + base.unsqueeze(1)).t().reshape(-1)
 
 
 def sorted_unique_one_hot(group: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor,

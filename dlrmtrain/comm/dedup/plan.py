@@ -11,7 +11,7 @@ batch's ids arrive, a step early, and waits in a `PlannedAhead`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -38,6 +38,8 @@ class DedupStep:
     """bytes per value on the wire (2 under the LOSSY dedup+fp16/bf16)"""
     stats: DistCommStats
     """the dist's counters; the planner adds this step's bytes"""
+    started_with_ids: Any = None
+    """what the planner's `start_with_ids` launched when the ids left (row-wise: `RowFlags`)"""
 
     @property
     def batch(self) -> int:

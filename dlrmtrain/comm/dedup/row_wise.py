@@ -13,22 +13,77 @@ and the forward is bitwise that of the reduce-scatter (x + 0 = x).
 
 A bag with several ids may span shards and then needs the sum: whenever any
 rank sees such a bag (or an out-of-range id), every rank learns it from one
-small all-reduce, folded into the step's single host sync, and that step runs
-TorchRec's stock reduce-scatter (logged once, by `DedupDist`), so a result is never wrong.
+small all-reduce of the sample ranks' flags, launched when the ids leave for
+the id all-to-all (`start_row_flags`, from `DedupDist.start_with_ids`; the
+plan itself issues no collective) and read in the step's single host sync,
+and that step runs TorchRec's stock reduce-scatter (logged once, by
+`DedupDist`), so a result is never wrong. The sample ranks' bags decide it:
+an owner's bag piece of several ids, or an id outside its row block, is a
+piece of a sample rank's bag of several ids, or of a bad id.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
+from dlrmtrain.comm.dedup.kernels import expand_units, host_to_device, segment_units, sorted_unique_one_hot
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
 from dlrmtrain.comm.layout import RowWiseLayout
+
+
+@dataclass
+class RowFlags:
+    """[multi-id bag, bad id] seen on any rank: a MAX all-reduce in flight (`start_row_flags`)."""
+
+    work: Any
+    flags: torch.Tensor
+
+    def wait(self) -> torch.Tensor:
+        self.work.wait()
+        return self.flags
+
+
+def _bag_ids(kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per bag (feature-major): its first id, whether it has exactly one, whether more."""
+    lengths, offsets, values = kjt.lengths(), kjt.offsets()[:-1], kjt.values()
+    if values.numel() == 0:
+        return torch.zeros_like(lengths, dtype=torch.int64), lengths > 1, lengths > 1
+    ids = values[offsets.clamp(max=values.numel() - 1)].to(torch.int64)
+    return ids, lengths == 1, lengths > 1
+
+
+def _sample_shards(kjt: KeyedJaggedTensor, layout: RowWiseLayout):
+    """The sample rank's bags: (ids, one id, several ids, feature, row shard, bad id) per bag."""
+    F, W, device = len(layout.entries), layout.world_size, kjt.lengths().device
+    ids, valid, multi = _bag_ids(kjt)
+    feature = torch.arange(F, device=device).repeat_interleave(kjt.stride())
+    blocks = host_to_device(layout.block_sizes, device)
+    shard = torch.div(ids, blocks[feature], rounding_mode="floor")
+    bad = valid & ((ids < 0) | (shard >= W) | (ids >= host_to_device(
+        [e.num_embeddings for e in layout.entries], device)[feature]))
+    return ids, valid, multi, feature, shard, bad
+
+
+def start_row_flags(sample_kjt: KeyedJaggedTensor, layout: RowWiseLayout, pg: dist.ProcessGroup) -> RowFlags:
+    """Launch the MAX all-reduce of this sample rank's [multi-id bag, bad id] flags over `pg`
+    (no host sync: it is read with the plan's counts)."""
+    _, _, multi, _, _, bad = _sample_shards(sample_kjt, layout)
+    flags = torch.stack([multi.any(), bad.any()]).long()
+    return RowFlags(dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg, async_op=True), flags)
+
+
+def agreed_flags(step: DedupStep) -> torch.Tensor:
+    """The step's flags all-reduced over the world, launched with its ids (the plan waits, never launches)."""
+    if not isinstance(step.started_with_ids, RowFlags):
+        raise RuntimeError("row-wise dedup: the multi-id flags are launched with the ids "
+                           "(IdRecordingShardedEBC.input_dist -> DedupDist.start_with_ids); this pass had none")
+    return step.started_with_ids.wait()
 
 
 @dataclass
@@ -54,7 +109,8 @@ class RowWisePlanner:
                         "such steps use TorchRec's reduce-scatter (codec none)")
 
     def __init__(self, layout: RowWiseLayout, pg: dist.ProcessGroup, rank: int) -> None:
-        self.pg = pg  # the flag all-reduce
+        self.pg = pg  # the flag all-reduce, launched with the ids
+        self.layout = layout
         self.rank = rank
         self.world_size = layout.world_size
         self.entries = layout.entries
@@ -64,13 +120,9 @@ class RowWisePlanner:
         self.radix = max([b for b in self.block_sizes] + [1])
 
     # ------------------------------------------------------------------ plan
-    def _bag_ids(self, kjt: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per bag (feature-major): its first id, whether it has exactly one, whether more."""
-        lengths, offsets, values = kjt.lengths(), kjt.offsets()[:-1], kjt.values()
-        if values.numel() == 0:
-            return torch.zeros_like(lengths, dtype=torch.int64), lengths > 1, lengths > 1
-        ids = values[offsets.clamp(max=values.numel() - 1)].to(torch.int64)
-        return ids, lengths == 1, lengths > 1
+    def start_with_ids(self, sample_kjt: KeyedJaggedTensor) -> RowFlags:
+        """Every rank must take the same path: the flags' all-reduce leaves with the ids."""
+        return start_row_flags(sample_kjt, self.layout, self.pg)
 
     def plan(self, step: DedupStep) -> DedupPlan | None:
         W, F = self.world_size, len(self.entries)
@@ -78,7 +130,7 @@ class RowWisePlanner:
         B, B_global, device = step.batch, step.global_batch, step.device
         blocks = host_to_device(self.block_sizes, device)
         # owner: bags of all ranks, ids local to this rank's row block; key (dest rank, feature, id)
-        o_ids, o_valid, o_multi = self._bag_ids(owner_kjt)
+        o_ids, o_valid, _ = _bag_ids(owner_kjt)
         o_feature = torch.arange(F, device=device).repeat_interleave(B_global)
         o_dest = torch.bucketize(torch.arange(B_global, device=device),
                                  host_to_device(sizes, device).cumsum(0), right=True).repeat(F)
@@ -86,19 +138,13 @@ class RowWisePlanner:
         o_uid, o_first, o_counts = sorted_unique_one_hot(o_dest * F + o_feature, o_ids, o_valid & ~o_bad,
                                                          W * F, self.radix)
         # sample rank: own bags, global ids; key (row shard, feature, id within the shard)
-        s_ids, s_valid, s_multi = self._bag_ids(sample_kjt)
-        s_feature = torch.arange(F, device=device).repeat_interleave(B)
-        s_shard = torch.div(s_ids, blocks[s_feature], rounding_mode="floor")
-        s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= host_to_device(
-            [e.num_embeddings for e in self.entries], device)[s_feature]))
+        s_ids, s_valid, _, s_feature, s_shard, s_bad = _sample_shards(sample_kjt, self.layout)
         s_local = s_ids - s_shard * blocks[s_feature]
         s_group = s_shard * F + s_feature
         s_uid, _, s_counts = sorted_unique_one_hot(s_group, s_local, s_valid & ~s_bad,
                                                    W * F, self.radix)
-        # every rank must take the same path: agree on "multi-hot or bad id seen anywhere"
-        flags = torch.stack([(o_multi.any() | s_multi.any()).long(), (o_bad.any() | s_bad.any()).long()])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.pg)
-        host = torch.cat([flags, o_counts, s_counts]).tolist()  # the one host sync
+        # every rank takes the same path: "multi-id bag or bad id seen anywhere", agreed with the ids
+        host = torch.cat([agreed_flags(step), o_counts, s_counts]).tolist()  # the one host sync
         multi, bad = host[0], host[1]
         if bad:
             raise ValueError(f"row-wise dedup (tables {sorted({e.table for e in self.entries})}): "
@@ -119,17 +165,16 @@ class RowWisePlanner:
         local_units = sum(d_units)
         col_units = [sum(d_units[:i]) for i in range(F)]
         # owner: unique u of group (s, i) is bag o_first[u] = i·B_global + row; send its units
-        send_parts, send_splits, u0 = [], [], 0
+        segments, send_splits, u0 = [], [], 0  # (first unique, uniques, unit added, units per row)
         for s in range(W):
             elems = 0
             for i in range(F):
                 n = send_counts[s * F + i]
-                rows = o_first[u0:u0 + n] - i * B_global
-                send_parts.append(((rows * local_units + col_units[i]).unsqueeze(1)
-                                   + torch.arange(d_units[i], device=device)).reshape(-1))
+                segments.append((u0, n, col_units[i] - i * B_global * local_units, d_units[i]))
                 u0 += n
                 elems += n * d_units[i] * unit
             send_splits.append(elems)
+        send_index = segment_units(o_first, segments, local_units)
         # receiver: units of unique u start at base[group] + (u - first uid of group)·d
         base_units, first_uid, recv_splits, unit_off, uid_off = [], [], [], 0, 0
         for r in range(W):
@@ -145,16 +190,13 @@ class RowWisePlanner:
         zero_unit = unit_off  # one all-zero row after the message: empty bags point there
         base_t = host_to_device(base_units + [zero_unit], device)
         first_t = host_to_device(first_uid + [uid_off], device)
-        recv_parts = []
-        for i in range(F):
-            uid = s_uid[i * B:(i + 1) * B]
-            valid = uid < uid_off  # empty (or missing) bags → the zero row
-            group = torch.where(valid, s_group[i * B:(i + 1) * B], W * F)
-            start = torch.where(valid, base_t[group] + (uid - first_t[group]) * d_units[i], zero_unit)
-            recv_parts.append(start.unsqueeze(1) + torch.arange(d_units[i], device=device))
-        empty = torch.zeros(0, dtype=torch.int64, device=device)
-        send_index = torch.cat(send_parts) if send_parts else empty
-        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+        # every feature's bags at once: [F, B] of each bag's first unit, then one column per unit
+        uid = s_uid.view(F, B)
+        valid = uid < uid_off  # empty (or missing) bags → the zero row
+        group = torch.where(valid, s_group.view(F, B), W * F)
+        d_t = host_to_device(d_units, device).unsqueeze(1)
+        start = torch.where(valid, base_t[group] + (uid - first_t[group]) * d_t, zero_unit)
+        recv_index = expand_units(start, [(i, 1, k) for i in range(F) for k in range(d_units[i])])
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits,
                          (B, local_units * unit), pad_units=max(d_units, default=0))
 

@@ -22,28 +22,35 @@ from dataclasses import dataclass, field
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm.dedup.kernels import BlockUnique, block_unique, one_hot_blocks_unique
+from dlrmtrain.comm.dedup.kernels import BlocksUnique, blocks_unique, expand_units, host_to_device, segment_units
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
 
-Grid = list[list[BlockUnique | None]]
-"""BlockUnique per (entry, block); None for a table sent in full"""
+
+@dataclass
+class _Side:
+    """One end's unique bags: its dedup blocks grouped by key width, each group keyed in one call."""
+
+    groups: list[tuple[BlocksUnique, list[tuple[int, int]]]]
+    """(the group's uniques, its blocks as (entry, block)), one group per key width"""
+    slot: dict[tuple[int, int], tuple[int, int]]
+    """(entry, block) -> (group, position in it); absent: a table sent in full"""
 
 
 @dataclass
 class _Blocks:
     """One step's unique bags of both ends and, after the host sync, their counts."""
 
-    owner: Grid
+    owner: _Side
     """[local entry][sample rank]: the bags this rank sends rows for"""
-    sample: Grid
+    sample: _Side
     """[entry of the all-to-all][0]: this rank's own bags"""
     counts: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    """(id(grid), entry, block) -> unique bags"""
+    """(id(side), entry, block) -> unique bags"""
 
-    def count(self, grid: Grid, i: int, b: int, size: int) -> int:
-        """Rows block (i, b) of `grid` puts on the wire: its unique bags, or all `size` bags sent in full."""
-        return size if grid[i][b] is None else self.counts[(id(grid), i, b)]
+    def count(self, side: _Side, i: int, b: int, size: int) -> int:
+        """Rows block (i, b) of `side` puts on the wire: its unique bags, or all `size` bags sent in full."""
+        return self.counts[(id(side), i, b)] if (i, b) in side.slot else size
 
 
 class TableWisePlanner:
@@ -71,57 +78,42 @@ class TableWisePlanner:
 
     # --------------------------------------------------------------------- plan
     def _uniques(self, kjt: KeyedJaggedTensor, entries: list[FeatureEntry], stride: int,
-                 starts: list[int], sizes: list[int], widths: list[list[int]]) -> Grid:
-        """BlockUnique per (entry, block); None for tables sent in full.
-
-        Blocks whose key width is 1 (one-hot so far) share one batched sort;
-        wider (multi-hot) blocks are keyed one by one.
-        """
-        lengths, offsets, values = kjt.lengths(), kjt.offsets(), kjt.values()
-        result: Grid = [[None] * len(starts) for _ in entries]
-        batched = []
+                 starts: list[int], sizes: list[int], widths: list[list[int]]) -> _Side:
+        """The dedup blocks of `kjt` (entry i's block b: bags i * stride + starts[b], sizes[b] of them),
+        grouped by key width: one `blocks_unique` call per width, whatever the number of blocks."""
+        by_width: dict[int, list[tuple[int, int]]] = {}
         for i, entry in enumerate(entries):
-            if entry.table not in self.dedup_tables:
-                continue
-            for b, (start, size) in enumerate(zip(starts, sizes)):
-                g0 = i * stride + start
-                if widths[i][b] == 1:
-                    batched.append((i, b, g0, size, entry.num_embeddings))
-                else:
-                    result[i][b] = block_unique(values, offsets[g0:g0 + size], lengths[g0:g0 + size],
-                                                widths[i][b], entry.num_embeddings)
-        if batched:
-            uniques = one_hot_blocks_unique(values, offsets, lengths, [g for _, _, g, _, _ in batched],
-                                            [n for _, _, _, n, _ in batched], [e for *_, e in batched])
-            for (i, b, *_), u in zip(batched, uniques):
-                result[i][b] = u
-        return result
+            if entry.table in self.dedup_tables:
+                for b in range(len(starts)):
+                    by_width.setdefault(widths[i][b], []).append((i, b))
+        side = _Side([], {})
+        for width, members in sorted(by_width.items()):
+            uniques = blocks_unique(kjt.values(), kjt.offsets(), kjt.lengths(),
+                                    [i * stride + starts[b] for i, b in members], [sizes[b] for _, b in members],
+                                    width, [entries[i].num_embeddings for i, _ in members])
+            side.slot.update({m: (len(side.groups), k) for k, m in enumerate(members)})
+            side.groups.append((uniques, members))
+        return side
 
-    def _read_counts(self, blocks: list[BlockUnique]) -> tuple[list[int], list[bool], list[bool]]:
-        """The host sync: counts and flags of all blocks in one transfer."""
-        if not blocks:
+    def _read_counts(self, sides: list[_Side]) -> tuple[list[int], list[bool], list[bool]]:
+        """The host sync: counts and flags of every block of `sides` in one transfer, group by group."""
+        groups = [u for side in sides for u, _ in side.groups]
+        if not groups:
             return [], [], []
-        flat = torch.stack([torch.stack([b.count, b.overflow.long(), b.bad_ids.long()]) for b in blocks])
-        counts, overflow, bad = zip(*flat.tolist())
-        return list(counts), [bool(o) for o in overflow], [bool(x) for x in bad]
+        flat = torch.cat([torch.stack([u.counts, u.overflow.long(), u.bad_ids.long()]) for u in groups], 1)
+        counts, overflow, bad = flat.tolist()
+        return counts, [bool(o) for o in overflow], [bool(x) for x in bad]
 
     def plan(self, step: DedupStep) -> DedupPlan:
-        sizes, B, starts = step.sizes, step.batch, step.starts
-        blocks = _Blocks(
-            owner=self._uniques(step.owner_kjt, self.local_entries, step.global_batch, starts, sizes,
-                                self._owner_widths),
-            sample=self._uniques(step.sample_kjt, self.all_entries, B, [0], [B],
-                                 [[w] for w in self._sample_widths]))
-        owner, sample = blocks.owner, blocks.sample
-
+        blocks = self._both_ends(step)
         # one host sync for every block of both ends; a retry only if a bag outgrew its key width
         for attempt in range(2):
-            slots = [(grid, i, b) for grid in (owner, sample) for i, row in enumerate(grid)
-                     for b, u in enumerate(row) if u is not None]
-            counts, overflow, bad = self._read_counts([grid[i][b] for grid, i, b in slots])
-            for (grid, i, b), is_bad in zip(slots, bad):
+            slots = [(side, i, b) for side in (blocks.owner, blocks.sample)
+                     for _, members in side.groups for i, b in members]
+            counts, overflow, bad = self._read_counts([blocks.owner, blocks.sample])
+            for (side, i, _), is_bad in zip(slots, bad):
                 if is_bad:
-                    entry = (self.local_entries if grid is owner else self.all_entries)[i]
+                    entry = (self.local_entries if side is blocks.owner else self.all_entries)[i]
                     raise ValueError(f"feature {entry.feature!r} (table {entry.table!r}): ids outside "
                                      f"[0, {entry.num_embeddings}) reached the dedup codec")
             if not any(overflow):
@@ -129,86 +121,92 @@ class TableWisePlanner:
             assert attempt == 0, "key width still too small after widening"
             step.stats.extra_syncs += 1
             self._widen(step, blocks, slots, overflow)
-        blocks.counts = {(id(grid), i, b): c for (grid, i, b), c in zip(slots, counts)}
+            blocks = self._both_ends(step)
+        blocks.counts = {(id(side), i, b): c for (side, i, b), c in zip(slots, counts)}
 
         plan = self._build_plan(step, blocks)
         self._account(step, blocks)
         return plan
 
-    def _widen(self, step: DedupStep, blocks: _Blocks, slots: list[tuple[Grid, int, int]],
+    def _both_ends(self, step: DedupStep) -> _Blocks:
+        return _Blocks(
+            owner=self._uniques(step.owner_kjt, self.local_entries, step.global_batch, step.starts, step.sizes,
+                                self._owner_widths),
+            sample=self._uniques(step.sample_kjt, self.all_entries, step.batch, [0], [step.batch],
+                                 [[w] for w in self._sample_widths]))
+
+    def _widen(self, step: DedupStep, blocks: _Blocks, slots: list[tuple[_Side, int, int]],
                overflow: list[bool]) -> None:
-        """Grow the key width of overflowing blocks to their longest bag and redo them."""
+        """Grow the key width of overflowing blocks to their longest bag (the caller redoes the uniques)."""
         todo = []
-        starts, B = step.starts, step.batch
-        for (grid, i, b), over in zip(slots, overflow):
-            if not over:
-                continue
-            if grid is blocks.owner:
-                todo.append((grid, i, b, step.owner_kjt, i * step.global_batch + starts[b], step.sizes[b],
-                             self.local_entries[i]))
-            else:
-                todo.append((grid, i, b, step.sample_kjt, i * B, B, self.all_entries[i]))
+        for (side, i, b), over in zip(slots, overflow):
+            if over:
+                if side is blocks.owner:
+                    todo.append((True, i, b, step.owner_kjt, i * step.global_batch + step.starts[b], step.sizes[b]))
+                else:
+                    todo.append((False, i, b, step.sample_kjt, i * step.batch, step.batch))
         # the extra host sync (counted in extra_syncs): every overflowing block's longest bag at once
-        longest = torch.stack([kjt.lengths()[g0:g0 + n].max() for _, _, _, kjt, g0, n, _ in todo]).tolist()
-        for (grid, i, b, kjt, g0, n, entry), width in zip(todo, longest):
-            if grid is blocks.owner:
+        longest = torch.stack([kjt.lengths()[g0:g0 + n].max() for *_, kjt, g0, n in todo]).tolist()
+        for (is_owner, i, b, *_), width in zip(todo, longest):
+            if is_owner:
                 self._owner_widths[i][b] = width
             else:
                 self._sample_widths[i] = width
-            grid[i][b] = block_unique(kjt.values(), kjt.offsets()[g0:g0 + n], kjt.lengths()[g0:g0 + n],
-                                      width, entry.num_embeddings)
+
+    @staticmethod
+    def _first_rows(side: _Side, device: torch.device, longest: int) -> tuple[torch.Tensor, list[int], int]:
+        """Every group's `first` flattened into one tensor, then 0 .. longest - 1 (a table sent in full):
+        the tensor, where each group starts in it and where the identity rows start."""
+        parts, group_at, at = [], [], 0
+        for u, _ in side.groups:
+            group_at.append(at)
+            parts.append(u.first.reshape(-1))
+            at += u.first.numel()
+        parts.append(torch.arange(longest, device=device))
+        return torch.cat(parts), group_at, at
 
     def _build_plan(self, step: DedupStep, blocks: _Blocks) -> DedupPlan:
-        unit, W = self.unit, self.world_size
+        """The plan's two indices, each from a few whole-message ops (none per rank or per entry)."""
+        unit, W, device = self.unit, self.world_size, step.device
         owner, sample, count = blocks.owner, blocks.sample, blocks.count
         sizes, B, starts = step.sizes, step.batch, step.starts
-        device = self.pg_device(owner, sample)
         # owner: message to rank s = its local entries in order, unique rows of each
         local_units = sum(e.dim for e in self.local_entries) // unit
         col_units = [0]
         for e in self.local_entries:
             col_units.append(col_units[-1] + e.dim // unit)
-        send_parts, send_splits = [], []
+        source, group_at, identity_at = self._first_rows(owner, device, max(sizes, default=0))
+        segments, send_splits = [], []  # (offset in source, rows, unit added, units per row)
         for s in range(W):
-            elems = 0
             for i, entry in enumerate(self.local_entries):
-                d = entry.dim // unit
-                n = count(owner, i, s, sizes[s])
-                u = owner[i][s]
-                first = torch.arange(n, device=device) if u is None else u.first[:n]
-                rows = (starts[s] + first).unsqueeze(1) * local_units + col_units[i]
-                send_parts.append((rows + torch.arange(d, device=device)).reshape(-1))
-                elems += n * entry.dim
-            send_splits.append(elems)
+                n, where = count(owner, i, s, sizes[s]), owner.slot.get((i, s))
+                at = identity_at if where is None else \
+                    group_at[where[0]] + where[1] * owner.groups[where[0]][0].first.shape[1]
+                segments.append((at, n, starts[s] * local_units + col_units[i], entry.dim // unit))
+            send_splits.append(sum(n * d * unit for _, n, _, d in segments[-len(self.local_entries):])
+                               if self.local_entries else 0)
+        send_index = segment_units(source, segments, local_units)
         # receiver: output unit (b, column) <- receive-buffer unit of bag b's unique row
-        recv_parts, recv_splits, unit_offset = [], [], 0
-        j = 0
+        recv_splits, columns, unit_offset, j = [], [], 0, 0
         for r in range(W):
             elems = 0
             for entry in self.layout.entries_per_rank[r]:
-                d = entry.dim // unit
-                n = count(sample, j, 0, B)
-                u = sample[j][0]
-                inverse = torch.arange(B, device=device) if u is None else u.inverse
-                recv_parts.append(unit_offset + inverse.unsqueeze(1) * d + torch.arange(d, device=device))
+                d, n = entry.dim // unit, count(sample, j, 0, B)
+                columns += [(j, d, unit_offset + k) for k in range(d)]
                 unit_offset += n * d
                 elems += n * entry.dim
                 j += 1
             recv_splits.append(elems)
-        empty = torch.zeros(0, dtype=torch.int64, device=device)
-        send_index = torch.cat(send_parts) if send_parts else empty
-        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
+        recv_index = expand_units(self._sample_inverse(sample, B, device), columns)
         out_dim = sum(e.dim for e in self.all_entries)
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits, (B, out_dim))
 
-    @staticmethod
-    def pg_device(owner: Grid, sample: Grid) -> torch.device:
-        for grid in (owner, sample):
-            for row in grid:
-                for u in row:
-                    if u is not None:
-                        return u.inverse.device
-        return torch.device("cpu")
+    def _sample_inverse(self, sample: _Side, B: int, device: torch.device) -> torch.Tensor:
+        """[entries, B]: each bag's unique row per entry of the all-to-all (itself for a table sent in full)."""
+        inverse = torch.arange(B, device=device).repeat(len(self.all_entries), 1)
+        for u, members in sample.groups:
+            inverse.index_copy_(0, host_to_device([i for i, _ in members], device), u.inverse.view(-1, B))
+        return inverse
 
     def _account(self, step: DedupStep, blocks: _Blocks) -> None:
         """Add this step's bytes to the per-table counters (host integers only).

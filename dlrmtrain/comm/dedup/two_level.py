@@ -53,7 +53,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from dlrmtrain.comm.dedup.kernels import BlockUnique, block_unique, host_to_device, one_hot_blocks_unique
+from dlrmtrain.comm.dedup.kernels import BlockUnique, host_to_device
+from dlrmtrain.comm.dedup.kernels import blocks_unique as keyed_blocks_unique
 from dlrmtrain.comm.dedup.plan import DedupStep
 from dlrmtrain.comm.layout import DistLayout, FeatureEntry
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
@@ -138,20 +139,18 @@ def _identity(size: int, device: torch.device) -> BlockUnique:
 
 def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                   specs: list[BagBlock]) -> list[BlockUnique]:
-    """Unique bags of each block; one-hot blocks of one size share one sort (`one_hot_blocks_unique`)."""
+    """Unique bags of each block; blocks of one size and key width share one `kernels.blocks_unique`
+    call (one-hot: one sort; multi-hot: log2(width) + 1 sorts, not one per column and block)."""
     device = lengths.device
     out: list[BlockUnique | None] = [None] * len(specs)
-    by_size: dict[int, list[int]] = {}
+    by_shape: dict[tuple[int, int], list[int]] = {}
     for k, s in enumerate(specs):
         if not s.dedup:
             out[k] = _identity(s.size, device)
-        elif s.width <= 1:
-            by_size.setdefault(s.size, []).append(k)
         else:
-            out[k] = block_unique(values, offsets[s.start:s.start + s.size], lengths[s.start:s.start + s.size],
-                                  s.width, s.entry.num_embeddings)
-    for size, batched in by_size.items():
-        # blocks of one size laid end to end take one_hot_blocks_unique's fast path (a [blocks, size]
+            by_shape.setdefault((s.size, max(1, s.width)), []).append(k)
+    for (size, width), batched in by_shape.items():
+        # blocks of one size laid end to end take the one-hot fast path (a [blocks, size]
         # view); blocks elsewhere (an owner's node blocks, one per table) are gathered so first
         runs = [specs[k].start for k in batched]
         if all(b == a + size for a, b in zip(runs, runs[1:])):
@@ -159,8 +158,8 @@ def blocks_unique(values: torch.Tensor, offsets: torch.Tensor, lengths: torch.Te
         else:
             bags = (host_to_device(runs, device).unsqueeze(1) + torch.arange(size, device=device)).view(-1)
             offs, lens, starts = offsets[bags], lengths[bags], [b * size for b in range(len(batched))]
-        uniques = one_hot_blocks_unique(values, offs, lens, starts, [size] * len(batched),
-                                        [specs[k].entry.num_embeddings for k in batched])
+        uniques = keyed_blocks_unique(values, offs, lens, starts, [size] * len(batched), width,
+                                      [specs[k].entry.num_embeddings for k in batched]).split()
         for k, u in zip(batched, uniques):
             out[k] = u
     return out

@@ -13,8 +13,9 @@ Empty bags read a zero row after the message. Forward bitwise equal to the
 reduce-scatter (x + 0 = x).
 
 A bag with several ids may span shards and needs the sum: as one-level
-row-wise, a step where any rank sees one (a MAX all-reduce of the flag, read
-in the exchange's host sync) runs TorchRec's reduce-scatter on every rank.
+row-wise, a step where any rank sees one (a MAX all-reduce of the flags,
+launched with the ids and read in the exchange's host sync) runs TorchRec's
+reduce-scatter on every rank.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
 from dlrmtrain.comm.dedup.plan import DedupStep
+from dlrmtrain.comm.dedup.row_wise import RowFlags, agreed_flags, start_row_flags
 from dlrmtrain.comm.dedup.two_level import NodeExchange, TwoLevelPlan, exchange_node_ids
 from dlrmtrain.comm.layout import RowWiseLayout
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
@@ -54,7 +56,8 @@ class TwoLevelRowWisePlanner:
                  pg: dist.ProcessGroup) -> None:
         self.topology = topology
         self.groups = groups
-        self.pg = pg  # the world: every rank must agree on falling back
+        self.pg = pg  # the world: every rank must agree on falling back (the flags' all-reduce)
+        self.layout = layout
         self.entries = layout.entries
         self.block_sizes = layout.block_sizes
         self.world_size = layout.world_size
@@ -63,6 +66,10 @@ class TwoLevelRowWisePlanner:
         self.radix = max(self.block_sizes + [1])
         # every rank of a node forwards rows of every feature (each rail holds a row block of all)
         self.all_features = [list(range(len(self.entries)))] * topology.ranks_per_node
+
+    def start_with_ids(self, sample_kjt: KeyedJaggedTensor) -> RowFlags:
+        """As one-level row-wise: the flags' all-reduce leaves with the ids, never from the plan."""
+        return start_row_flags(sample_kjt, self.layout, self.pg)
 
     def plan(self, step: DedupStep) -> TwoLevelPlan | None:
         topo, W, F = self.topology, self.world_size, len(self.entries)
@@ -73,7 +80,7 @@ class TwoLevelRowWisePlanner:
         NB = sum(sizes[r] for r in node)
 
         # owner: every node's bags with ids in this rank's row block; key (destination node, feature, id)
-        o_ids, o_valid, o_multi = _bags(step.owner_kjt)
+        o_ids, o_valid, _ = _bags(step.owner_kjt)
         o_feature = torch.arange(F, device=device).repeat_interleave(GB)
         node_ends = host_to_device([starts[n * L] + sum(sizes[n * L:(n + 1) * L]) for n in range(N)], device)
         o_node = torch.bucketize(torch.arange(GB, device=device), node_ends, right=True).repeat(F)
@@ -81,7 +88,7 @@ class TwoLevelRowWisePlanner:
         o_uid, o_first, o_counts = sorted_unique_one_hot(o_node * F + o_feature, o_ids, o_valid & ~o_bad,
                                                          N * F, self.radix)
         # sample rank: its own bags, key (row shard, feature, id in the shard), as one-level row-wise
-        s_ids, s_valid, s_multi = _bags(step.sample_kjt)
+        s_ids, s_valid, _ = _bags(step.sample_kjt)
         s_feature = torch.arange(F, device=device).repeat_interleave(B)
         s_shard = torch.div(s_ids, blocks[s_feature], rounding_mode="floor")
         s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= host_to_device(
@@ -89,9 +96,9 @@ class TwoLevelRowWisePlanner:
         s_group = s_shard * F + s_feature
         s_uid, _, s_counts = sorted_unique_one_hot(s_group, s_ids - s_shard * blocks[s_feature],
                                                    s_valid & ~s_bad, W * F, self.radix)
-        flags = torch.stack([(o_multi.any() | s_multi.any()).long(), (o_bad.any() | s_bad.any()).long()])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.pg)
-        ex = exchange_node_ids(step, topo, self.groups, self.all_features, flags)
+        # the flags every rank agrees on, launched with the ids (row_wise.start_row_flags), are read
+        # in the id exchange's host sync
+        ex = exchange_node_ids(step, topo, self.groups, self.all_features, agreed_flags(step))
         multi, bad = ex.extra
         if bad:
             raise ValueError(f"row-wise dedup (tables {sorted({e.table for e in self.entries})}): "

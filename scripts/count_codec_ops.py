@@ -1,0 +1,169 @@
+"""Ops the dedup codec issues per training step, counted with the torch profiler at 2 and 4 ranks.
+
+    PYTHONPATH=. python scripts/count_codec_ops.py [--worlds 2 4] [--batch-per-rank 256] [overrides...]
+
+For each world size, real ranks (torchrun, Gloo on CPU) train dlrmtrain's own
+loop (configs/quickstart.yaml with codec dedup, or --config, plus overrides)
+at the same per-rank batch. Every codec function training calls (the dist's
+forward and plan-ahead, the transport's four autograd halves) runs inside a
+profiler range; after `--warmup` steps, rank 0 counts the aten ops issued
+inside those ranges (top-level ops: an op another op calls is not counted
+again; views and allocations apart, as they launch no kernel) and the
+collectives (c10d ops), per step. Printed side by side: the codec's work
+must not grow with the world size (issue 26, item 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NO_KERNEL = frozenset({
+    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::slice", "aten::select", "aten::unsqueeze",
+    "aten::squeeze", "aten::expand", "aten::as_strided", "aten::t", "aten::transpose", "aten::permute",
+    "aten::unbind", "aten::split", "aten::alias", "aten::detach", "aten::view_as", "aten::narrow",
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::lift_fresh", "aten::resize_",
+    "aten::_unsafe_view", "aten::contiguous", "aten::result_type", "aten::is_nonzero", "aten::item",
+    "aten::_local_scalar_dense",
+})
+"""views, allocations and scalar reads: ops that launch no kernel (a read is a host sync, counted by the codec)"""
+
+
+def _wrap(owner, name: str, label: str, static: bool = False) -> None:
+    """Run `owner.name` inside a profiler range `codec::label`."""
+    import functools
+
+    import torch
+
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        with torch.profiler.record_function(f"codec::{label}"):
+            return fn(*a, **k)
+    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
+
+
+def _instrument() -> None:
+    from dlrmtrain.comm.dedup import transport
+    from dlrmtrain.comm.dedup.dist import DedupDist
+    from dlrmtrain.trainer import Trainer
+
+    _wrap(DedupDist, "forward", "dist.forward")
+    _wrap(DedupDist, "plan_ahead", "dist.plan_ahead")
+    if hasattr(DedupDist, "start_with_ids"):  # row-wise: the flags launched with the ids
+        _wrap(DedupDist, "start_with_ids", "dist.start_with_ids")
+    for fn in (transport._DedupStart, transport._DedupWait):
+        for half in ("forward", "backward"):
+            _wrap(fn, half, f"{fn.__name__.lstrip('_')}.{half}", static=True)
+    step = Trainer.train_step
+    Trainer._counted_steps = 0
+
+    def counted_step(self, batch):
+        import torch
+        with torch.profiler.record_function(f"step::{Trainer._counted_steps}"):
+            Trainer._counted_steps += 1
+            return step(self, batch)
+    Trainer.train_step = counted_step
+
+
+def _count(events, warmup: int) -> dict:
+    """Per codec range: top-level aten ops (kernel-launching) and collectives, in steps >= warmup."""
+    ops: dict[str, int] = {}
+    collectives: dict[str, int] = {}
+    for e in events:
+        if not (e.name.startswith("aten::") or e.name.startswith("c10d::")):
+            continue
+        codec, step, parent_is_op, p = None, None, False, e.cpu_parent
+        if p is not None and p.name.startswith(("aten::", "c10d::")):
+            parent_is_op = True
+        while p is not None:
+            if codec is None and p.name.startswith("codec::"):
+                codec = p.name[len("codec::"):]
+            if p.name.startswith("step::"):
+                step = int(p.name[len("step::"):])
+            p = p.cpu_parent
+        if codec is None or step is None or step < warmup or parent_is_op:
+            continue
+        if e.name.startswith("c10d::"):
+            collectives[codec] = collectives.get(codec, 0) + 1
+        elif e.name not in NO_KERNEL:
+            ops[codec] = ops.get(codec, 0) + 1
+    return {"ops": ops, "collectives": collectives}
+
+
+def rank_main(args) -> None:
+    """One rank of a torchrun group: train, count, rank 0 writes the counts to --out."""
+    import torch
+
+    from dlrmtrain.config import load_config
+    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config
+
+    _instrument()
+    world = int(os.environ["WORLD_SIZE"])
+    steps = args.warmup + args.steps
+    overrides = ["comm.codec=dedup", "eval.enabled=false", f"run.max_steps={steps}",
+                 f"run.global_batch_size={args.batch_per_rank * world}", "run.name=count_codec_ops",
+                 f"run.output_dir={tempfile.gettempdir()}/dlrmtrain_count_ops_{world}", "run.overwrite=true",
+                 "logging.progress_bar=false", *args.overrides]
+    cfg = resolve_config(load_config(args.config, overrides))
+    env = init_distributed(cfg.run.device)
+    trainer = Trainer(cfg, env)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.train()
+    if env.is_main:
+        counts = _count(prof.events(), args.warmup)
+        counts = {kind: {k: v / args.steps for k, v in per.items()} for kind, per in counts.items()}
+        Path(args.out).write_text(json.dumps({"world": world, **counts}))
+    trainer.close()
+    del trainer
+    shutdown_distributed()
+
+
+def _print_side_by_side(results: list[dict]) -> None:
+    worlds = [r["world"] for r in results]
+    print(f"dedup codec ops per training step (rank 0, top-level aten ops that launch work; collectives apart)")
+    print(f"  {'function':<28}" + "".join(f"{f'{w} ranks':>10}" for w in worlds))
+    for kind in ("ops", "collectives"):
+        names = sorted({n for r in results for n in r[kind]})
+        for n in names:
+            print(f"  {kind[:4] + ' ' + n:<28}" + "".join(f"{r[kind].get(n, 0):>10.1f}" for r in results))
+        print(f"  {kind + ' total':<28}" + "".join(f"{sum(r[kind].values()):>10.1f}" for r in results))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--batch-per-rank", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=3, help="steps not counted (key widths learned, buffers made)")
+    p.add_argument("--steps", type=int, default=3, help="steps counted")
+    p.add_argument("--config", default=str(REPO / "configs/quickstart.yaml"))
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)  # a rank's output file (internal)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    if "WORLD_SIZE" in os.environ:
+        rank_main(args)
+        return
+    results = []
+    for world in args.worlds:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                   __file__, "--out", f.name, "--batch-per-rank", str(args.batch_per_rank), "--warmup",
+                   str(args.warmup), "--steps", str(args.steps), "--config", args.config, *args.overrides]
+            subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            results.append(json.loads(Path(f.name).read_text()))
+    _print_side_by_side(results)
+
+
+if __name__ == "__main__":
+    main()
