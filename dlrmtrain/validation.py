@@ -42,7 +42,7 @@ def _check_hierarchy(cfg: Config, world_size: int) -> None:
         raise ConfigError("comm.hierarchy: node covers pooled embeddings (model.arch dlrm_v1 / "
                           "dlrm_dcnv2) only; DLRMv4's sequence embeddings take comm.hierarchy: flat")
     try:
-        validate_hierarchy(Hierarchy(comm.hierarchy, comm.ranks_per_node), comm.codec, comm.table_codecs)
+        validate_hierarchy(Hierarchy.of(comm), comm.codec, comm.table_codecs)
         if comm.hierarchy == "node":
             check_ranks_per_node(ranks_per_node(comm.ranks_per_node, world_size), world_size)
     except ValueError as e:

@@ -23,7 +23,8 @@ from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
 def _sharded_dlrm(cfg: Config, rows: dict[str, int], device: torch.device,
                   world_size: int) -> tuple[DistributedModelParallel, str]:
     model = build_model(cfg, list(rows.values()), device)
-    return shard_model(model, cfg, device, world_size)
+    return shard_model(model, cfg.sharding, cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type),
+                       device, world_size, ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 
 
 def _sharded_hstu(cfg: Config, rows: dict[str, int], device: torch.device,

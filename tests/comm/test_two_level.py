@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dlrmtrain.comm.dedup.kernels import block_unique
-from dlrmtrain.comm.dedup.two_level import BagBlock, blocks_unique, node_subsets
+from dlrmtrain.comm.dedup.two_level.shared import BagBlock, blocks_unique, node_subsets
 from dlrmtrain.comm.layout import FeatureEntry
 from dlrmtrain.comm.stats import HOPS, DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
@@ -194,11 +194,11 @@ def _in_callback(sync: tuple[str, str]) -> bool:
     """A sync in `start_node_ids` (row-wise on this thread, else maybe in a callback)."""
     import inspect
 
-    from dlrmtrain.comm.dedup import two_level
+    from dlrmtrain.comm.dedup.two_level import node_ids
 
-    lines, first = inspect.getsourcelines(two_level.start_node_ids)
+    lines, first = inspect.getsourcelines(node_ids.start_node_ids)
     file, line = sync[1].rsplit(":", 1)
-    return file == "comm/dedup/two_level.py" and first <= int(line) < first + len(lines)
+    return file == "comm/dedup/two_level/node_ids.py" and first <= int(line) < first + len(lines)
 
 
 @pytest.mark.timeout(300)
