@@ -26,6 +26,7 @@ from dlrmtrain.comm.stats import HOPS, DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
+from tests.comm.cuda_futures import cuda_like_futures
 from tests.comm.ranks import Scenario, Table, bags_for, count_host_syncs, run_codec, to_numpy
 from tests.comm.test_dedup_training import GRAD_ATOL, GRAD_RTOL, LOSS_RTOL
 from tests.multiproc import run_ranks
@@ -143,8 +144,10 @@ def test_config_refuses_two_levels_for_sequence_embeddings():
 
 # ------------------------------------------------------------------ 4 ranks
 def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> dict:
+    with cuda_like_futures() as checked:  # every callback's value extracted as a CUDA future does
+        node = run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)
     return to_numpy({"none": run_codec(sc, "none", rank, world_size),
-                     "node": run_codec(sc, "dedup", rank, world_size, hierarchy=NODE),
+                     "node": node, "callbacks_checked": len(checked),
                      "fallback_none": run_codec(fallback, "none", rank, world_size),
                      "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE),
                      "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE),
@@ -215,6 +218,9 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
             for gn, gd in zip(per_n, per_d):
                 np.testing.assert_allclose(gd, gn, rtol=GRAD_RTOL, atol=GRAD_ATOL)
         np.testing.assert_allclose(node["losses"], none["losses"], rtol=LOSS_RTOL)
+        # the two-level callbacks (the id exchange's launch, the backward rail hop's) return what a
+        # CUDA future can extract (tensors or None): on NCCL a Work in their value makes wait() raise
+        assert res["callbacks_checked"] > 0
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
         assert "messages/step" in node["summary"] and "between nodes" in node["summary"]  # console

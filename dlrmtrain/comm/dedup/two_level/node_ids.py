@@ -146,13 +146,17 @@ def finish_node_ids(step: DedupStep, topo: NodeTopology, rail_features: list[lis
 class NodeIds:
     """The node's id exchange in flight; `wait` returns what it brought (`NodeExchange`)."""
 
-    def __init__(self, step: DedupStep, topo: NodeTopology, rail_features: list[list[int]], ids: Any) -> None:
+    def __init__(self, step: DedupStep, topo: NodeTopology, rail_features: list[list[int]]) -> None:
         self._args = (step, topo, rail_features)
-        self._ids = ids  # an IdsInFlight, or the future of the callback that launches it
+        self.ids: IdsInFlight | None = None
+        """the ids' all-to-all, once launched"""
+        self.launched: Any = None
+        """overlapped: the future of the callback that launches it (its value is None)"""
 
     def wait(self) -> NodeExchange:
-        ids = self._ids if isinstance(self._ids, IdsInFlight) else self._ids.wait()
-        return finish_node_ids(*self._args, ids)
+        if self.launched is not None:
+            self.launched.wait()  # the callback has run: `ids` is set
+        return finish_node_ids(*self._args, self.ids)
 
 
 def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, rail_features: list[list[int]],
@@ -167,12 +171,16 @@ def exchange_node_ids(step: DedupStep, topo: NodeTopology, groups: NodeGroups, r
     `NodeIds.wait`; else here, on the intra-node group.
     """
     counts = start_node_counts(step, topo, groups, gathered)
+    pending = NodeIds(step, topo, rail_features)
     if not overlap:
         counts.work.wait()
-        return NodeIds(step, topo, rail_features, start_node_ids(step, topo, rail_features, counts, groups.intra,
-                                                                 extra))
+        pending.ids = start_node_ids(step, topo, rail_features, counts, groups.intra, extra)
+        return pending
 
-    def launch_ids(_counts_in) -> IdsInFlight:
-        return start_node_ids(step, topo, rail_features, counts, groups.ids, extra)
+    def launch_ids(_counts_in) -> None:
+        # returns None, not the launch: a CUDA future extracts the tensors of a callback's
+        # value (torch._jit_internal._extract_tensors), which an object holding a Work cannot give
+        pending.ids = start_node_ids(step, topo, rail_features, counts, groups.ids, extra)
 
-    return NodeIds(step, topo, rail_features, counts.work.get_future().then(launch_ids))
+    pending.launched = counts.work.get_future().then(launch_ids)
+    return pending

@@ -66,7 +66,8 @@ class _Request:
     local_work: Any = None
     grad_owner: torch.Tensor | None = None  # [stage 1 local | rail]: the owner's received sums
     grad_sends: tuple = ()                  # kept alive until their transfers are done
-    grad_rail: Any = None                   # future of the rail hop back's work (`sum_and_send`)
+    grad_rail: Any = None                   # future of `sum_and_send`, which launches the rail hop back
+    grad_rail_work: Any = None              # that launch
     node_sum_seconds: float = 0.0
     grad_local_work: Any = None
     dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
@@ -100,7 +101,8 @@ class _TwoLevelStart(torch.autograd.Function):
         req = ctx.req
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
-        grad_work = req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
+        req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
+        grad_work = req.grad_rail_work
         t1 = time.perf_counter()
         owner.comm_stats.transfer_seconds += t1 - t0 - req.node_sum_seconds
         owner.comm_stats.add_hop("intra bwd", t1 - t0 - req.node_sum_seconds)
@@ -110,7 +112,7 @@ class _TwoLevelStart(torch.autograd.Function):
         if req.grad_local_work is not None:
             t0 = timed_wait(req.grad_local_work, owner.comm_stats, "intra bwd")
         grad_local = owner_gradient(owner, req.grad_owner, plan.send_index, req.local_shape, plan.unit)
-        req.grad_owner = req.grad_rail = req.grad_local_work = None
+        req.grad_owner = req.grad_rail = req.grad_rail_work = req.grad_local_work = None
         req.grad_sends = ()
         count_codec(owner.comm_stats, "scatter", t0)
         ctx.req = None
@@ -168,7 +170,7 @@ class _TwoLevelWait(torch.autograd.Function):
         count_codec(owner.comm_stats, "intra bwd", t0)
         rail_units = sum(plan.rail_recv_splits) // plan.unit
 
-        def sum_and_send(_stage2_done) -> Any:
+        def sum_and_send(_stage2_done) -> None:
             # on the intra-node group's thread once the node's stage 2 gradients are in: the
             # forwarder's one gradient per node-unique bag, summed over its node's ranks, launched
             # over the rail. This thread goes on with the backward meanwhile (the bottom MLP's),
@@ -177,10 +179,11 @@ class _TwoLevelWait(torch.autograd.Function):
             grad_rail = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index,
                                          rail_units).view(-1)
             req.grad_sends = (grad_recv, grad_intra, grad_rail)
-            work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
-                                     plan.rail_recv_splits, plan.groups.rail_grad)
+            # kept in the request, not returned: a CUDA future extracts the tensors of a
+            # callback's value (torch._jit_internal._extract_tensors), which a Work cannot give
+            req.grad_rail_work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
+                                                   plan.rail_recv_splits, plan.groups.rail_grad)
             req.node_sum_seconds = time.perf_counter() - t
-            return work
 
         req.grad_sends = (grad_recv, grad_intra)
         req.grad_rail = work.get_future().then(sum_and_send)
