@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from dlrmtrain.comm.labels import contender_label
+
 CODEC_COLOURS = {"none": "#4c72b0", "dedup": "#dd8452", "fp16": "#55a868", "bf16": "#c44e52",
                  "int8": "#8172b3", "fp8": "#937860", "dedup+fp16": "#da8bc3",
                  "dedup+bf16": "#8c8c8c", "dedup/node": "#64b5cd", "auto/node": "#ccb974"}
@@ -99,7 +101,7 @@ def load_run(path: str | Path) -> RunData:
 def _contender(comm: dict[str, Any]) -> str:
     """The run's codec as the MLPerf runner's --codecs names it: `<codec>/node` over two levels,
     so that one-level and two-level runs of a codec are told apart."""
-    return comm["codec"] + ("/node" if comm.get("hierarchy") == "node" else "")
+    return contender_label(comm["codec"], comm.get("hierarchy", "flat"))
 
 
 def _colour(codec: str) -> str:

@@ -40,7 +40,7 @@ def _check_hierarchy(cfg: Config, world_size: int) -> None:
     """comm.hierarchy: node takes dedup (and per-table none) only, and whole nodes."""
     comm = cfg.comm
     try:
-        validate_hierarchy(Hierarchy(comm.hierarchy, comm.ranks_per_node), comm.codec, comm.table_codecs)
+        validate_hierarchy(Hierarchy.of(comm), comm.codec, comm.table_codecs)
         if comm.hierarchy == "node":
             check_ranks_per_node(ranks_per_node(comm.ranks_per_node, world_size), world_size)
     except ValueError as e:

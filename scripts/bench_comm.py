@@ -202,33 +202,30 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-    from torchrec.distributed import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
-    from torchrec.distributed.types import ShardingPlan
 
+    from dlrmtrain.comm.labels import parse_contender
     from dlrmtrain.comm.registry import is_qcomms
-    from dlrmtrain.comm.sharder import make_ebc_sharder
     from dlrmtrain.comm.stats import collect_comm_stats
-    from dlrmtrain.comm.topology import Hierarchy
+    from dlrmtrain.config.schema import CommConfig, ShardingConfig
     from dlrmtrain.distributed.env import shutdown_distributed
+    from dlrmtrain.distributed.sharding import shard_model
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     B = batches[0].shape[0] // world
     out = {}
     reference = None  # none's pooled output of the first timed batch: the lossy codecs' error baseline
+    # table t on rank t % world, through the package's own planner and DMP builder
+    sharding = ShardingConfig(planner="manual", default_type="table_wise",
+                              table_ranks={TABLE_NAMES[t]: t % world for t in range(NUM_CAT)})
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01}
     for codec in codecs:
-        name, _, kind = codec.partition("/")  # dedup/node: comm.hierarchy node
-        sharder = make_ebc_sharder(name, {}, {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01},
-                                   hierarchy=Hierarchy(kind or "flat", ranks_per_node or world))
+        name, kind = parse_contender(codec)  # dedup/node: comm.hierarchy node
+        comm = CommConfig(codec=name, hierarchy=kind, ranks_per_node=ranks_per_node or world)
         torch.manual_seed(1234)  # TorchRec's table init draws from it: equal weights for every codec
         ebc = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],
                                feature_names=[CAT_KEYS[t]]) for t in range(NUM_CAT)], device=torch.device("meta"))
-        plan = construct_module_sharding_plan(
-            ebc, {TABLE_NAMES[t]: table_wise(rank=t % world, compute_kernel="fused") for t in range(NUM_CAT)},
-            sharder=sharder, local_size=world, world_size=world, device_type="cpu")
-        model = DistributedModelParallel(ebc, plan=ShardingPlan({"": plan}), sharders=[sharder],
-                                         device=torch.device("cpu"), init_data_parallel=False)
+        model, _ = shard_model(ebc, sharding, comm, fused, torch.device("cpu"), world, ebc_path="")
         # stock transfer time: the same split sizes TorchRec's all-to-all uses
         dims = [dim * len(range(r, NUM_CAT, world)) for r in range(world)]
         a2a_in = torch.randn(B * world * dims[rank])
@@ -333,27 +330,32 @@ def main(argv: list[str] | None = None) -> None:
                          "--codec dedup/node (two levels) is measured against")
     args = ap.parse_args(argv)
 
-    from dlrmtrain.comm.registry import available_codecs, lossy_codecs, validate_codec_choice, wire_bytes_per_value
-    node_codecs = [c for c in args.codec if c.endswith("/node")]
+    from dlrmtrain.comm.labels import CODEC_NAMES, parse_contender
+    from dlrmtrain.comm.registry import lossy_codecs, validate_codec_choice, wire_bytes_per_value
+    try:
+        contenders = {c: parse_contender(c) for c in args.codec}
+    except ValueError as e:
+        raise SystemExit(f"--codec: {e}") from None
+    node_codecs = [c for c, (_, kind) in contenders.items() if kind == "node"]
     if node_codecs and (not args.ranks_per_node or node_codecs != ["dedup/node"]):
         raise SystemExit("--codec dedup/node (the only two-level codec) needs --ranks-per-node")
     if args.ranks_per_node and (args.world_size % args.ranks_per_node
                                 or args.world_size // args.ranks_per_node < 2):
         raise SystemExit(f"--ranks-per-node {args.ranks_per_node}: --world-size {args.world_size} "
                          f"must be at least two whole nodes")
-    unknown = [c for c in args.codec if c.partition("/")[0] not in available_codecs()]
+    unknown = [c for c, (name, _) in contenders.items() if name not in CODEC_NAMES]
     if unknown:
-        raise SystemExit(f"--codec: unknown {unknown}; available: {available_codecs()}")
-    for c in args.codec:
+        raise SystemExit(f"--codec: unknown {unknown}; available: {sorted(CODEC_NAMES)}")
+    for c, (name, _) in contenders.items():
         try:
-            validate_codec_choice(c.partition("/")[0], {}, "cpu")  # the timing runs on CPU ranks
+            validate_codec_choice(name, {}, "cpu")  # the timing runs on CPU ranks
         except ValueError as e:
             raise SystemExit(f"--codec {c}: {e}") from None
     if "none" in args.codec:  # none first: it is the error baseline of the lossy codecs
         args.codec = ["none"] + [c for c in args.codec if c != "none"]
     label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
     width = max(len(v) for v in label.values()) + 1
-    wire = {c: wire_bytes_per_value(c.partition("/")[0]) for c in args.codec}
+    wire = {c: wire_bytes_per_value(name) for c, (name, _) in contenders.items()}
     bag_sizes = MLPERF_DCNV2_MULTI_HOT_SIZES if args.multi_hot else None
     if args.data in ("synthetic", "synthetic-terabyte"):
         profile = "kaggle" if args.data == "synthetic" else "terabyte"
@@ -385,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         k = wire[c] / 4.0
         return {"payload": f["payload"] * k, "ids": f["ids"], "max_rank_send": f["max_rank_send"] * k}
 
-    flat_codecs = [c for c in args.codec if "/" not in c]  # dedup/node: see "between nodes" below
+    flat_codecs = [c for c, (_, kind) in contenders.items() if kind == "flat"]  # dedup/node: "between nodes"
     for c in flat_codecs:
         f = scaled(c)
         ratio = base["payload"] / f["payload"]

@@ -78,8 +78,9 @@ def relaunch(args: argparse.Namespace) -> None:
 
 
 def wrap_plan_pieces() -> None:
-    """Time the two-level planner's pieces (module functions it calls by name)."""
-    from dlrmtrain.comm.dedup import two_level
+    """Time the two-level planner's pieces: its public phases and the public functions it calls
+    (wrapped where they are looked up)."""
+    from dlrmtrain.comm.dedup.two_level import node_ids, table_wise
 
     def timed(owner, name: str, label: str) -> None:
         def record(_args, t0: float, t1: float) -> None:
@@ -87,30 +88,36 @@ def wrap_plan_pieces() -> None:
             EVENTS.append((f"  {label}", t0, t1))
         wrap_calls(owner, name, record)
 
-    for name in ("start_node_ids", "finish_node_ids", "blocks_unique", "node_subsets"):
-        timed(two_level, name, name)
-    for name in ("_build", "_account"):
-        timed(two_level.TwoLevelPlanner, name, f"TwoLevelPlanner.{name}")
+    for name in ("start_node_ids", "finish_node_ids"):
+        timed(node_ids, name, name)
+    for name in ("blocks_unique", "node_subsets"):
+        timed(table_wise, name, name)
+    for name in ("build_plan", "plan_stage_two", "account"):
+        timed(table_wise.TwoLevelPlanner, name, f"TwoLevelPlanner.{name}")
 
 
 def trace_events() -> None:
     """Record when each rank plans, waits and runs each hop (`--timeline`)."""
-    from dlrmtrain.comm.dedup import dist as dedup_dist, transport, two_level_transport
+    from dlrmtrain.comm.dedup import dist as dedup_dist, transport
+    from dlrmtrain.comm.dedup.two_level import transport as two_level_transport
 
     def traced(owner, name: str, label) -> None:
         wrap_calls(owner, name, lambda a, t0, t1: EVENTS.append(
             (label(*a) if callable(label) else label, t0, t1)))
 
     traced(dedup_dist.DedupDist, "forward", "plan+launch")
-    traced(transport, "_timed_wait", "wait (one-level)")
-    traced(two_level_transport, "_wait", lambda work, stats, hop: f"wait {hop}")
+    # both transports wait through `timed_wait` (hop None: one level) and count codec time per hop
+    # through `count_codec`, each looked up in its own module
+    wait_label = lambda work, stats, hop=None: "wait (one-level)" if hop is None else f"wait {hop}"  # noqa: E731
+    traced(transport, "timed_wait", wait_label)
+    traced(two_level_transport, "timed_wait", wait_label)
 
     def codec(stats, hop, t0):
-        t1 = _codec(stats, hop, t0)
+        t1 = count_codec(stats, hop, t0)
         EVENTS.append((hop, t0, t1))
         return t1
-    _codec = two_level_transport._codec
-    two_level_transport._codec = codec
+    count_codec = two_level_transport.count_codec
+    two_level_transport.count_codec = codec
 
 
 def print_timelines(per_rank: list[dict[str, list]], names: list[str]) -> None:

@@ -1,10 +1,13 @@
-"""The codec interface: everything the sharder, the registry and config validation ask of a codec.
+"""The codec interface: everything the sharders, the registry and config validation ask of a codec.
 
 A codec decides, per sharding type, whether it can carry an all-to-all and, if
-so, builds the output dist that replaces TorchRec's. It sees the stock dist
-(for its process group and callbacks), the wire layout and the tables it is
-asked to encode. TorchRec's own `QuantizedCommCodec` hook cannot express a
-lossless, data-dependent codec (its message size must be a function of the
+so, builds the output dist that replaces TorchRec's, from one `DistSpec`:
+the stock dist (for its process group and callbacks), the wire layout, the
+tables it is asked to encode, whether the all-to-all carries pooled or
+sequence embeddings, and the run's hierarchy. Both sharders (sharder.py,
+sequence/sharder.py) ask it through `install.py`, so a codec is the only
+builder of its dists. TorchRec's own `QuantizedCommCodec` hook cannot express
+a lossless, data-dependent codec (its message size must be a function of the
 shape, and it never sees the ids), hence this interface of our own; codecs
 that are TorchRec's qcomms say so through `qcomms_config`.
 """
@@ -12,16 +15,62 @@ that are TorchRec's qcomms say so through `qcomms_config`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.layout import Layout
+from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout
+from dlrmtrain.comm.topology import FLAT, Hierarchy
 
 if TYPE_CHECKING:
     from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig
     from torchrec.distributed.types import QuantizedCommCodecs
+
+    from dlrmtrain.comm.sequence.layout import SequenceLayout
+
+CollectionKind = Literal["pooled", "sequence"]
+"""what an all-to-all carries: pooled rows (EmbeddingBagCollection) or one row per id (EmbeddingCollection)"""
+
+
+@dataclass(frozen=True)
+class DistSpec:
+    """Everything a codec builds one output dist from."""
+
+    stock_dist: nn.Module
+    """TorchRec's dist for this sharding: the fallback, and what `none` keeps"""
+    layout: Layout | SequenceLayout | None
+    """pooled: a `DistLayout` (table-/column-wise) or `RowWiseLayout`; sequence: a `SequenceLayout`;
+    None for sharding types without one"""
+    tables: frozenset[str]
+    """the tables this codec carries; the layout's others travel uncompressed"""
+    pg: dist.ProcessGroup
+    sharding_type: str
+    kind: CollectionKind = "pooled"
+    hierarchy: Hierarchy = FLAT
+    """`comm.hierarchy` / `comm.ranks_per_node`, as validated"""
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.pg)
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.pg)
+
+    def all_tables(self) -> set[str]:
+        """Every table of this all-to-all (the codec's and those left uncompressed)."""
+        return self.tables_of(self.layout) if self.layout is not None else set(self.tables)
+
+    @staticmethod
+    def tables_of(layout: Layout | SequenceLayout | None) -> set[str]:
+        """The tables of a wire layout (none without one)."""
+        if isinstance(layout, DistLayout):
+            return {e.table for e in layout.all_entries()}
+        if isinstance(layout, RowWiseLayout):
+            return {e.table for e in layout.entries}
+        return set(layout.tables) if layout is not None else set()
 
 
 class EmbeddingCommCodec(ABC):
@@ -48,15 +97,12 @@ class EmbeddingCommCodec(ABC):
         return 4.0
 
     @abstractmethod
-    def supports(self, sharding_type: str) -> bool:
-        """Whether this codec can replace the output dist of `sharding_type`."""
+    def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
+        """Whether this codec can carry the `kind` all-to-all of `sharding_type`."""
 
     @abstractmethod
-    def make_output_dist(self, stock_dist: nn.Module, layout: Layout | None, tables: set[str],
-                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
-        """The output dist carrying `tables` with this codec (the rest travel uncompressed).
+    def make_output_dist(self, spec: DistSpec) -> nn.Module:
+        """The output dist carrying `spec.tables` with this codec (the rest travel uncompressed).
 
-        `layout` is a `DistLayout` for table-/column-wise, a `RowWiseLayout` for
-        row-wise, None for sharding types without one. Returning `stock_dist`
-        itself means "nothing to change".
+        Returning `spec.stock_dist` itself means "nothing to change".
         """

@@ -8,17 +8,21 @@ lossy wire precision, `dedup+fp16`, `dedup+bf16`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 import torch
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 
-from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.auto.codec import AutoCodec
+from dlrmtrain.comm.codec import CollectionKind, EmbeddingCommCodec
 from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
-from dlrmtrain.comm.topology import FLAT, HIERARCHIES, Hierarchy
+from dlrmtrain.comm.labels import CODEC_NAMES
+from dlrmtrain.comm.topology import HIERARCHIES, Hierarchy
+
+logger = logging.getLogger(__name__)
 
 _CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
     NoneCodec(),
@@ -31,6 +35,7 @@ _CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
     LossyQCommsCodec("int8", CommType.INT8),
     LossyQCommsCodec("fp8", CommType.FP8),
 )}
+assert sorted(_CODECS) == sorted(CODEC_NAMES), "config.schema.CodecName must list the registered codecs"
 
 
 def available_codecs() -> list[str]:
@@ -43,36 +48,40 @@ def lossy_codecs() -> list[str]:
     return sorted(n for n, c in _CODECS.items() if not c.lossless)
 
 
-def get_codec(name: str, where: str = "comm.codec", hierarchy: Hierarchy = FLAT) -> EmbeddingCommCodec:
-    """The codec called `name`; `where` names the config key in the error.
-
-    Under `comm.hierarchy: node`, `dedup` is the two-level dedup (checked by `validate_hierarchy`).
-    """
+def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
+    """The codec called `name`; `where` names the config key in the error."""
     try:
-        codec = _CODECS[name]
+        return _CODECS[name]
     except KeyError:
         raise ValueError(f"{where}: unknown codec {name!r}; available: {available_codecs()}") from None
-    if hierarchy != FLAT and name == "dedup":  # flat with ranks_per_node: counts bytes between nodes
-        return DedupCodec(hierarchy=hierarchy)
-    if hierarchy != FLAT and name == "auto":  # none or the (two-level under node) dedup, whichever is faster
-        return AutoCodec(dedup=DedupCodec(hierarchy=hierarchy))
-    return codec
 
 
-def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[str, str]) -> None:
-    """`comm.hierarchy: node` carries `dedup`, `auto` (none or two-level dedup) and per-table `none`;
-    lossy codecs would round twice on the way. Errors name the key."""
+def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[str, str],
+                       kind: CollectionKind = "pooled") -> None:
+    """`comm.hierarchy: node` carries pooled embeddings under `dedup`, `auto` (none or two-level
+    dedup) and per-table `none`; lossy codecs would round twice on the way. Errors name the key."""
     if hierarchy.kind not in HIERARCHIES:
         raise ValueError(f"comm.hierarchy: {hierarchy.kind!r} is not one of {', '.join(HIERARCHIES)}")
     if hierarchy.ranks_per_node is not None and hierarchy.ranks_per_node < 1:
         raise ValueError(f"comm.ranks_per_node: must be at least 1, got {hierarchy.ranks_per_node}")
     if hierarchy.kind != "node":
         return
+    if kind == "sequence":
+        raise ValueError("comm.hierarchy: node covers pooled embeddings only; sequence embeddings "
+                         "take comm.hierarchy: flat")
     for key, name in [("comm.codec", codec), *((f"comm.table_codecs.{t}", c) for t, c in table_codecs.items())]:
         if name not in ("dedup", "auto", "none"):
             raise ValueError(f"{key}: {name!r} cannot run under comm.hierarchy: node, which carries the "
                              f"lossless 'dedup', 'auto' and per-table 'none' only; use comm.codec: dedup or "
                              f"comm.hierarchy: flat")
+
+
+def warn_if_lossy(codec: str, table_codecs: Mapping[str, str], what: str) -> None:
+    """The startup warning naming the run's LOSSY codecs (`what`: the embeddings they round)."""
+    lossy = sorted(n for n in {codec, *table_codecs.values()} if not get_codec(n).lossless)
+    if lossy:
+        logger.warning("comm codec %s is LOSSY: %s and their gradients are rounded on the wire, so "
+                       "training differs from comm.codec=none", ", ".join(lossy), what)
 
 
 def wire_bytes_per_value(name: str) -> float:

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dlrmtrain.comm.topology import FLAT, Hierarchy
+
 
 @dataclass
 class TableCommStats:
@@ -94,8 +96,9 @@ class DistCommStats:
     """forward passes whose plan was made when their ids arrived (the pipeline's input stage)"""
     decisions: list[str] = field(default_factory=list)
     """`auto`: each decision with its step and reason"""
-    hierarchy: str = "flat"
-    """`flat` (one all-to-all over all ranks) or `node` (two levels: rails between nodes, then inside)"""
+    hierarchy: Hierarchy = FLAT
+    """what the dist runs: kind `flat` (one all-to-all over all ranks) or `node` (two levels: rails
+    between nodes, then inside)"""
     messages: int = 0
     """non-empty sends to another rank, per collective, forward and backward (summed over steps)"""
     inter_node_messages: int = 0
@@ -203,86 +206,109 @@ def _sum_over_ranks(per_table: dict[str, TableCommStats], seconds: list[float],
     return times.tolist()
 
 
+@dataclass
+class _Gathered:
+    """Every counter of a model's all-to-alls added up (this rank's)."""
+
+    per_table: dict[str, TableCommStats] = field(default_factory=dict)
+    codec_of: dict[str, str] = field(default_factory=dict)
+    lossy: set[str] = field(default_factory=set)
+    steps: int = 0
+    codec_s: float = 0.0
+    transfer_s: float = 0.0
+    extra_syncs: int = 0
+    fallback_steps: int = 0
+    step_syncs: int = 0
+    planned_ahead: int = 0
+    decisions: list[str] = field(default_factory=list)
+    traffic: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_TRAFFIC, 0))
+    hierarchies: set[str] = field(default_factory=set)
+    hops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(HOPS, 0.0))
+
+    def add(self, d: DistCommStats) -> None:
+        for hop, seconds in d.hop_seconds.items():
+            self.hops[hop] += seconds
+        for key in _TRAFFIC:
+            self.traffic[key] += getattr(d, key)
+        self.hierarchies.add(d.hierarchy.kind)
+        self.decisions += [f"{d.sharding_type} {line}" for line in d.decisions]
+        for name, t in d.tables.items():
+            self.per_table.setdefault(name, TableCommStats()).add(t)
+            self.codec_of[name] = d.table_codecs.get(name, d.codec)
+            if d.lossy and self.codec_of[name] == d.codec:
+                self.lossy.add(d.codec)
+        self.steps = max(self.steps, d.steps)
+        self.codec_s += d.codec_seconds
+        self.transfer_s += d.transfer_seconds
+        self.extra_syncs += d.extra_syncs
+        self.fallback_steps += d.fallback_steps
+        self.step_syncs += d.step_host_syncs
+        self.planned_ahead = max(self.planned_ahead, d.planned_ahead)
+
+    def sum_over_ranks(self, group: dist.ProcessGroup | None) -> None:
+        """Bytes, bags and messages summed over ranks, times the slowest rank's. Collective."""
+        self.codec_s, self.transfer_s, *hop_s = _sum_over_ranks(
+            self.per_table, [self.codec_s, self.transfer_s, *self.hops.values()], group)
+        self.hops = dict(zip(self.hops, hop_s))
+        summed = torch.tensor([self.traffic[k] for k in _TRAFFIC], dtype=torch.float64)
+        dist.all_reduce(summed, group=group)
+        self.traffic = {k: int(v) for k, v in zip(_TRAFFIC, summed.tolist())}
+
+    def table_rows(self) -> dict[str, dict]:
+        """Per table, its counters and ratios, in natural order (t_cat_2 before t_cat_10)."""
+        rows, steps = {}, self.steps
+        for name in sorted(self.per_table, key=lambda n: [int(p) if p.isdigit() else p
+                                                          for p in re.split(r"(\d+)", n)]):
+            t = self.per_table[name]
+            row = asdict(t)
+            row["codec"] = self.codec_of[name]
+            row["distinct_fraction"] = t.unique_bags / t.bags if t.bags else None
+            row["fwd_recv_bytes_per_pass"] = t.payload_fwd_recv_bytes / steps if steps else None
+            row["payload_fwd_ratio"] = (t.uncompressed_fwd_recv_bytes / t.payload_fwd_recv_bytes
+                                        if t.payload_fwd_recv_bytes else None)
+            rows[name] = row
+        return rows
+
+
 def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
                        group: dist.ProcessGroup | None = None) -> dict:
-    """Per-table counters of every codec dist in `model` (JSON-ready).
+    """Per-table counters of every all-to-all in `model` (JSON-ready).
 
     This rank's figures by default; with `all_ranks=True` (a collective: call
     it on every rank) bytes and bags are summed over ranks and times are the
-    slowest rank's. Tables under codec `none` keep TorchRec's stock dist and
-    have no counters: a model sharded with `none` everywhere gives empty `tables`.
+    slowest rank's. Every all-to-all has counters, `none`'s too (stock_bytes.py,
+    around TorchRec's untouched dist); a model without any gives empty `tables`.
     """
-    per_table: dict[str, TableCommStats] = {}
-    codec_of: dict[str, str] = {}
-    lossy: set[str] = set()
-    steps = 0
-    codec_s = transfer_s = 0.0
-    extra_syncs = fallback_steps = step_syncs = planned_ahead = 0
-    decisions: list[str] = []
-    traffic = dict.fromkeys(_TRAFFIC, 0)
-    hierarchies: set[str] = set()
-    hops = dict.fromkeys(HOPS, 0.0)
-    for d in (c.counted_bytes() for c in comm_counters(model)):
-        for hop, seconds in d.hop_seconds.items():
-            hops[hop] += seconds
-        for key in _TRAFFIC:
-            traffic[key] += getattr(d, key)
-        hierarchies.add(d.hierarchy)
-        decisions += [f"{d.sharding_type} {line}" for line in d.decisions]
-        for name, t in d.tables.items():
-            per_table.setdefault(name, TableCommStats()).add(t)
-            codec_of[name] = d.table_codecs.get(name, d.codec)
-            if d.lossy and codec_of[name] == d.codec:
-                lossy.add(d.codec)
-        steps = max(steps, d.steps)
-        codec_s += d.codec_seconds
-        transfer_s += d.transfer_seconds
-        extra_syncs += d.extra_syncs
-        fallback_steps += d.fallback_steps
-        step_syncs += d.step_host_syncs
-        planned_ahead = max(planned_ahead, d.planned_ahead)
-    if all_ranks and per_table:
-        codec_s, transfer_s, *hop_s = _sum_over_ranks(per_table, [codec_s, transfer_s, *hops.values()], group)
-        hops = dict(zip(hops, hop_s))
-        summed = torch.tensor([traffic[k] for k in _TRAFFIC], dtype=torch.float64)
-        dist.all_reduce(summed, group=group)
-        traffic = {k: int(v) for k, v in zip(_TRAFFIC, summed.tolist())}
-    tables = {}
-    # Natural order: t_cat_2 before t_cat_10.
-    for name in sorted(per_table, key=lambda n: [int(p) if p.isdigit() else p
-                                                 for p in re.split(r"(\d+)", n)]):
-        t = per_table[name]
-        row = asdict(t)
-        row["codec"] = codec_of[name]
-        row["distinct_fraction"] = t.unique_bags / t.bags if t.bags else None
-        row["fwd_recv_bytes_per_pass"] = t.payload_fwd_recv_bytes / steps if steps else None
-        row["payload_fwd_ratio"] = (t.uncompressed_fwd_recv_bytes / t.payload_fwd_recv_bytes
-                                    if t.payload_fwd_recv_bytes else None)
-        tables[name] = row
+    g = _Gathered()
+    for c in comm_counters(model):
+        g.add(c.counted_bytes())
+    if all_ranks and g.per_table:
+        g.sum_over_ranks(group)
     total = TableCommStats()
-    for t in per_table.values():
+    for t in g.per_table.values():
         total.add(t)
-    codecs = sorted(set(codec_of.values()))
+    steps = g.steps
+    per_step = (lambda v: v / steps if steps else None)  # noqa: E731
     return {
-        "codecs": codecs,
-        "auto_decisions": decisions,
-        "lossy_codecs": sorted(lossy),
+        "codecs": sorted(set(g.codec_of.values())),
+        "auto_decisions": g.decisions,
+        "lossy_codecs": sorted(g.lossy),
         "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
         "steps": steps,
-        "codec_seconds_per_step": codec_s / steps if steps else 0.0,
-        "transfer_seconds_per_step": transfer_s / steps if steps else 0.0,
-        "extra_syncs": extra_syncs,
-        "fallback_steps": fallback_steps,
+        "codec_seconds_per_step": g.codec_s / steps if steps else 0.0,
+        "transfer_seconds_per_step": g.transfer_s / steps if steps else 0.0,
+        "extra_syncs": g.extra_syncs,
+        "fallback_steps": g.fallback_steps,
         # this rank's (every rank makes the same syncs): all dists together
-        "host_syncs_per_step": step_syncs / steps if steps else None,
-        "planned_ahead_steps": planned_ahead,
-        "hierarchy": sorted(hierarchies),
-        **{f"{k}_per_step": v / steps if steps else None for k, v in traffic.items()},
-        "hop_ms_per_step": {k: 1e3 * v / steps for k, v in hops.items() if v} if steps else {},
+        "host_syncs_per_step": per_step(g.step_syncs),
+        "planned_ahead_steps": g.planned_ahead,
+        "hierarchy": sorted(g.hierarchies),
+        **{f"{k}_per_step": per_step(v) for k, v in g.traffic.items()},
+        "hop_ms_per_step": {k: 1e3 * v / steps for k, v in g.hops.items() if v} if steps else {},
         "total": asdict(total),
-        "fwd_recv_bytes_per_pass": total.payload_fwd_recv_bytes / steps if steps else None,
+        "fwd_recv_bytes_per_pass": per_step(total.payload_fwd_recv_bytes),
         "payload_ratio_vs_none": (2 * total.uncompressed_fwd_recv_bytes
                                   / (total.payload_fwd_recv_bytes + total.payload_bwd_recv_bytes)
                                   if total.payload_fwd_recv_bytes + total.payload_bwd_recv_bytes else None),
-        "tables": tables,
+        "tables": g.table_rows(),
     }

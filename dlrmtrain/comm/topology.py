@@ -14,21 +14,29 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import get_args
 
 import torch.distributed as dist
 
-HIERARCHIES = ("flat", "node")
+from dlrmtrain.config.schema import CommConfig, HierarchyKind
+
+HIERARCHIES = get_args(HierarchyKind)
 """`comm.hierarchy`: `flat` = one all-to-all over all ranks; `node` = two levels (intra-node, rails)"""
 
 
 @dataclass(frozen=True)
 class Hierarchy:
-    """The comm config's topology choice, as the codecs get it."""
+    """The comm config's topology choice: the one form it takes from the config to the codecs,
+    their dists and their counters."""
 
-    kind: str = "flat"
+    kind: HierarchyKind = "flat"
     """`flat` or `node` (`comm.hierarchy`)"""
     ranks_per_node: int | None = None
     """`comm.ranks_per_node`; None: torchrun's LOCAL_WORLD_SIZE, else one node"""
+
+    @classmethod
+    def of(cls, comm: CommConfig) -> Hierarchy:
+        return cls(comm.hierarchy, comm.ranks_per_node)
 
 
 FLAT = Hierarchy()
@@ -98,11 +106,11 @@ class NodeGroups:
     rail: dist.ProcessGroup
     rail_grad: dist.ProcessGroup | None = None
     """the rail again, used only by one dist's backward rail hop, which is launched off the main
-    thread when the node's gradients are in (two_level_transport): a group of its own keeps
+    thread when the node's gradients are in (two_level/transport.py): a group of its own keeps
     its order the same on every rank whatever the main thread launches meanwhile"""
     ids: dist.ProcessGroup | None = None
     """the node again, used only by one dist's id exchange, launched off the main thread when
-    its counts are in (two_level.py), for the same reason"""
+    its counts are in (two_level/node_ids.py), for the same reason"""
 
 
 _GROUPS: dict[tuple[int, int], NodeGroups] = {}

@@ -46,7 +46,11 @@ HSTUPostprocessor = Literal["timestamp_layer_norm", "layer_norm", "l2_norm"]
 Planner = Literal["manual", "torchrec"]
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
 OptimizerName = Literal["sgd", "adagrad", "adam"]
-Hierarchy = Literal["flat", "node"]
+HierarchyKind = Literal["flat", "node"]
+"""`comm.hierarchy`; with `comm.ranks_per_node` it becomes comm/topology.py's `Hierarchy`, the one form
+the codecs, their dists and their counters get"""
+CodecName = Literal["none", "dedup", "auto", "fp16", "bf16", "int8", "fp8", "dedup+fp16", "dedup+bf16"]
+"""`comm.codec` / `comm.table_codecs` names (comm/registry.py checks it registers exactly these)"""
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
             "cannot honour; use bf16")]
@@ -328,7 +332,7 @@ class ShardingConfig:
 
 @dataclass
 class CommConfig:
-    codec: str = "none"
+    codec: CodecName = "none"
     """Codec on the embedding all-to-all for every table. Lossless: `none` (TorchRec's stock
     dist), `dedup` (only the distinct rows of each block cross the wire) or `auto` (per
     all-to-all and table, `none` or `dedup`, whichever measures the faster step over the first
@@ -336,9 +340,9 @@ class CommConfig:
     (training differs from `none`): TorchRec's quantized comms `fp16`, `bf16`, `int8`, `fp8`
     (GPU only; run-wide, no per-table overrides), and `dedup+fp16` / `dedup+bf16` (dedup,
     then each unique row rounded on the wire)."""
-    table_codecs: dict[str, str] = field(default_factory=dict)
+    table_codecs: dict[str, CodecName] = field(default_factory=dict)
     """Per-table codec overrides, e.g. {t_cat_3: none}."""
-    hierarchy: Hierarchy = "flat"
+    hierarchy: HierarchyKind = "flat"
     """`flat`: one all-to-all over all ranks. `node` (codec `dedup`, or `auto`): two levels,
     lossless: per (table, destination node) only the node's distinct rows cross between
     nodes, each rank talking only to its peer of every other node, then they reach each

@@ -1,7 +1,8 @@
 """Sharders and DistributedModelParallel: the one place the model gets sharded.
 
 DLRM's EmbeddingBagCollection (`shard_model`) and DLRMv4's sequence
-EmbeddingCollection (`shard_sequence_model`) go through the same planner.
+EmbeddingCollection (`shard_sequence_model`) go through the same planner, and both
+take the config sections they need (sharding, comm) and the fused parameters.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dlrmtrain.comm.sequence.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.sharder import make_ebc_sharder
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
-from dlrmtrain.config.schema import CommConfig, Config, OptimConfig, ShardingConfig
-from dlrmtrain.distributed.planner import build_sharding_plan, describe_plan
+from dlrmtrain.config.schema import CommConfig, OptimConfig, ShardingConfig
+from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
 from dlrmtrain.precision import embedding_output_dtype
 
 
@@ -39,21 +40,27 @@ def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_typ
     """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
     `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
     device type picks TorchRec's quantized-comms kernels for the lossy codecs."""
-    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type,
-                            Hierarchy(comm.hierarchy, comm.ranks_per_node))
+    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
 
 
-def shard_model(model: torch.nn.Module, cfg: Config, device: torch.device,
-                world_size: int) -> tuple[DistributedModelParallel, str]:
-    """Wrap the single-device model in DMP with the configured plan; returns the
-    sharded model and a printable description of the plan."""
-    sharder = build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device.type), device.type)
-    plan = build_sharding_plan(model, cfg.sharding, world_size, device.type, sharder)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
-                                   data_parallel_wrapper=DefaultDataParallelWrapper(
-                                       bucket_cap_mb=cfg.run.ddp_bucket_mb))
+def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConfig, fused_params: dict[str, Any],
+                device: torch.device, world_size: int, ddp_bucket_mb: float | None = None,
+                ebc_path: str = EBC_PATH) -> tuple[DistributedModelParallel, str]:
+    """Wrap the single-device model, whose EmbeddingBagCollection is at `ebc_path` (DLRM's by
+    default; "" for a bare EBC), in DMP with the configured plan; returns the sharded model and
+    a printable description of the plan."""
+    sharder = build_ebc_sharder(comm, fused_params, device.type)
+    plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ebc_path)
+    dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
     count_stock_dists(dmp)  # bytes of the all-to-alls left to TorchRec's stock dist (codec none)
     return dmp, describe_plan(plan)
+
+
+def _dmp(model: torch.nn.Module, plan, sharder: ModuleSharder, device: torch.device,
+         ddp_bucket_mb: float | None) -> DistributedModelParallel:
+    wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
+    return DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
+                                    data_parallel_wrapper=wrapper)
 
 
 # ------------------------------------------------ DLRMv4: the sequence EmbeddingCollection
@@ -69,21 +76,19 @@ def rowwise_adagrad_fused_params(lr: float, eps: float, output_dtype=None) -> di
 def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingCollection sharder: TorchRec's own when every table's codec is `none`, else
     the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/sequence)."""
-    return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type)
+    return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
 
 
 def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: ShardingConfig, comm: CommConfig,
                          fused_params: dict[str, Any], device: torch.device, world_size: int,
                          ddp_bucket_mb: float | None = None) -> tuple[DistributedModelParallel, str]:
-    """Wrap a model whose sequence tables are the EmbeddingCollection at `ec_path` in DMP.
+    """`shard_model` for a model whose sequence tables are the EmbeddingCollection at `ec_path`.
 
     `sharding.default_type` row_wise is the reference's layout; table-/column-wise per
     table by config. Returns the sharded model and a printable plan.
     """
     sharder = build_ec_sharder(comm, fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ec_path)
-    wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
-                                   data_parallel_wrapper=wrapper)
+    dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
     count_sequence_stock_dists(dmp)  # bytes of the sequence all-to-alls left to TorchRec (codec none)
     return dmp, describe_plan(plan)

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrmtrain.comm.labels import parse_contender
 from dlrmtrain.distributed import sim_nodes
 from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
     wrap_command
@@ -233,10 +234,8 @@ def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
 def contender_overrides(contender: str) -> list[str]:
     """The config settings of one `--codecs` entry: a codec name, or `<codec>/node` for that
     codec over the two-level all-to-all (`comm.hierarchy: node`)."""
-    codec, slash, hierarchy = contender.partition("/")
-    if not codec or (slash and hierarchy != "node"):
-        raise ValueError(f"{contender!r} is neither a codec nor <codec>/node (two levels)")
-    return [f"comm.codec={codec}"] + (["comm.hierarchy=node"] if slash else [])
+    codec, hierarchy = parse_contender(contender)
+    return [f"comm.codec={codec}"] + (["comm.hierarchy=node"] if hierarchy == "node" else [])
 
 
 def run_name(plan: RunnerPlan, index: int) -> str:

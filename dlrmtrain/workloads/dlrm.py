@@ -13,7 +13,7 @@ from dlrmtrain.config import checks
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import ROW_SOURCES, Datasets, build_row_datasets, checks as data_checks
 from dlrmtrain.data.metadata import apply_dataset_metadata
-from dlrmtrain.distributed.sharding import shard_model
+from dlrmtrain.distributed.sharding import fused_params, shard_model
 from dlrmtrain.features import TABLE_NAMES
 from dlrmtrain.models import build_dlrm_model
 from dlrmtrain.workloads.base import Workload
@@ -52,7 +52,9 @@ class DlrmWorkload(Workload):
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
-        return shard_model(model, cfg, device, world_size)
+        return shard_model(model, cfg.sharding, cfg.comm,
+                           fused_params(cfg.optim, cfg.precision.mode, device.type), device, world_size,
+                           ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 
 
 DLRM_V1 = DlrmWorkload("dlrm_v1")

@@ -21,7 +21,7 @@ SC = Scenario(tables=(Table("a", 10, 8, ("tw", 0)), Table("b", 12, 8, ("tw", 1))
 def _settled_run(rank: int, world_size: int) -> dict:
     import torch
 
-    from dlrmtrain.comm.auto.codec import AutoDist
+    from dlrmtrain.comm.auto.dist import AutoDist
     from dlrmtrain.comm.auto.policy import AutoPolicy
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
     from dlrmtrain.comm.stock_bytes import count_stock_dists

@@ -41,3 +41,35 @@ def test_per_table_choice_and_unknown_tables() -> None:
     assert codecs_per_table("dedup", {"b": "none"}, ["a", "b"]) == {"a": "dedup", "b": "none"}
     with pytest.raises(ValueError, match=r"tables the model does not have: \['zz'\]"):
         codecs_per_table("dedup", {"zz": "none"}, ["a", "b"])
+
+
+def test_the_schema_names_exactly_the_registered_codecs() -> None:
+    """`comm.codec` is a checked name: the loader refuses what the registry does not know."""
+    from dlrmtrain.comm.labels import CODEC_NAMES
+
+    assert sorted(CODEC_NAMES) == available_codecs()
+
+
+def test_codec_labels_round_trip_and_refuse_other_shapes() -> None:
+    from dlrmtrain.comm.labels import contender_label, parse_contender
+
+    for codec in available_codecs():
+        for kind in ("flat", "node"):
+            assert parse_contender(contender_label(codec, kind)) == (codec, kind)
+    assert contender_label("dedup", "node") == "dedup/node" and contender_label("none") == "none"
+    for bad in ("dedup/rack", "/node", ""):
+        with pytest.raises(ValueError, match="neither a codec nor <codec>/node"):
+            parse_contender(bad)
+
+
+def test_the_builders_refuse_what_the_hierarchy_cannot_carry() -> None:
+    """Each sharder builder checks the hierarchy itself, not only config validation before it."""
+    from dlrmtrain.comm.sequence.sharder import make_ec_sharder
+    from dlrmtrain.comm.topology import Hierarchy
+
+    node = Hierarchy("node", 2)
+    with pytest.raises(ValueError, match=r"comm\.hierarchy: node covers pooled embeddings only"):
+        make_ec_sharder("dedup", {}, FUSED, hierarchy=node)
+    with pytest.raises(ValueError, match=r"comm\.codec: 'fp16' cannot run under comm\.hierarchy: node"):
+        make_ebc_sharder("fp16", {}, FUSED, hierarchy=node)
+    assert isinstance(make_ebc_sharder("dedup", {}, FUSED, hierarchy=node), CodecEmbeddingBagCollectionSharder)

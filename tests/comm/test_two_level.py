@@ -20,12 +20,13 @@ import pytest
 import torch
 
 from dlrmtrain.comm.dedup.kernels import block_unique
-from dlrmtrain.comm.dedup.two_level import BagBlock, blocks_unique, node_subsets
+from dlrmtrain.comm.dedup.two_level.shared import BagBlock, blocks_unique, node_subsets
 from dlrmtrain.comm.layout import FeatureEntry
 from dlrmtrain.comm.stats import HOPS, DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
+from tests.comm.cuda_futures import cuda_like_futures
 from tests.comm.ranks import Scenario, Table, bags_for, count_host_syncs, run_codec, to_numpy
 from tests.comm.test_dedup_training import GRAD_ATOL, GRAD_RTOL, LOSS_RTOL
 from tests.multiproc import run_ranks
@@ -143,8 +144,10 @@ def test_config_refuses_two_levels_for_sequence_embeddings():
 
 # ------------------------------------------------------------------ 4 ranks
 def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> dict:
+    with cuda_like_futures() as checked:  # every callback's value extracted as a CUDA future does
+        node = run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)
     return to_numpy({"none": run_codec(sc, "none", rank, world_size),
-                     "node": run_codec(sc, "dedup", rank, world_size, hierarchy=NODE),
+                     "node": node, "callbacks_checked": len(checked),
                      "fallback_none": run_codec(fallback, "none", rank, world_size),
                      "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE),
                      "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE),
@@ -194,11 +197,11 @@ def _in_callback(sync: tuple[str, str]) -> bool:
     """A sync in `start_node_ids` (row-wise on this thread, else maybe in a callback)."""
     import inspect
 
-    from dlrmtrain.comm.dedup import two_level
+    from dlrmtrain.comm.dedup.two_level import node_ids
 
-    lines, first = inspect.getsourcelines(two_level.start_node_ids)
+    lines, first = inspect.getsourcelines(node_ids.start_node_ids)
     file, line = sync[1].rsplit(":", 1)
-    return file == "comm/dedup/two_level.py" and first <= int(line) < first + len(lines)
+    return file == "comm/dedup/two_level/node_ids.py" and first <= int(line) < first + len(lines)
 
 
 @pytest.mark.timeout(300)
@@ -215,6 +218,9 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
             for gn, gd in zip(per_n, per_d):
                 np.testing.assert_allclose(gd, gn, rtol=GRAD_RTOL, atol=GRAD_ATOL)
         np.testing.assert_allclose(node["losses"], none["losses"], rtol=LOSS_RTOL)
+        # the two-level callbacks (the id exchange's launch, the backward rail hop's) return what a
+        # CUDA future can extract (tensors or None): on NCCL a Work in their value makes wait() raise
+        assert res["callbacks_checked"] > 0
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
         assert "messages/step" in node["summary"] and "between nodes" in node["summary"]  # console

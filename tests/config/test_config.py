@@ -84,6 +84,8 @@ def test_every_shipped_config_loads_and_validates():
     ("", ["noequals"], r"expected section\.key=value"),
     ("", ["seed=1"], r"the key must be section\.key"),
     ("", ["run.seed=null"], r"run\.seed: null is not allowed"),
+    ("", ["comm.codec=zstd"], r"comm\.codec: 'zstd' is not one of"),  # a checked name (schema.CodecName)
+    ("", ["comm.table_codecs={t_cat_1: gz}"], r"comm\.table_codecs\.t_cat_1: 'gz' is not one of"),
 ])
 def test_load_errors_name_the_key(tmp_path, text, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -100,7 +102,6 @@ def test_missing_config_file_is_named(tmp_path):
     (["eval.batch_size=1001"], 2, r"eval\.batch_size"),
     (["data.table_sizes=[10, 20]"], 2, r"data\.table_sizes: 2 tables given"),
     (["data.table_sizes=" + str([10] * 25 + [0])], 2, r"data\.table_sizes\[25\]"),
-    (["comm.codec=zstd"], 2, r"comm\.codec: 'zstd' is not one of"),
     (["comm.table_codecs={t_cat_99: none}"], 2, r"comm\.table_codecs\.t_cat_99: no such table"),
     (["sharding.tables={t_cat_26: row_wise}"], 2, r"sharding\.tables\.t_cat_26: no such table"),
     (["model.bottom_mlp=[64, 32]"], 2, r"model\.bottom_mlp: the last width must equal"),

@@ -1,4 +1,4 @@
 """The lossless `auto` codec: per all-to-all (and per table) `none` or `dedup`, whichever measures faster.
 
-policy.py decides (no torch); codec.py (`AutoCodec`, `AutoDist`) applies the decisions.
+policy.py decides (no torch); dist.py (`AutoDist`) applies the decisions; codec.py (`AutoCodec`) builds it.
 """

@@ -1,42 +1,21 @@
 """`auto`: lossless; per all-to-all (and per table) `none` or `dedup`, whichever measures faster.
 
-`AutoDist` holds TorchRec's stock dist and a `DedupDist` for the same tables
-and sends each training step through one of them, as `AutoPolicy`
-(policy.py) says: both alternate while it probes, then the faster
-one stays. Every choice is agreed over ranks with one small all-reduce, so
-both ends of every block always use the same path. Evaluation batches use the
-current choice (`none` while probing) and are not timed. Lossless either way:
-both paths give bitwise the same forward.
-
-Settled: once the whole all-to-all is decided `none`, auto gets out of the
-way. `AutoDist.forward` is shadowed by the stock dist's own call, so each
-step runs TorchRec's dist as under `codec: none`; a forward pre-hook only
-tallies the step (its bytes are counted in bulk when the counters are read)
-and counts down to the next drift check. There auto steps back in for the
-`drift_samples` timed steps that check needs (policy.py, `untimed_steps`),
-checks, and settles again unless something drifted.
+The registry entry: it builds the dedup dist of the same spec (two levels under
+`comm.hierarchy: node`) and puts an `AutoDist` (dist.py; sequence all-to-alls:
+`SequenceAutoDist`, sequence/auto.py) over it and the stock dist.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
 
-import torch
-import torch.distributed as dist
 import torch.nn as nn
-from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
-from torchrec.distributed.types import Awaitable
 
+from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
-from dlrmtrain.comm.codec import EmbeddingCommCodec
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
-from dlrmtrain.comm.layout import Layout
-from dlrmtrain.comm.stats import DistCommStats, TableCommStats
-from dlrmtrain.comm.stock_bytes import add_tallied_passes, count_stock_step, pass_key
-
-logger = logging.getLogger(__name__)
+from dlrmtrain.comm.sequence.auto import SequenceAutoDist
 
 
 class AutoCodec(EmbeddingCommCodec):
@@ -44,255 +23,13 @@ class AutoCodec(EmbeddingCommCodec):
     lossless = True
     needs_ids = True  # its dedup path reads both ends' ids
 
-    def __init__(self, policy: AutoPolicy | None = None, dedup: DedupCodec | None = None) -> None:
-        self._dedup = dedup or DedupCodec()  # under comm.hierarchy: node, the two-level dedup
+    def __init__(self, policy: AutoPolicy | None = None) -> None:
+        self._dedup = DedupCodec()
         self._policy = policy or AutoPolicy()
 
-    def supports(self, sharding_type: str) -> bool:
-        return self._dedup.supports(sharding_type)
+    def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
+        return self._dedup.supports(sharding_type, kind)
 
-    def make_output_dist(self, stock_dist: nn.Module, layout: Layout | None, tables: set[str],
-                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
-        dedup = self._dedup.make_output_dist(stock_dist, layout, tables, pg, sharding_type)
-        return AutoDist(stock_dist, dedup, layout, tables, pg, sharding_type,
-                        dataclasses.replace(self._policy))  # fresh state per dist
-
-
-class AutoDist(nn.Module):
-    """Drop-in output dist that routes each step through the stock dist or dedup's."""
-
-    def __init__(self, stock_dist: nn.Module, dedup_dist: nn.Module, layout: Layout, tables: set[str],
-                 pg: dist.ProcessGroup, sharding_type: str, policy: AutoPolicy) -> None:
-        super().__init__()
-        self.stock_dist = stock_dist
-        self.dedup_dist = dedup_dist
-        self.layout = layout
-        self.tables = set(tables)
-        self.pg = pg
-        self.rank = dist.get_rank(pg)
-        self.sharding_type = sharding_type
-        self.policy = policy
-        self.table_choice = {t: "dedup" for t in sorted(self.tables)}
-        self.none_stats = DistCommStats(codec="none", sharding_type=sharding_type)
-        self._step_started: float | None = None  # perf_counter of the running training step
-        self._untimed = False                    # something else ran inside the current period
-        self._probe_base: dict[str, TableCommStats] | None = None  # dedup's counters when the probe began
-        # settled on none (see the module's docstring)
-        self._settled_hook = None
-        self._settled_left = 0       # training steps the stock dist still runs alone
-        self._untimed_periods = 0    # training steps that ran settled, for the policy's step count
-        self._settled_counts: dict[tuple, int] = {}  # (batch sizes, rows, element size) → passes
-        self._say(f"comm auto ({self._what()}): timing none and dedup steps in turn over the first "
-                  f"{policy.warmup_steps + 2 * policy.min_probe_steps}-"
-                  f"{policy.warmup_steps + 2 * policy.probe_steps} training steps; dedup "
-                  f"is used only if its step is > {policy.margin:.0%} faster")
-
-    # ------------------------------------------------------------- forward
-    def forward(self, local_embs: torch.Tensor,
-                sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
-        training = torch.is_grad_enabled() and local_embs.requires_grad
-        if not training:
-            self._untimed = True
-            path = self.policy.choice if self.policy.phase == "steady" else "none"
-            return self._run(path, local_embs, sharding_ctx)
-        if self._untimed_periods:  # back from a settled run: count its steps
-            self.policy.advance(self._untimed_periods)
-            self._untimed_periods = 0
-        now = time.perf_counter()
-        if self._step_started is not None:
-            if self._untimed:
-                self.policy.skip()
-            else:
-                self.policy.observe(now - self._step_started)
-        self._step_started, self._untimed = now, False
-        if self.policy.phase == "probe" and self._probe_base is None:
-            self._probe_base = self._dedup_tables_snapshot()
-            self._set_dedup_tables(self.tables)
-        if self.policy.needs_decision() or (
-                self.policy.early_check_due() and self.policy.clear_cut(
-                    self._agree(self.policy.local_extremes(), local_embs.device, op=dist.ReduceOp.MAX))):
-            self._decide(local_embs.device)
-        elif self.policy.check_due():
-            self._check_drift(local_embs.device)
-        awaitable = self._run(self.policy.path(), local_embs, sharding_ctx)
-        untimed = self.policy.untimed_steps() if self.policy.choice == "none" else 0
-        if untimed >= 2:  # this step and at least one more need no auto
-            self._settle(untimed)
-        return awaitable
-
-    def start_with_ids(self, sharding_ctx) -> None:
-        """`hooks.StartsWithIds`: what dedup launches with the ids (row-wise: its flags), whichever
-        path the step then takes, so every rank launches the same collectives."""
-        self.dedup_dist.start_with_ids(sharding_ctx)
-
-    def _run(self, path: str, local_embs: torch.Tensor, sharding_ctx) -> Awaitable[torch.Tensor]:
-        if path == "dedup":
-            return self.dedup_dist(local_embs, sharding_ctx)
-        W = self.layout.world_size
-        sizes = list(getattr(sharding_ctx, "batch_size_per_rank", None) or [])
-        if not sizes:  # TorchRec leaves it empty when every rank has the same batch
-            sizes = [local_embs.shape[0] // W] * W
-        count_stock_step(self.none_stats, self.layout, self.rank, sizes, local_embs.element_size())
-        return self.stock_dist(local_embs, sharding_ctx)
-
-    # ------------------------------------------------------------- settled
-    def _settle(self, untimed: int) -> None:
-        """Hand the next `untimed - 1` training steps straight to the stock dist."""
-        self._settled_left = untimed - 1
-        self._untimed_periods = 1  # the current step's period is not timed either
-        self._step_started = None
-        # an instance attribute shadows AutoDist.forward: nn.Module.__call__ runs the stock dist
-        self.forward = self.stock_dist.__call__
-        self._settled_hook = self.register_forward_pre_hook(self._settled_step, with_kwargs=True)
-
-    def _settled_step(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """The settled path's only per-step Python: tally the pass, count down to the next check."""
-        local_embs = args[0] if args else kwargs["local_embs"]
-        ctx = args[1] if len(args) > 1 else kwargs.get("sharding_ctx")
-        self._tally_settled(local_embs, ctx)
-        if torch.is_grad_enabled() and local_embs.requires_grad:
-            self._untimed_periods += 1
-            self._settled_left -= 1
-            if self._settled_left <= 0:
-                self._unsettle()
-
-    def _unsettle(self) -> None:
-        """The next call enters `forward` again (this one is already on its way to the stock dist)."""
-        del self.forward
-        self._settled_hook.remove()
-        self._settled_hook = None
-
-    @property
-    def settled(self) -> bool:
-        """Whether the stock dist runs each step with auto out of the way."""
-        return self._settled_hook is not None
-
-    def _tally_settled(self, local_embs: torch.Tensor, sharding_ctx) -> None:
-        key = pass_key(local_embs, sharding_ctx)
-        self._settled_counts[key] = self._settled_counts.get(key, 0) + 1
-
-    def _flush_settled(self) -> None:
-        """Add the tallied settled passes to none's counters (one counted pass times its tally)."""
-        add_tallied_passes(self.none_stats, self.layout, self.rank, self._settled_counts)
-        self._settled_counts = {}
-
-    # ------------------------------------------------------------ decisions
-    def _agree(self, values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=op, group=self.pg)
-        return t.tolist()
-
-    def _decide(self, device: torch.device) -> None:
-        W = self.layout.world_size
-        names = sorted(self.tables)
-        now = self._dedup_tables_snapshot()
-        counts = []
-        for t in names:
-            base = (self._probe_base or {}).get(t, TableCommStats())
-            cur = now.get(t, TableCommStats())
-            counts += [cur.bags - base.bags, cur.unique_bags - base.unique_bags]
-        agreed = self._agree([*self.policy.local_medians(), *counts], device)
-        none_s, dedup_s = agreed[0] / W, agreed[1] / W
-        fractions = {t: (agreed[3 + 2 * i] / agreed[2 + 2 * i]) if agreed[2 + 2 * i] else 1.0
-                     for i, t in enumerate(names)}
-        bags = sum(agreed[2::2])
-        overall = sum(agreed[3::2]) / bags if bags else None
-        decision = self.policy.decide(none_s, dedup_s, overall)
-        self._probe_base = None
-        reason = decision.reason
-        if decision.choice == "dedup" and hasattr(self.dedup_dist.planner, "dedup_tables"):
-            self.table_choice = self.policy.table_choices(fractions)
-            coded = {t for t, c in self.table_choice.items() if c == "dedup"}
-            if coded:
-                self._set_dedup_tables(coded)
-                plain = sorted(self.tables - coded)
-                if plain:
-                    reason += f"; tables {plain} uncompressed (distinct fraction >= " \
-                              f"{self.policy.table_keep_fraction})"
-            else:
-                self.policy.choice = decision.choice = "none"
-                reason += "; but every table's distinct fraction is >= " \
-                          f"{self.policy.table_keep_fraction}: none"
-        if decision.choice == "none":
-            self.table_choice = {t: "none" for t in names}
-        elif not hasattr(self.dedup_dist.planner, "dedup_tables"):
-            self.table_choice = {t: "dedup" for t in names}
-        decision.reason = reason
-        line = f"step {decision.step}: {decision.choice} ({reason}; {self._fractions_text(fractions, overall)})"
-        self.none_stats.decisions.append(line)
-        self._say(f"comm auto ({self._what()}): {line}")
-
-    def _what(self) -> str:
-        """The all-to-all in words: its sharding type and its tables (named when few)."""
-        names = sorted(self.tables)
-        return f"{self.sharding_type} {names[0]}" if len(names) == 1 else \
-            f"{self.sharding_type}, {len(names)} tables" + (f" {names}" if len(names) <= 4 else "")
-
-    @staticmethod
-    def _fractions_text(fractions: dict[str, float], overall: float | None) -> str:
-        """Distinct rows per batch: overall and per table (the extremes only when many)."""
-        if not fractions:
-            return "no distinct fractions measured"
-        head = f"distinct rows per batch {overall:.0%}" if overall is not None else "distinct rows per batch"
-        if len(fractions) <= 4:
-            return head + " (" + ", ".join(f"{t} {f:.2f}" for t, f in fractions.items()) + ")"
-        ranked = sorted(fractions.items(), key=lambda kv: kv[1])
-        (lo, f_lo), (hi, f_hi) = ranked[0], ranked[-1]
-        return f"{head} ({lo} {f_lo:.2f} to {hi} {f_hi:.2f}; every table in comm_stats.json)"
-
-    def _check_drift(self, device: torch.device) -> None:
-        frac = None
-        if self.policy.choice == "dedup":
-            tot = self.dedup_dist.comm_stats.tables.values()
-            bags = sum(t.bags for t in tot)
-            frac = sum(t.unique_bags for t in tot) / bags if bags else None
-        drifted, = self._agree([float(self.policy.local_drift(frac))], device, op=dist.ReduceOp.MAX)
-        if drifted:
-            self._say(f"comm auto ({self._what()}): step time or distinct fraction drifted at step "
-                      f"{self.policy.step}; timing both paths again")
-            self.policy.reprobe()
-
-    def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:
-        return {t: dataclasses.replace(s) for t, s in self.dedup_dist.comm_stats.tables.items()}
-
-    def _set_dedup_tables(self, tables: set[str]) -> None:
-        planner = self.dedup_dist.planner
-        if hasattr(planner, "dedup_tables"):
-            planner.dedup_tables = set(tables)
-
-    def _say(self, text: str) -> None:
-        if self.rank == 0:
-            print(text, flush=True)
-        logger.info(text)
-
-    # ---------------------------------------------------------------- stats
-    def counted_bytes(self) -> DistCommStats:
-        """Both paths' counters as one codec dist's (`stats.CountsCommBytes`)."""
-        return self.comm_stats
-
-    @property
-    def comm_stats(self) -> DistCommStats:
-        """Both paths' counters as one codec dist's."""
-        self._flush_settled()
-        d = self.dedup_dist.comm_stats
-        tables: dict[str, TableCommStats] = {}
-        for src in (d.tables, self.none_stats.tables):
-            for name, t in src.items():
-                tables.setdefault(name, TableCommStats()).add(t)
-        # the dedup path's counters (codec time, syncs, messages, hops), with both paths'
-        # tables and steps and auto's own name, choices and decisions
-        return dataclasses.replace(
-            d, codec="auto", sharding_type=self.sharding_type, tables=tables,
-            table_codecs={t: f"auto:{self.table_choice.get(t, 'none')}" for t in tables},
-            steps=d.steps + self.none_stats.steps, decisions=list(self.none_stats.decisions),
-            hop_seconds=dict(d.hop_seconds))
-
-    @comm_stats.setter
-    def comm_stats(self, value: DistCommStats) -> None:
-        """Restart the counters from `value` (tests count training steps only)."""
-        self._settled_counts = {}
-        d = self.dedup_dist.comm_stats
-        self.dedup_dist.comm_stats = dataclasses.replace(value, codec=d.codec, table_codecs=d.table_codecs,
-                                                         decisions=[])
-        self.none_stats = DistCommStats(codec="none", sharding_type=self.sharding_type,
-                                        decisions=list(self.none_stats.decisions))
+    def make_output_dist(self, spec: DistSpec) -> nn.Module:
+        dist_type = SequenceAutoDist if spec.kind == "sequence" else AutoDist
+        return dist_type(spec, self._dedup.make_output_dist(spec), dataclasses.replace(self._policy))  # fresh state

@@ -20,7 +20,6 @@ import copy
 import logging
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.fbgemm_qcomm_codec import (
@@ -31,8 +30,8 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 )
 from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodecs
 
-from dlrmtrain.comm.codec import EmbeddingCommCodec
-from dlrmtrain.comm.layout import DistLayout, Layout
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
+from dlrmtrain.comm.layout import DistLayout
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.torchrec_hooks import qcomm_codecs
 
@@ -58,8 +57,8 @@ class LossyQCommsCodec(EmbeddingCommCodec):
         self.name = name
         self.comm_type = comm_type
 
-    def supports(self, sharding_type: str) -> bool:
-        return True  # TorchRec's qcomms cover every pooled-embedding dist
+    def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
+        return True  # TorchRec's qcomms cover every pooled- and sequence-embedding dist
 
     def qcomms_config(self) -> QCommsConfig | None:
         return QCommsConfig(forward_precision=self.comm_type, backward_precision=self.comm_type)
@@ -95,12 +94,11 @@ class LossyQCommsCodec(EmbeddingCommCodec):
         return bytes_per_value(self.qcomm_codecs_registry("cpu")["POOLED_EMBEDDINGS_ALL_TO_ALL"],
                                torch.zeros(0))
 
-    def make_output_dist(self, stock_dist: nn.Module, layout: Layout | None, tables: set[str],
-                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
-        codecs = qcomm_codecs(stock_dist)
-        if not isinstance(layout, DistLayout) or codecs is None:
-            return stock_dist  # still quantized by TorchRec; only the counters are skipped
-        return CountingLossyDist(stock_dist, layout, codecs, self.name, sharding_type, pg)
+    def make_output_dist(self, spec: DistSpec) -> nn.Module:
+        codecs = qcomm_codecs(spec.stock_dist)
+        if spec.kind != "pooled" or not isinstance(spec.layout, DistLayout) or codecs is None:
+            return spec.stock_dist  # still quantized by TorchRec; only the counters are skipped
+        return CountingLossyDist(spec, codecs, self.name)
 
 
 class CountingLossyDist(nn.Module):
@@ -111,16 +109,15 @@ class CountingLossyDist(nn.Module):
     bytes per 32 values, a scale and bias per row), as TorchRec sizes its all-to-all.
     """
 
-    def __init__(self, stock_dist: nn.Module, layout: DistLayout, codecs: QuantizedCommCodecs,
-                 name: str, sharding_type: str, pg: dist.ProcessGroup) -> None:
+    def __init__(self, spec: DistSpec, codecs: QuantizedCommCodecs, name: str) -> None:
         super().__init__()
-        self.inner = stock_dist
-        self.layout = layout
-        self.rank = dist.get_rank(pg)
+        self.inner = spec.stock_dist
+        self.layout = spec.layout
+        self.rank = spec.rank
         self.codecs = codecs
         self.bytes_per_element: float | None = None
-        self.comm_stats = DistCommStats(codec=name, sharding_type=sharding_type, lossy=True,
-                                        table_codecs={e.table: name for e in layout.all_entries()})
+        self.comm_stats = DistCommStats(codec=name, sharding_type=spec.sharding_type, lossy=True,
+                                        table_codecs={t: name for t in spec.all_tables()})
 
     def forward(self, local_embs: torch.Tensor,
                 sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:

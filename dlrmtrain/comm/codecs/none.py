@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.codec import EmbeddingCommCodec
-from dlrmtrain.comm.layout import Layout
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 
 
 class NoneCodec(EmbeddingCommCodec):
     name = "none"
     lossless = True
 
-    def supports(self, sharding_type: str) -> bool:
+    def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return True
 
-    def make_output_dist(self, stock_dist: nn.Module, layout: Layout | None, tables: set[str],
-                         pg: dist.ProcessGroup, sharding_type: str) -> nn.Module:
-        return stock_dist
+    def make_output_dist(self, spec: DistSpec) -> nn.Module:
+        return spec.stock_dist

@@ -1,24 +1,24 @@
-"""The one dedup output dist: table-, column- and row-wise share it, a planner differs.
+"""The one dedup output dist: every sharding type and both levels share it, a route differs.
 
-The dist owns what every sharding type shares: the constructor (process
-group, wire precision, buffer pools, counters), the forward checks (both
-ends' ids present, no variable batch per feature), the plan loop (time it,
-count the step, or fall back to TorchRec's stock dist when the planner
-declines) and the asynchronous all-to-all (transport.py). A planner
-(table_wise.py, row_wise.py) knows its sharding's wire layout: given the
-step's `DedupStep` (plan.py), it deduplicates the ids of both ends, reads their
-counts in the step's one host sync, builds the `DedupPlan` and counts the
-step's bytes with `TableCommStats.add_rows`. The two-level path
-(`comm.hierarchy: node`) is the same dist with its own planner (two_level.py)
-and transport (two_level_transport.py), passed in as `start`; the dist counts
-every plan's messages and bytes between and inside nodes (`plan.traffic`).
+The dist owns what every route shares: the constructor (process group, wire
+precision, buffer pools, counters), the forward checks (both ends' ids
+present, no variable batch per feature), the plan loop (time it, count the
+step, or fall back to TorchRec's stock dist when the planner declines) and the
+launch of the route's transport. The `Route` (plan.py), built by the codec,
+pairs a planner that knows its sharding's wire layout (table_wise.py,
+row_wise.py, sequence/planner.py, two_level/) with the transport that carries
+out its plans (transport.py, two_level/transport.py): given the step's
+`DedupStep`, the planner deduplicates the ids of both ends, reads their counts
+in the step's host sync, builds the plan and counts the step's bytes with
+`TableCommStats.add_rows`; the dist counts every plan's messages and bytes
+between and inside nodes (`Plan.traffic`).
 
 A plan depends on the ids only. Under the pipeline (torchrec_hooks.
 `PlanAheadTrainPipelineSparseDist`) `plan_ahead` makes it as soon as the
 batch's ids have arrived, during the previous step, and the forward only
 carries it out: no unique, no sort and no host sync on the step's critical
-path (`DistCommStats.step_host_syncs` counts those that remain: one per plan
-made in a forward, two for two-level).
+path (`DistCommStats.step_host_syncs` counts those that remain: the route's
+`plan_syncs` per plan made in a forward).
 """
 
 from __future__ import annotations
@@ -28,16 +28,14 @@ import logging
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 
+from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.dedup.buffers import BufferPool
-from dlrmtrain.comm.dedup.plan import DedupPlan, DedupPlanner, DedupStep, PlannedAhead
-from dlrmtrain.comm.dedup.transport import start_dedup_all_to_all
+from dlrmtrain.comm.dedup.plan import DedupPlanner, DedupStep, Plan, PlannedAhead, Route
 from dlrmtrain.comm.stats import DistCommStats
-from dlrmtrain.comm.topology import NodeTopology
 from dlrmtrain.comm.torchrec_hooks import (
     dist_callbacks,
     ids_of_both_ends,
@@ -51,32 +49,31 @@ logger = logging.getLogger(__name__)
 
 
 class DedupDist(nn.Module):
-    """Drop-in for TorchRec's pooled-embedding output dist under `dedup` (and `dedup+fp16/bf16`)."""
+    """Drop-in for TorchRec's output dist under `dedup` (and `dedup+fp16/bf16`), pooled or sequence."""
 
-    def __init__(self, stock_dist: nn.Module, planner: DedupPlanner, pg: dist.ProcessGroup,
-                 sharding_type: str, table_codecs: dict[str, str], wire_dtype: torch.dtype | None,
-                 codec_name: str, topology: NodeTopology | None = None, start=start_dedup_all_to_all,
-                 hierarchy: str = "flat", plan_syncs: int = 1) -> None:
+    def __init__(self, spec: DistSpec, route: Route, codec_name: str,
+                 wire_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.stock_dist = stock_dist  # the fallback
-        self.planner = planner
-        self.start = start  # launches a plan's transfers, returns the awaitable
-        self.pg = pg
-        self.rank = dist.get_rank(pg)
-        self.world_size = dist.get_world_size(pg)
-        # which ranks share a node: only for counting bytes and messages between nodes
-        self.topology = topology or NodeTopology(self.world_size, self.world_size, self.rank)
+        self.stock_dist = spec.stock_dist  # the fallback
+        self.route = route
+        self.pg = spec.pg
+        self.rank = spec.rank
+        self.world_size = spec.world_size
         self.wire_dtype = wire_dtype
         # column-wise sharding reorders shards with a callback; keep it (it is differentiable)
-        self.output_callbacks = dist_callbacks(stock_dist)
+        self.output_callbacks = dist_callbacks(spec.stock_dist)
         self.output_pool = BufferPool()  # expanded outputs (forward)
         self.grad_pool = BufferPool()    # embedding gradients (backward)
-        self.plan_syncs = plan_syncs     # host syncs one plan costs (two-level: the id exchange's and the counts')
         # the embeddings' element size, learned from the last forward: plans made ahead count bytes at it
         self.elem_bytes: int | None = None
-        self.comm_stats = DistCommStats(codec=codec_name, sharding_type=sharding_type,
+        table_codecs = {t: codec_name if t in spec.tables else "none" for t in sorted(spec.all_tables())}
+        self.comm_stats = DistCommStats(codec=codec_name, sharding_type=spec.sharding_type,
                                         lossy=wire_dtype is not None, table_codecs=table_codecs,
-                                        hierarchy=hierarchy)
+                                        hierarchy=route.hierarchy)
+
+    @property
+    def planner(self) -> DedupPlanner:
+        return self.route.planner
 
     def forward(self, local_embs: torch.Tensor,
                 sharding_ctx: EmbeddingShardingContext | None = None) -> Awaitable[torch.Tensor]:
@@ -92,7 +89,7 @@ class DedupDist(nn.Module):
             t0 = time.perf_counter()
             extra_syncs = self.comm_stats.extra_syncs
             plan = self.planner.plan(self._step(sharding_ctx, elem_bytes, self.comm_stats))
-            self.comm_stats.step_host_syncs += self.plan_syncs + self.comm_stats.extra_syncs - extra_syncs
+            self.comm_stats.step_host_syncs += self.route.plan_syncs + self.comm_stats.extra_syncs - extra_syncs
             plan_seconds = time.perf_counter() - t0
         self.elem_bytes = elem_bytes
         if plan is None:
@@ -102,9 +99,10 @@ class DedupDist(nn.Module):
             return self.stock_dist(local_embs, sharding_ctx)
         self.comm_stats.codec_seconds += plan_seconds
         self.comm_stats.steps += 1
-        self.comm_stats.count_traffic(plan.traffic(self.topology), self.rank, self.topology.node_of,
+        topology = self.route.topology
+        self.comm_stats.count_traffic(plan.traffic(topology), self.rank, topology.node_of,
                                       self._wire_bytes(elem_bytes))
-        awaitable = self.start(local_embs, plan, self)
+        awaitable = self.route.start(local_embs, plan, self)
         awaitable.callbacks.extend(self.output_callbacks)
         return awaitable
 
@@ -151,7 +149,7 @@ class DedupDist(nn.Module):
         return self.comm_stats
 
 
-def _use_on_current_stream(plan: DedupPlan | None) -> None:
+def _use_on_current_stream(plan: Plan | None) -> None:
     """A plan made ahead on the pipeline's data-dist stream is used on the current one:
     keep the caching allocator from reusing its memory before this stream is done with it."""
     if plan is None:

@@ -1,22 +1,25 @@
-"""What a dedup dist and its planner hand each other, once per step.
+"""What a dedup dist, its planner and its transport hand each other, once per step.
 
 `DedupDist` (dist.py) wraps the step's inputs in a `DedupStep`; the planner of
-its sharding type (table_wise.py, row_wise.py) deduplicates the ids of both
-ends, adds the step's bytes to `DedupStep.stats` and returns a `DedupPlan`,
-which the transport (transport.py) carries out forward and backward.
-A plan depends on the ids only, so under the pipeline it is made when the
-batch's ids arrive, a step early, and waits in a `PlannedAhead`.
+its `Route` deduplicates the ids of both ends, adds the step's bytes to
+`DedupStep.stats` and returns a `Plan` (flat: `DedupPlan`; two levels:
+`two_level.shared.TwoLevelPlan`), which the route's transport carries out
+forward and backward. The codec pairs planner and transport in the route, so
+they cannot be mismatched. A plan depends on the ids only, so under the
+pipeline it is made when the batch's ids arrive, a step early, and waits in a
+`PlannedAhead`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology
 
 
 @dataclass
@@ -56,6 +59,18 @@ class DedupStep:
         return [sum(self.sizes[:s]) for s in range(len(self.sizes))]
 
 
+class Plan(Protocol):
+    """What every plan offers its dist (flat `DedupPlan`, `TwoLevelPlan`); the rest is its transport's."""
+
+    unit: int
+    """columns per unit row: indices count unit rows, splits count elements"""
+    out_shape: tuple[int, int]
+
+    def traffic(self, topology: NodeTopology) -> list[tuple[int, int, int]]:
+        """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
+        ...
+
+
 @dataclass
 class DedupPlan:
     """Everything one step's forward and backward transfers need, in units of `unit` columns."""
@@ -68,7 +83,7 @@ class DedupPlan:
     out_shape: tuple[int, int]
     pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
 
-    def traffic(self, topology=None) -> list[tuple[int, int, int]]:
+    def traffic(self, topology: NodeTopology | None = None) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
         return [(s, sent, received) for s, (sent, received) in enumerate(zip(self.send_splits, self.recv_splits))]
 
@@ -77,7 +92,7 @@ class DedupPlan:
 class PlannedAhead:
     """A plan made when its batch's ids arrived, before the forward that uses it."""
 
-    plan: DedupPlan | None
+    plan: Plan | None
     """None: the planner declined (the pass runs the stock dist)"""
     elem_bytes: int
     """the embedding element size the bytes were counted at (the dist's last forward's)"""
@@ -93,6 +108,25 @@ class DedupPlanner(Protocol):
     fallback_warning: str
     """logged once when `plan` first declines a step"""
 
-    def plan(self, step: DedupStep) -> DedupPlan | None:
+    def plan(self, step: DedupStep) -> Plan | None:
         """This step's plan, with its bytes added to `step.stats`; None: run the stock dist this step."""
         ...
+
+
+Start = Callable[[torch.Tensor, Any, Any], Any]
+"""a transport: (local embeddings, plan, the dist) -> the awaitable of the output"""
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one dedup dist moves its rows: a planner and the transport that carries out its plans,
+    paired by the codec (flat or two-level, table- or row-wise)."""
+
+    planner: DedupPlanner
+    start: Start
+    topology: NodeTopology
+    """which ranks share a node (flat routes use it only to count bytes between nodes)"""
+    hierarchy: Hierarchy = FLAT
+    """what the route runs: the run's node hierarchy for two levels, else FLAT"""
+    plan_syncs: int = 1
+    """host syncs one plan costs (two levels: the id exchange's and the counts')"""

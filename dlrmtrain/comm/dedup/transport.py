@@ -34,8 +34,9 @@ from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.dedup.buffers import BufferPool
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
-from dlrmtrain.comm.dedup.plan import DedupPlan
+from dlrmtrain.comm.dedup.plan import DedupPlan, DedupPlanner, Route
 from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.topology import NodeTopology
 
 
 class DedupDistState(Protocol):
@@ -92,10 +93,15 @@ def _start_all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=pg, async_op=True)
 
 
-def _timed_wait(work, stats: DistCommStats) -> None:
+def timed_wait(work, stats: DistCommStats, hop: str | None = None) -> float:
+    """Wait for a transfer, counted as transfer time (and of `hop`, two levels); returns now."""
     t0 = time.perf_counter()
     work.wait()
-    stats.transfer_seconds += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    stats.transfer_seconds += t1 - t0
+    if hop is not None:
+        stats.add_hop(hop, t1 - t0)
+    return t1
 
 
 def owner_gradient(owner: DedupDistState, grad_rows: torch.Tensor, send_index: torch.Tensor,
@@ -133,7 +139,7 @@ class _DedupStart(torch.autograd.Function):
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
         plan, owner = req.plan, req.owner
-        _timed_wait(req.grad_work, owner.comm_stats)
+        timed_wait(req.grad_work, owner.comm_stats)
         t0 = time.perf_counter()
         grad_local = owner_gradient(owner, _decode(req.grad_send, req.dtype), plan.send_index,
                                     req.local_shape, plan.unit)
@@ -148,7 +154,7 @@ class _DedupWait(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dummy: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
-        _timed_wait(req.work, owner.comm_stats)
+        timed_wait(req.work, owner.comm_stats)
         t0 = time.perf_counter()
         recv = _decode(req.recv, req.dtype)  # only the U unique rows: decode before expanding
         out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
@@ -177,17 +183,25 @@ class _DedupWait(torch.autograd.Function):
 
 
 class DedupAwaitable(Awaitable[torch.Tensor]):
-    """The forward all-to-all in flight; `wait()` returns the expanded pooled embeddings."""
+    """The forward all-to-all in flight; `wait()` runs the transport's wait half (`wait_half`) and
+    returns the expanded embeddings. Every dedup transport's awaitable is one of these."""
 
-    def __init__(self, dummy: torch.Tensor, req: _Request) -> None:
+    wait_half: type[torch.autograd.Function] = _DedupWait
+
+    def __init__(self, dummy: torch.Tensor, req: Any) -> None:
         super().__init__()
         self._dummy, self._req = dummy, req
 
     def _wait_impl(self) -> torch.Tensor:
-        return _DedupWait.apply(self._dummy, self._req)
+        return self.wait_half.apply(self._dummy, self._req)
 
 
 def start_dedup_all_to_all(local_embs: torch.Tensor, plan: DedupPlan, owner: DedupDistState) -> DedupAwaitable:
     """Launch the unique-row all-to-all of `plan`; wait() on the result decodes it."""
     req = _Request(plan, owner)
     return DedupAwaitable(_DedupStart.apply(local_embs, req), req)
+
+
+def flat_route(planner: DedupPlanner, topology: NodeTopology) -> Route:
+    """One all-to-all over all ranks: `planner`'s `DedupPlan`s carried out by `start_dedup_all_to_all`."""
+    return Route(planner, start_dedup_all_to_all, topology)

@@ -1,6 +1,6 @@
 """`auto` on a sequence-embedding all-to-all: `none` or sequence `dedup`, whichever measures faster.
 
-The pooled path's `AutoDist` (comm/auto/codec.py) decides per all-to-all with
+The pooled path's `AutoDist` (comm/auto/dist.py) decides per all-to-all with
 the same policy; only what its `none` path counts differs: a sequence
 all-to-all moves one row per id position, not one per bag, counted by a
 `SequenceStockCounter` (stock_bytes.py: summed on the device, read back only
@@ -10,13 +10,12 @@ with the counters, so the `none` path adds no host sync), also once settled.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.types import Awaitable
 
-from dlrmtrain.comm.auto.codec import AutoDist
+from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
-from dlrmtrain.comm.sequence.layout import SequenceLayout
+from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.sequence.stock_bytes import SequenceStockCounter
 from dlrmtrain.comm.stats import DistCommStats
 
@@ -24,10 +23,9 @@ from dlrmtrain.comm.stats import DistCommStats
 class SequenceAutoDist(AutoDist):
     """`AutoDist` over a sequence all-to-all: its `none` path counts positions, not bags."""
 
-    def __init__(self, stock_dist: nn.Module, dedup_dist: nn.Module, layout: SequenceLayout, tables: set[str],
-                 pg: dist.ProcessGroup, sharding_type: str, policy: AutoPolicy | None = None) -> None:
-        super().__init__(stock_dist, dedup_dist, layout, tables, pg, sharding_type, policy or AutoPolicy())
-        self.stock_counter = SequenceStockCounter(layout, sharding_type)
+    def __init__(self, spec: DistSpec, dedup_dist: nn.Module, policy: AutoPolicy | None = None) -> None:
+        super().__init__(spec, dedup_dist, policy or AutoPolicy())
+        self.stock_counter = SequenceStockCounter(spec.layout, spec.sharding_type)
 
     def _run(self, path: str, local_embs: torch.Tensor, sharding_ctx) -> Awaitable[torch.Tensor]:
         if path == "dedup":

@@ -1,4 +1,4 @@
-"""The two-level all-to-all of a `TwoLevelPlan` (two_level.py) as an autograd pair.
+"""The two-level all-to-all of a `TwoLevelPlan` (shared.py) as an autograd pair.
 
 Forward, in `_TwoLevelStart`: the owner gathers the rows it sends and
 launches stage 1 asynchronously: the rail all-to-all (between nodes, the slow
@@ -26,28 +26,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torchrec.distributed.types import Awaitable
-
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
-from dlrmtrain.comm.dedup.transport import DedupDistState, _start_all_to_all, owner_gradient
-from dlrmtrain.comm.dedup.two_level import TwoLevelPlan
+from dlrmtrain.comm.dedup.plan import DedupPlanner, Route
+from dlrmtrain.comm.dedup.transport import (
+    DedupAwaitable,
+    DedupDistState,
+    _start_all_to_all,
+    owner_gradient,
+    timed_wait,
+)
+from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan
 from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 
 
-def _codec(stats: DistCommStats, hop: str, t0: float) -> float:
+TWO_LEVEL_PLAN_SYNCS = 2
+"""host syncs of one two-level plan: the unique counts and the node's id exchange"""
+
+
+def count_codec(stats: DistCommStats, hop: str, t0: float) -> float:
     """Count the time since t0 as codec time of `hop`; returns now."""
     t1 = time.perf_counter()
     stats.codec_seconds += t1 - t0
-    stats.add_hop(hop, t1 - t0)
-    return t1
-
-
-def _wait(work, stats: DistCommStats, hop: str) -> float:
-    """Wait for a transfer, counted as transfer time of `hop`; returns now."""
-    t0 = time.perf_counter()
-    work.wait()
-    t1 = time.perf_counter()
-    stats.transfer_seconds += t1 - t0
     stats.add_hop(hop, t1 - t0)
     return t1
 
@@ -66,7 +66,8 @@ class _Request:
     local_work: Any = None
     grad_owner: torch.Tensor | None = None  # [stage 1 local | rail]: the owner's received sums
     grad_sends: tuple = ()                  # kept alive until their transfers are done
-    grad_rail: Any = None                   # future of the rail hop back's work (`sum_and_send`)
+    grad_rail: Any = None                   # future of `sum_and_send`, which launches the rail hop back
+    grad_rail_work: Any = None              # that launch
     node_sum_seconds: float = 0.0
     grad_local_work: Any = None
     dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
@@ -91,7 +92,7 @@ class _TwoLevelStart(torch.autograd.Function):
             req.local_work = _start_all_to_all(req.recv[:stage1], send[:local], plan.local_recv_splits,
                                                plan.local_send_splits, plan.groups.intra)
         req.send, req.local_shape = send, local_embs.shape
-        _codec(owner.comm_stats, "gather", t0)
+        count_codec(owner.comm_stats, "gather", t0)
         ctx.req = req
         return req.dummy
 
@@ -100,19 +101,20 @@ class _TwoLevelStart(torch.autograd.Function):
         req = ctx.req
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
-        grad_work = req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
+        req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
+        grad_work = req.grad_rail_work
         t1 = time.perf_counter()
         owner.comm_stats.transfer_seconds += t1 - t0 - req.node_sum_seconds
         owner.comm_stats.add_hop("intra bwd", t1 - t0 - req.node_sum_seconds)
         owner.comm_stats.codec_seconds += req.node_sum_seconds  # off this thread, but CPU all the same
         owner.comm_stats.add_hop("node sum", req.node_sum_seconds)
-        t0 = _wait(grad_work, owner.comm_stats, "rail bwd")
+        t0 = timed_wait(grad_work, owner.comm_stats, "rail bwd")
         if req.grad_local_work is not None:
-            t0 = _wait(req.grad_local_work, owner.comm_stats, "intra bwd")
+            t0 = timed_wait(req.grad_local_work, owner.comm_stats, "intra bwd")
         grad_local = owner_gradient(owner, req.grad_owner, plan.send_index, req.local_shape, plan.unit)
-        req.grad_owner = req.grad_rail = req.grad_local_work = None
+        req.grad_owner = req.grad_rail = req.grad_rail_work = req.grad_local_work = None
         req.grad_sends = ()
-        _codec(owner.comm_stats, "scatter", t0)
+        count_codec(owner.comm_stats, "scatter", t0)
         ctx.req = None
         return grad_local, None
 
@@ -130,19 +132,19 @@ class _TwoLevelWait(torch.autograd.Function):
         t0 = time.perf_counter()
         plan.complete()
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
-        t0 = _wait(req.work, owner.comm_stats, "rail fwd")
+        t0 = timed_wait(req.work, owner.comm_stats, "rail fwd")
         stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
         intra_send = gather_rows(req.rail_recv.view(-1, plan.unit), plan.intra_send_index).view(-1)
         work = _start_all_to_all(req.recv[stage1:stage1 + stage2], intra_send, plan.intra_recv_splits,
                                  plan.intra_send_splits, plan.groups.intra)
-        _codec(owner.comm_stats, "intra fwd", t0)
-        t0 = _wait(work, owner.comm_stats, "intra fwd")
+        count_codec(owner.comm_stats, "intra fwd", t0)
+        t0 = timed_wait(work, owner.comm_stats, "intra fwd")
         if req.local_work is not None:
-            t0 = _wait(req.local_work, owner.comm_stats, "intra fwd")
+            t0 = timed_wait(req.local_work, owner.comm_stats, "intra fwd")
         out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), req.recv.dtype, req.recv.device)
         expand_rows(req.recv.view(-1, plan.unit), plan.recv_index, out=out)
         req.rail_recv = req.send = req.recv = req.work = req.local_work = None
-        _codec(owner.comm_stats, "expand", t0)
+        count_codec(owner.comm_stats, "expand", t0)
         ctx.req = req
         return out.view(plan.out_shape)
 
@@ -165,10 +167,10 @@ class _TwoLevelWait(torch.autograd.Function):
             req.grad_local_work = _start_all_to_all(req.grad_owner[:local], grad_recv[:stage1],
                                                     plan.local_send_splits, plan.local_recv_splits,
                                                     plan.groups.intra)
-        _codec(owner.comm_stats, "intra bwd", t0)
+        count_codec(owner.comm_stats, "intra bwd", t0)
         rail_units = sum(plan.rail_recv_splits) // plan.unit
 
-        def sum_and_send(_stage2_done) -> Any:
+        def sum_and_send(_stage2_done) -> None:
             # on the intra-node group's thread once the node's stage 2 gradients are in: the
             # forwarder's one gradient per node-unique bag, summed over its node's ranks, launched
             # over the rail. This thread goes on with the backward meanwhile (the bottom MLP's),
@@ -177,10 +179,11 @@ class _TwoLevelWait(torch.autograd.Function):
             grad_rail = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index,
                                          rail_units).view(-1)
             req.grad_sends = (grad_recv, grad_intra, grad_rail)
-            work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
-                                     plan.rail_recv_splits, plan.groups.rail_grad)
+            # kept in the request, not returned: a CUDA future extracts the tensors of a
+            # callback's value (torch._jit_internal._extract_tensors), which a Work cannot give
+            req.grad_rail_work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
+                                                   plan.rail_recv_splits, plan.groups.rail_grad)
             req.node_sum_seconds = time.perf_counter() - t
-            return work
 
         req.grad_sends = (grad_recv, grad_intra)
         req.grad_rail = work.get_future().then(sum_and_send)
@@ -188,15 +191,10 @@ class _TwoLevelWait(torch.autograd.Function):
         return torch.zeros_like(req.dummy), None
 
 
-class TwoLevelAwaitable(Awaitable[torch.Tensor]):
+class TwoLevelAwaitable(DedupAwaitable):
     """The rail hop (between nodes) in flight; `wait()` forwards inside the node and expands."""
 
-    def __init__(self, dummy: torch.Tensor, req: _Request) -> None:
-        super().__init__()
-        self._dummy, self._req = dummy, req
-
-    def _wait_impl(self) -> torch.Tensor:
-        return _TwoLevelWait.apply(self._dummy, self._req)
+    wait_half = _TwoLevelWait
 
 
 def start_two_level_all_to_all(local_embs: torch.Tensor, plan: TwoLevelPlan,
@@ -204,3 +202,8 @@ def start_two_level_all_to_all(local_embs: torch.Tensor, plan: TwoLevelPlan,
     """Launch the rail hop of `plan`; wait() on the result runs the intra-node hop and expands."""
     req = _Request(plan, owner)
     return TwoLevelAwaitable(_TwoLevelStart.apply(local_embs, req), req)
+
+
+def two_level_route(planner: DedupPlanner, topology: NodeTopology, hierarchy: Hierarchy) -> Route:
+    """Two levels: `planner`'s `TwoLevelPlan`s carried out by `start_two_level_all_to_all`."""
+    return Route(planner, start_two_level_all_to_all, topology, hierarchy, TWO_LEVEL_PLAN_SYNCS)

@@ -1,4 +1,4 @@
-"""Two-level dedup for row-wise tables (`comm.hierarchy: node`): the row-wise twin of two_level.py.
+"""Two-level dedup for row-wise tables (`comm.hierarchy: node`): the row-wise twin of table_wise.py.
 
 Row-wise, every rank holds a row block of every feature's table, and one-level
 dedup replaces TorchRec's reduce-scatter by an all-to-all of distinct rows
@@ -6,7 +6,7 @@ dedup replaces TorchRec's reduce-scatter by an all-to-all of distinct rows
 destination node n, over its rail, the distinct (feature, id) of node n's bags
 that fall in its block (key (node, feature, id)); the forwarder p = (n, l)
 computes the same set from its node's ids (exchanged inside the node,
-`exchange_node_ids`) for every shard of its rail (key (shard's node, feature,
+node_ids.py) for every shard of its rail (key (shard's node, feature,
 id)) and sends each rank r of its node the rows r's bags use, in that order,
 which is r's own order (key (shard, feature, id), as one-level row-wise).
 Empty bags read a zero row after the message. Forward bitwise equal to the
@@ -29,7 +29,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
 from dlrmtrain.comm.dedup.plan import DedupStep
 from dlrmtrain.comm.dedup.row_wise import RowFlags, agreed_flags, start_row_flags
-from dlrmtrain.comm.dedup.two_level import NodeExchange, TwoLevelPlan, exchange_node_ids
+from dlrmtrain.comm.dedup.two_level.node_ids import NodeExchange, exchange_node_ids
+from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan, cat_or_empty, unit_rows
 from dlrmtrain.comm.layout import RowWiseLayout
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
 
@@ -98,7 +99,7 @@ class TwoLevelRowWisePlanner:
                                                    s_valid & ~s_bad, W * F, self.radix)
         # the flags every rank agrees on, launched with the ids (row_wise.start_row_flags), are read
         # in the id exchange's host sync
-        ex = exchange_node_ids(step, topo, self.groups, self.all_features, agreed_flags(step))
+        ex = exchange_node_ids(step, topo, self.groups, self.all_features, extra=agreed_flags(step)).wait()
         multi, bad = ex.extra
         if bad:
             raise ValueError(f"row-wise dedup (tables {sorted({e.table for e in self.entries})}): "
@@ -141,26 +142,36 @@ class TwoLevelRowWisePlanner:
 
     def _build(self, step: DedupStep, o_first: torch.Tensor, counts: dict, chosen: torch.Tensor,
                s_uid: torch.Tensor, s_group: torch.Tensor) -> TwoLevelPlan:
-        topo, W, F, unit = self.topology, self.world_size, len(self.entries), self.unit
-        L, N = topo.ranks_per_node, topo.nodes
-        B, GB, device = step.batch, step.global_batch, step.device
-        d = [e.dim // unit for e in self.entries]
+        d = [e.dim // self.unit for e in self.entries]
+        rail_send, rail_send_splits = self._rail_send(step, o_first, counts, d)
+        rail_recv_splits, intra_send, intra_send_splits = self._forward(step, counts, chosen, d)
+        intra_recv_splits, recv_index = self._receive(step, counts, s_uid, s_group, d)
+        return TwoLevelPlan(self.unit, rail_send, rail_send_splits, rail_recv_splits, intra_send,
+                            intra_send_splits, intra_recv_splits, recv_index, (step.batch, sum(d) * self.unit),
+                            self.groups, pad_units=max(d, default=0))
+
+    def _rail_send(self, step: DedupStep, o_first: torch.Tensor, counts: dict, d: list[int]
+                   ) -> tuple[torch.Tensor, list[int]]:
+        """Owner -> rail: to node n, per feature, its distinct rows (o_first in (node, feature, id) order)."""
+        F, N, GB, unit = len(self.entries), self.topology.nodes, step.global_batch, self.unit
         local_units = sum(d)
         col = [sum(d[:i]) for i in range(F)]
-        empty = torch.zeros(0, dtype=torch.int64, device=device)
-        ar = {k: torch.arange(k, device=device) for k in set(d)}
-        # owner -> rail: to node n, per feature, its distinct rows (o_first in (node, feature, id) order)
         rail_send, rail_send_splits, u0 = [], [], 0
         for n in range(N):
             elems = 0
             for i in range(F):
                 c = counts["owner"][n * F + i]
-                rows = o_first[u0:u0 + c] - i * GB
-                rail_send.append(((rows * local_units + col[i]).unsqueeze(1) + ar[d[i]]).reshape(-1))
+                rail_send.append(unit_rows((o_first[u0:u0 + c] - i * GB) * local_units + col[i], d[i]))
                 u0 += c
                 elems += c * d[i] * unit
             rail_send_splits.append(elems)
-        # rail -> forwarder: groups (node m, feature i) in order; where each starts (units, uid)
+        return cat_or_empty(rail_send, step.device), rail_send_splits
+
+    def _forward(self, step: DedupStep, counts: dict, chosen: torch.Tensor, d: list[int]
+                 ) -> tuple[list[int], torch.Tensor, list[int]]:
+        """Rail -> forwarder: groups (node m, feature i) in order; forwarder -> intra: to local rank k,
+        the rows its bags use, group by group (ascending uid)."""
+        F, L, N, unit = len(self.entries), self.topology.ranks_per_node, self.topology.nodes, self.unit
         rail_start, first_uid, at, uid = [], [], 0, 0
         rail_recv_splits = [0] * N
         for m in range(N):
@@ -171,25 +182,30 @@ class TwoLevelRowWisePlanner:
                 at += c * d[i]
                 uid += c
                 rail_recv_splits[m] += c * d[i] * unit
-        # forwarder -> intra: to local rank k, the rows its bags use, group by group (ascending uid)
         intra_send, intra_send_splits = [], []
         for k in range(L):
             elems, a = 0, 0
             for g in range(N * F):
                 c, i = counts["sub"][k][g], g % F
-                sel = chosen[k, a:a + c]
-                intra_send.append(((rail_start[g] + (sel - first_uid[g]) * d[i]).unsqueeze(1) + ar[d[i]]).reshape(-1))
+                intra_send.append(unit_rows(rail_start[g] + (chosen[k, a:a + c] - first_uid[g]) * d[i], d[i]))
                 a += c
                 elems += c * d[i] * unit
             intra_send_splits.append(elems)
-        # receiver: from local rank k, shards (m, k) of every node m, per feature; then pick per bag
+        return rail_recv_splits, cat_or_empty(intra_send, step.device), intra_send_splits
+
+    def _receive(self, step: DedupStep, counts: dict, s_uid: torch.Tensor, s_group: torch.Tensor, d: list[int]
+                 ) -> tuple[list[int], torch.Tensor]:
+        """Receiver: from local rank k, shards (m, k) of every node m, per feature; then pick per bag
+        (empty bags read the zero row after the message)."""
+        topo, W, F, unit, B, device = self.topology, self.world_size, len(self.entries), self.unit, step.batch, \
+            step.device
         base = [0] * (W * F)
         at = 0
         intra_recv_splits = []
-        for k in range(L):
+        for k in range(topo.ranks_per_node):
             elems = 0
-            for m in range(N):
-                shard = m * L + k
+            for m in range(topo.nodes):
+                shard = m * topo.ranks_per_node + k
                 for i in range(F):
                     c = counts["own"][shard * F + i]
                     base[shard * F + i] = at
@@ -209,12 +225,9 @@ class TwoLevelRowWisePlanner:
             valid = u < uid
             group = torch.where(valid, s_group[i * B:(i + 1) * B], W * F)
             start = torch.where(valid, base_t[group] + (u - first_t[group]) * d[i], zero_unit)
-            recv_parts.append(start.unsqueeze(1) + ar[d[i]])
-        cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
-        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
-        return TwoLevelPlan(unit, cat(rail_send), rail_send_splits, rail_recv_splits, cat(intra_send),
-                            intra_send_splits, intra_recv_splits, recv_index, (B, local_units * unit), self.groups,
-                            pad_units=max(d, default=0))
+            recv_parts.append(start.unsqueeze(1) + torch.arange(d[i], device=device))
+        recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else cat_or_empty([], device)
+        return intra_recv_splits, recv_index
 
     def _account(self, step: DedupStep, ex: NodeExchange, counts: dict) -> None:
         """This step's bytes per table (host integers only), as one-level row-wise counts them."""

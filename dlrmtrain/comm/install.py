@@ -1,0 +1,73 @@
+"""Codec dists onto a sharded module's all-to-alls: the one loop both sharders run.
+
+For each sharding (one output dist), the tables' codec (one non-`none` codec per
+all-to-all) is asked, through `EmbeddingCommCodec.make_output_dist`, for the dist
+that carries it; what it returns replaces TorchRec's and is listed as a counter.
+The sharders (sharder.py, sequence/sharder.py) only say which shardings and
+tables their module has; every TorchRec internal is reached through torchrec_hooks.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch.nn as nn
+
+from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
+from dlrmtrain.comm.layout import Layout
+from dlrmtrain.comm.registry import get_codec
+from dlrmtrain.comm.sequence.layout import sequence_layout_of
+from dlrmtrain.comm.stats import CountsCommBytes
+from dlrmtrain.comm.topology import Hierarchy
+
+logger = logging.getLogger(__name__)
+
+ShardingTables = tuple[str, Layout | None, set[str]]
+"""(sharding type, wire layout, its tables) of one output dist"""
+
+
+def install_codec_dists(module: nn.Module, shardings: list[ShardingTables], table_codecs: Mapping[str, str],
+                        hierarchy: Hierarchy, kind: CollectionKind) -> list[CountsCommBytes]:
+    """Replace each output dist of `module` (in `shardings` order) a codec carries; returns the new dists."""
+    env = hooks.sharding_env(module)
+    installed: list[CountsCommBytes] = []
+    for i, (sharding_type, layout, tables) in enumerate(shardings):
+        chosen = _codec_of(sharding_type, tables, table_codecs)
+        if chosen is None:
+            continue
+        codec, coded = chosen
+        if not codec.supports(sharding_type, kind) or (layout is None and codec.needs_ids):
+            logger.warning("comm codec %r does not support %s %s sharding; tables %s use codec none",
+                           codec.name, kind, sharding_type, sorted(coded))
+            continue
+        if codec.needs_ids and kind == "pooled" and hooks.is_weighted(module):
+            raise ValueError(f"comm codec {codec.name!r}: weighted (per-id weight) features are not supported")
+        if kind == "sequence" and layout is not None and codec.needs_ids:
+            layout = sequence_layout_of(layout, env.rank)
+        stock = hooks.output_dists(module)[i]
+        new_dist = codec.make_output_dist(DistSpec(stock, layout, frozenset(coded), env.process_group,
+                                                   sharding_type, kind, hierarchy))
+        if new_dist is not stock:
+            hooks.replace_output_dist(module, i, new_dist)
+            installed.append(new_dist)
+            logger.info("comm codec %r%s carries %s %s tables %s", codec.name, "" if codec.lossless else " (LOSSY)",
+                        sharding_type, kind, sorted(coded))
+    return installed
+
+
+def _codec_of(sharding_type: str, tables: set[str], table_codecs: Mapping[str, str]
+              ) -> tuple[EmbeddingCommCodec, set[str]] | None:
+    """The one non-`none` codec of an all-to-all's tables and the tables it carries; None: all `none`."""
+    by_codec: dict[str, set[str]] = {}
+    for t in tables:
+        by_codec.setdefault(table_codecs[t], set()).add(t)
+    by_codec.pop("none", None)
+    if not by_codec:
+        return None
+    if len(by_codec) > 1:
+        raise ValueError(f"comm.table_codecs: {sharding_type} tables of one all-to-all ask for codecs "
+                         f"{sorted(by_codec)}; give them one non-none codec")
+    (name, coded), = by_codec.items()
+    return get_codec(name), coded
