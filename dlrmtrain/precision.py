@@ -21,7 +21,7 @@ a bag that does not repeat crosses as the same bf16 bytes. Sending the sums in
 fp32 would not remove that rounding: autograd casts a gradient to its
 forward output's dtype, so the TBE receives bf16 either way. Two levels
 (`comm.hierarchy: node`) round twice: the rank's sum, then the forwarder's sum
-over its node's ranks (`dedup/two_level_transport.py`), each accumulated in fp32.
+over its node's ranks (`dedup/two_level/transport.py`), each accumulated in fp32.
 
 The loss (BCE with logits) is computed in fp32 under autocast. fp16 is not
 offered: it needs loss scaling, and TorchRec's fused embedding optimizers

@@ -1,4 +1,4 @@
-"""`auto` settled on `none` (comm/auto/codec.py): the stock dist runs each step with auto's
+"""`auto` settled on `none` (comm/auto/dist.py): the stock dist runs each step with auto's
 forward not entered, auto steps back in only for the timed steps before each drift check,
 still re-probes on drift, and its byte counters equal `none`'s (2 real Gloo ranks)."""
 

@@ -11,8 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 KERNELS = "dlrmtrain.comm.dedup.kernels"
 TRAINING = ["dlrmtrain/comm/dedup/transport.py", "dlrmtrain/comm/dedup/table_wise.py",
             "dlrmtrain/comm/dedup/row_wise.py", "dlrmtrain/comm/dedup/buffers.py",
-            "dlrmtrain/comm/dedup/two_level.py", "dlrmtrain/comm/dedup/two_level_transport.py",
-            "dlrmtrain/comm/dedup/two_level_row_wise.py"]
+            *sorted(str(p.relative_to(REPO)) for p in (REPO / "dlrmtrain/comm/dedup/two_level").glob("*.py"))]
 
 
 def kernels_called(path: Path) -> set[str]:

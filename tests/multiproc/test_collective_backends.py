@@ -82,7 +82,7 @@ def test_the_matrix_reaches_every_phase_and_the_collectives_that_matter(audited)
         assert any(c["site"].startswith("torch/distributed/checkpoint/") for c in resumed), name
     # the row-wise dedup's flags, auto's agreement, the two levels' own groups: seen, and judged
     assert any(c["site"].startswith("dlrmtrain/comm/dedup/row_wise.py") for c in _calls(audited, "v1_dedup"))
-    assert any(c["site"].startswith("dlrmtrain/comm/auto/codec.py") for c in _calls(audited, "v1_auto"))
+    assert any(c["site"].startswith("dlrmtrain/comm/auto/dist.py") for c in _calls(audited, "v1_auto"))
     groups = [c for c in _calls(audited, "v1_two_level") if c["op"] == "new_group"]
     assert groups and all(c["site"].startswith("dlrmtrain/comm/topology.py") for c in groups)
     assert all(c["backend"] is None for c in groups)  # they inherit the default group's backends
