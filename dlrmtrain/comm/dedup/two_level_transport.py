@@ -22,14 +22,20 @@ rounded wire would round twice.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
-from dlrmtrain.comm.dedup.transport import DedupDistState, _start_all_to_all, owner_gradient
+from dlrmtrain.comm.dedup.transport import (
+    DedupDistState,
+    _start_all_to_all,
+    autograd_dummy,
+    awaited,
+    owner_gradient,
+)
 from dlrmtrain.comm.dedup.two_level import TwoLevelPlan
 from dlrmtrain.comm.stats import DistCommStats
 
@@ -69,7 +75,7 @@ class _Request:
     grad_rail: Any = None                   # future of the rail hop back's work (`sum_and_send`)
     node_sum_seconds: float = 0.0
     grad_local_work: Any = None
-    dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
+    dummy: torch.Tensor | None = None       # on the data's device (`transport.autograd_dummy`)
 
 
 class _TwoLevelStart(torch.autograd.Function):
@@ -196,11 +202,11 @@ class TwoLevelAwaitable(Awaitable[torch.Tensor]):
         self._dummy, self._req = dummy, req
 
     def _wait_impl(self) -> torch.Tensor:
-        return _TwoLevelWait.apply(self._dummy, self._req)
+        return awaited(_TwoLevelWait.apply(self._dummy, self._req))
 
 
 def start_two_level_all_to_all(local_embs: torch.Tensor, plan: TwoLevelPlan,
                                owner: DedupDistState) -> TwoLevelAwaitable:
     """Launch the rail hop of `plan`; wait() on the result runs the intra-node hop and expands."""
-    req = _Request(plan, owner)
+    req = _Request(plan, owner, dummy=autograd_dummy(local_embs.device))
     return TwoLevelAwaitable(_TwoLevelStart.apply(local_embs, req), req)
