@@ -47,6 +47,8 @@ def current_stream(device: torch.device) -> Any:
 
 def record_stream(obj: Any, stream: Any) -> None:
     """`record_tensor(t, stream)` for every tensor `obj` holds (`held_tensors`)."""
+    if stream is None:  # no streams (CPU): nothing to record, no walk on every step
+        return
     for tensor in held_tensors(obj):
         record_tensor(tensor, stream)
 

@@ -18,7 +18,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.plan import DedupPlan, PlannedAhead
-from dlrmtrain.comm.dedup.transport import new_request
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.torchrec_hooks import _RecordingInputDist
 from tests.comm.stream_check import STREAM, observed_records, reachable_tensors, unrecorded
@@ -72,6 +71,8 @@ def test_record_tensor_is_a_no_op_without_streams_and_current_stream_is_none_on_
 
 
 def test_the_transports_autograd_dummy_lives_on_the_datas_device():
+    from dlrmtrain.comm.dedup.transport import new_request
+
     plan = DedupPlan(1, torch.arange(2), torch.arange(2), [2], [2], (2, 1))
     req = new_request(torch.empty(4, 1, device="meta"), plan, owner=None)
     assert req.dummy.device.type == "meta" and req.dummy.requires_grad
