@@ -74,6 +74,14 @@ def autograd_dummy(device: torch.device) -> torch.Tensor:
     return torch.empty(1, device=device, requires_grad=True)
 
 
+def read_here(req: Any) -> None:
+    """Record everything `req` holds (buffers, plan) on the current stream before a half reads it: the
+    halves may run on different streams (TorchRec's fused pipeline starts the all-to-all on its lookup
+    stream and waits on the default one; a backward runs on its forward's stream), and the caching
+    allocator would recycle a buffer the other stream made as soon as the request drops it."""
+    streams.record_stream(req, streams.current_stream(req.dummy.device))
+
+
 def awaited(out: torch.Tensor) -> torch.Tensor:
     """What a wait hands back, recorded on the caller's stream as TorchRec's `comm_ops.Request` does."""
     streams.record_tensor(out, streams.current_stream(out.device))
@@ -146,6 +154,7 @@ class _DedupStart(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
+        read_here(req)
         plan, owner = req.plan, req.owner
         _timed_wait(req.grad_work, owner.comm_stats)
         t0 = time.perf_counter()
@@ -198,6 +207,7 @@ class DedupAwaitable(Awaitable[torch.Tensor]):
         self._dummy, self._req = dummy, req
 
     def _wait_impl(self) -> torch.Tensor:
+        read_here(self._req)
         return awaited(_DedupWait.apply(self._dummy, self._req))
 
 

@@ -35,6 +35,7 @@ from dlrmtrain.comm.dedup.transport import (
     autograd_dummy,
     awaited,
     owner_gradient,
+    read_here,
 )
 from dlrmtrain.comm.dedup.two_level import TwoLevelPlan
 from dlrmtrain.comm.stats import DistCommStats
@@ -104,6 +105,7 @@ class _TwoLevelStart(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
+        read_here(req)
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
         grad_work = req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
@@ -202,6 +204,7 @@ class TwoLevelAwaitable(Awaitable[torch.Tensor]):
         self._dummy, self._req = dummy, req
 
     def _wait_impl(self) -> torch.Tensor:
+        read_here(self._req)
         return awaited(_TwoLevelWait.apply(self._dummy, self._req))
 
 
