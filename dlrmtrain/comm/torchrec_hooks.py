@@ -36,6 +36,8 @@ from torchrec.distributed.types import NoWait, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.comm import streams
+
 SUPPORTED_TORCHREC = "1.8.0"
 
 
@@ -58,6 +60,8 @@ PLAN_AHEAD = "dlrmtrain_plan_ahead"
 """sharding-context attribute: the codec's plan for this pass, made when its ids arrived"""
 STARTED_WITH_IDS = "dlrmtrain_started_with_ids"
 """sharding-context attribute: what an output dist launched with the ids (`StartsWithIds`)"""
+CODEC_ATTRIBUTES = (OWNER_FEATURES, SAMPLE_FEATURES, PLAN_AHEAD, STARTED_WITH_IDS)
+"""what the codec layer leaves in a sharding context"""
 
 
 # ------------------------------------------------------------------ sharded EBC
@@ -135,6 +139,24 @@ class _RecordingInputDist(nn.Module):
         self.last_input = features
         return self.inner(features)
 
+    @property
+    def _dist(self) -> nn.Module:
+        """The inner dist's KJT all-to-all: TorchRec's pipeline looks for `input_dist._dist` to fuse
+        every sharding's split exchange into one (`_override_input_dist_forwards`); hidden, each
+        sharding would run its own. AttributeError (so `hasattr` is False) where the inner has none."""
+        return self.inner._dist
+
+
+class _CodecEBCContext(EmbeddingBagCollectionContext):
+    """TorchRec's EBC context whose `record_stream` also reaches what the codec left in each sharding
+    context (`CODEC_ATTRIBUTES`: the sample features, the plan made ahead on the data-dist stream):
+    TorchRec's `EmbeddingShardingContext.record_stream` is a no-op."""
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        super().record_stream(stream)
+        streams.record_stream([[getattr(sharding_ctx, name, None) for name in CODEC_ATTRIBUTES]
+                               for sharding_ctx in self.sharding_contexts], stream)
+
 
 class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC that leaves both ends' ids in each sharding context.
@@ -147,6 +169,9 @@ class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
     def _create_input_dist(self, input_feature_names: list[str]) -> None:
         super()._create_input_dist(input_feature_names)
         self._input_dists = [_RecordingInputDist(d) for d in self._input_dists]
+
+    def create_context(self) -> EmbeddingBagCollectionContext:
+        return _CodecEBCContext()
 
     def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor):
         awaitable = super().input_dist(ctx, features)

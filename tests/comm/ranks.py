@@ -34,6 +34,8 @@ from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
 from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import FLAT, Hierarchy
+from dlrmtrain.comm.torchrec_hooks import CODEC_ATTRIBUTES
+from tests.comm.stream_check import STREAM, observed_records, reachable_tensors, unrecorded
 
 
 @dataclass(frozen=True)
@@ -266,9 +268,20 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hiera
         awaitables = [d(e, c) for d, e, c in zip(sebc._output_dists, embs, ctx.sharding_contexts)]
         kinds = [type(a).__name__ for a in awaitables]
         works = [type(a._req.work).__name__ for a in awaitables if hasattr(a, "_req")]
-        for a in awaitables:
-            a.wait()
+        # stream safety (the plans before their waits: two-level's deferred stage 2 still in its closure)
+        plans_unrecorded = [unrecorded(a._req.plan) for a in awaitables if hasattr(a, "_req")]
+        ctx_unrecorded = unrecorded(ctx, [[getattr(c, name, None) for name in CODEC_ATTRIBUTES]
+                                          for c in ctx.sharding_contexts])
+        held = [reachable_tensors(a._req) for a in awaitables if hasattr(a, "_req")]  # buffers, plan
+        with observed_records() as calls:
+            outs = [a._wait_impl() for a in awaitables]  # what the wait returns, before any callback
+        recorded = {id(t) for t, s in calls if s is STREAM}
+        awaited_recorded = [id(out) in recorded for out in outs]
+        request_unrecorded = [(len(ts), sum(id(t) not in recorded for t in ts)) for ts in held]
+        del held
     result = {"per_step": per_step, "awaitables": kinds, "works": works, "counted_per_step": counted,
+              "plans_unrecorded": plans_unrecorded, "ctx_unrecorded": ctx_unrecorded,
+              "awaited_recorded": awaited_recorded, "request_unrecorded": request_unrecorded,
               "dists": len(comm_counters(sebc))}  # codec dists only: no stock counters attached here
     del dmp, dense_opt, sebc
     return result

@@ -34,3 +34,14 @@ def test_one_host_sync_per_dist_per_step(codec: str):
         assert res["counted_per_step"] == dists
         assert res["awaitables"] == ["DedupAwaitable"] * dists
         assert res["works"] and all("Work" in w for w in res["works"])
+        # stream-safe (issue 26 item 3): record_stream reaches every tensor of each plan and every
+        # tensor the codec left in the sharding contexts (sample features, row-wise flags); the
+        # awaited output is recorded on the caller's stream as TorchRec's comm_ops.Request does
+        assert [missed for _, missed in res["plans_unrecorded"]] == [0] * dists
+        assert all(found > 0 for found, _ in res["plans_unrecorded"])
+        found, missed = res["ctx_unrecorded"]
+        assert found > 0 and missed == 0
+        assert res["awaited_recorded"] == [True] * dists
+        # the wait half may run on another stream than the start: what the request holds (its
+        # receive buffers and plan) is recorded on the waiting stream before it is read
+        assert all(found > 0 and missed == 0 for found, missed in res["request_unrecorded"])

@@ -50,6 +50,29 @@ def _counted(step_fn, syncs: list):
     return counted
 
 
+def _split_exchanges(step_fn, per_step: list):
+    """`step_fn` with TorchRec's KJT split all-to-alls (`SplitsAllToAllAwaitable`'s) it launches
+    counted, one entry per call appended to `per_step` (the real collective runs)."""
+    import sys
+
+    import torch.distributed as dist
+    from torchrec.distributed.dist_data import SplitsAllToAllAwaitable
+
+    def counted(*args):
+        launch, calls = dist.all_to_all_single, [0]
+
+        def all_to_all_single(*a, **kw):
+            calls[0] += isinstance(sys._getframe(1).f_locals.get("self"), SplitsAllToAllAwaitable)
+            return launch(*a, **kw)
+        dist.all_to_all_single = all_to_all_single
+        try:
+            return step_fn(*args)
+        finally:
+            dist.all_to_all_single = launch
+            per_step.append(calls[0])
+    return counted
+
+
 def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
     from dlrmtrain.comm.dedup.dist import DedupDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
@@ -71,14 +94,15 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
         for d, log in zip(dists, plans):
             _record_plans(d.planner, trainer.model, log)
         syncs: list = []
+        splits: list = []
         if mode == "pipelined":
-            trainer.pipeline.progress = _counted(trainer.pipeline.progress, syncs)
+            trainer.pipeline.progress = _split_exchanges(_counted(trainer.pipeline.progress, syncs), splits)
         else:
-            trainer.train_step = _counted(trainer.train_step, syncs)
+            trainer.train_step = _split_exchanges(_counted(trainer.train_step, syncs), splits)
         summary = trainer.train()
         stats = collect_comm_stats(trainer.model)
         results[mode] = to_numpy({
-            "losses": summary.losses, "plans": plans, "syncs": syncs, "dists": len(dists),
+            "losses": summary.losses, "plans": plans, "syncs": syncs, "dists": len(dists), "splits": splits,
             "sharding_types": sorted(d.comm_stats.sharding_type for d in dists),
             "stats": {k: stats[k] for k in ("steps", "host_syncs_per_step", "planned_ahead_steps", "total")}})
         trainer.close()
@@ -128,6 +152,12 @@ def test_plans_made_ahead_equal_the_steps_and_leave_no_host_sync_on_the_critical
         assert piped["stats"]["planned_ahead_steps"] == STEPS - 1
         # bytes counted per pass run, wherever its plan was made
         assert piped["stats"]["total"] == plain["stats"]["total"]
+        # TorchRec's pipeline sees the KJT all-to-alls behind the recording input dists and fuses
+        # their split exchanges: one per step for the three shardings (the plain loop: one each).
+        # Steps 1 and 3 (after the eval that detached the model) attach the pipeline, which runs
+        # their batch's input dist before it takes over the dists' forwards: one per sharding more
+        assert plain["splits"] == [dists] * STEPS
+        assert piped["splits"] == [dists + 1, 1, dists + 1]
 
 
 def test_a_plans_counters_add_to_the_dists():

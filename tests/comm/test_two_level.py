@@ -248,6 +248,11 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         # where this counter does not see it
         syncs = res["syncs"]
         assert syncs["dists"] == 3 and syncs["awaitables"] == ["TwoLevelAwaitable"] * 3
+        # stream-safe: a plan's record_stream reaches every tensor it holds, those of its deferred
+        # stage 2 (a closure over the step's ids, uniques and counts) too; the awaited output recorded
+        assert all(found > 0 and missed == 0 for found, missed in syncs["plans_unrecorded"]), syncs
+        assert syncs["ctx_unrecorded"][1] == 0 and syncs["awaited_recorded"] == [True] * 3
+        assert all(found > 0 and missed == 0 for found, missed in syncs["request_unrecorded"])
         first, *rest = syncs["per_step"]
         assert {name for name, _ in first} == {"tolist"}
         # key widths are learned: the first step's multi-hot and jagged bags outgrow them once (two

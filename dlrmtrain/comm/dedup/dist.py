@@ -23,7 +23,6 @@ path (`DistCommStats.step_host_syncs` counts those that remain: the route's
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -32,6 +31,7 @@ import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 
+from dlrmtrain.comm import streams
 from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.dedup.buffers import BufferPool
 from dlrmtrain.comm.dedup.plan import DedupPlanner, DedupStep, Plan, PlannedAhead, Route
@@ -84,7 +84,7 @@ class DedupDist(nn.Module):
             self.comm_stats.add(ahead.stats)
             self.comm_stats.planned_ahead += 1
             plan_seconds = ahead.seconds
-            _use_on_current_stream(plan)
+            _use_on_current_stream(plan, local_embs.device)
         else:  # plan now, on the critical path
             t0 = time.perf_counter()
             extra_syncs = self.comm_stats.extra_syncs
@@ -149,12 +149,9 @@ class DedupDist(nn.Module):
         return self.comm_stats
 
 
-def _use_on_current_stream(plan: Plan | None) -> None:
-    """A plan made ahead on the pipeline's data-dist stream is used on the current one:
-    keep the caching allocator from reusing its memory before this stream is done with it."""
-    if plan is None:
-        return
-    for f in dataclasses.fields(plan):
-        value = getattr(plan, f.name)
-        if isinstance(value, torch.Tensor) and value.is_cuda:
-            value.record_stream(torch.cuda.current_stream(value.device))
+def _use_on_current_stream(plan: Plan | None, device: torch.device) -> None:
+    """A plan made ahead on the pipeline's data-dist stream is used on the current one: keep the
+    caching allocator from reusing its memory (every tensor it holds, `Multistreamable`) before
+    this stream is done with it."""
+    if plan is not None:
+        plan.record_stream(streams.current_stream(device))

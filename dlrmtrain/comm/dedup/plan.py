@@ -17,7 +17,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Multistreamable
 
+from dlrmtrain.comm import streams
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology
 
@@ -72,7 +74,7 @@ class Plan(Protocol):
 
 
 @dataclass
-class DedupPlan:
+class DedupPlan(Multistreamable):
     """Everything one step's forward and backward transfers need, in units of `unit` columns."""
 
     unit: int
@@ -87,9 +89,13 @@ class DedupPlan:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
         return [(s, sent, received) for s, (sent, received) in enumerate(zip(self.send_splits, self.recv_splits))]
 
+    def record_stream(self, stream) -> None:
+        """Every tensor of the plan is used on `stream` (made ahead on the data-dist stream)."""
+        streams.record_stream(self, stream)
+
 
 @dataclass
-class PlannedAhead:
+class PlannedAhead(Multistreamable):
     """A plan made when its batch's ids arrived, before the forward that uses it."""
 
     plan: Plan | None
@@ -100,6 +106,9 @@ class PlannedAhead:
     """the plan's counters, added to the dist's when its pass runs (a batch that never runs counts nothing)"""
     seconds: float
     """time spent planning (codec time, off the critical path)"""
+
+    def record_stream(self, stream) -> None:
+        streams.record_stream(self, stream)
 
 
 class DedupPlanner(Protocol):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -32,6 +32,7 @@ from fbgemm_gpu.quantize_utils import (
 from torchrec.distributed import comm_ops
 from torchrec.distributed.types import Awaitable
 
+from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.buffers import BufferPool
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupPlanner, Route
@@ -64,7 +65,28 @@ class _Request:
     grad_recv: torch.Tensor | None = None  # kept alive until its transfer is done
     grad_send: torch.Tensor | None = None
     grad_work: Any = None
-    dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
+    dummy: torch.Tensor | None = None      # links the two halves in autograd (`autograd_dummy`)
+
+
+def autograd_dummy(device: torch.device) -> torch.Tensor:
+    """The tensor the start hands the wait so autograd runs their backwards in mirror order; on the
+    data's device, as TorchRec's `comm_ops.Request` makes its own (a CPU one would put the backward's
+    zeros_like and its autograd node on the host)."""
+    return torch.empty(1, device=device, requires_grad=True)
+
+
+def read_here(req: Any) -> None:
+    """Record everything `req` holds (buffers, plan) on the current stream before a half reads it: the
+    halves may run on different streams (TorchRec's fused pipeline starts the all-to-all on its lookup
+    stream and waits on the default one; a backward runs on its forward's stream), and the caching
+    allocator would recycle a buffer the other stream made as soon as the request drops it."""
+    streams.record_stream(req, streams.current_stream(req.dummy.device))
+
+
+def awaited(out: torch.Tensor) -> torch.Tensor:
+    """What a wait hands back, recorded on the caller's stream as TorchRec's `comm_ops.Request` does."""
+    streams.record_tensor(out, streams.current_stream(out.device))
+    return out
 
 
 _ENCODE = {torch.float16: fp32_to_fp16_with_clamp, torch.bfloat16: fp32_to_bf16_with_clamp}
@@ -138,6 +160,7 @@ class _DedupStart(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
+        read_here(req)
         plan, owner = req.plan, req.owner
         timed_wait(req.grad_work, owner.comm_stats)
         t0 = time.perf_counter()
@@ -193,13 +216,19 @@ class DedupAwaitable(Awaitable[torch.Tensor]):
         self._dummy, self._req = dummy, req
 
     def _wait_impl(self) -> torch.Tensor:
-        return self.wait_half.apply(self._dummy, self._req)
+        read_here(self._req)
+        return awaited(self.wait_half.apply(self._dummy, self._req))
 
 
 def start_dedup_all_to_all(local_embs: torch.Tensor, plan: DedupPlan, owner: DedupDistState) -> DedupAwaitable:
     """Launch the unique-row all-to-all of `plan`; wait() on the result decodes it."""
-    req = _Request(plan, owner)
+    req = new_request(local_embs, plan, owner)
     return DedupAwaitable(_DedupStart.apply(local_embs, req), req)
+
+
+def new_request(local_embs: torch.Tensor, plan: DedupPlan, owner: DedupDistState) -> _Request:
+    """The request of one pass over `local_embs`, its autograd dummy on their device."""
+    return _Request(plan, owner, dummy=autograd_dummy(local_embs.device))
 
 
 def flat_route(planner: DedupPlanner, topology: NodeTopology) -> Route:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torchrec.streamable import Multistreamable
 
+from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.kernels import BlockUnique, host_to_device
 from dlrmtrain.comm.dedup.kernels import blocks_unique as keyed_blocks_unique
 from dlrmtrain.comm.layout import FeatureEntry
@@ -16,7 +18,7 @@ from dlrmtrain.comm.topology import NodeGroups, NodeTopology
 
 
 @dataclass
-class TwoLevelPlan:
+class TwoLevelPlan(Multistreamable):
     """One step's indices and splits, in units of `unit` columns (elements in the splits).
 
     The owner's rows travel in stage 1: `local_*` to the ranks of its own node
@@ -53,6 +55,10 @@ class TwoLevelPlan:
         if self.deferred is not None:
             self.intra_send_index, self.recv_index = self.deferred()
             self.deferred = None
+
+    def record_stream(self, stream) -> None:
+        """Every tensor of the plan is used on `stream`, the deferred stage 2's (in its closure) too."""
+        streams.record_stream(self, stream)
 
     @property
     def local_elems(self) -> int:

@@ -22,7 +22,7 @@ rounded wire would round twice.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,7 +32,9 @@ from dlrmtrain.comm.dedup.transport import (
     DedupAwaitable,
     DedupDistState,
     _start_all_to_all,
+    autograd_dummy,
     owner_gradient,
+    read_here,
     timed_wait,
 )
 from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan
@@ -70,7 +72,7 @@ class _Request:
     grad_rail_work: Any = None              # that launch
     node_sum_seconds: float = 0.0
     grad_local_work: Any = None
-    dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
+    dummy: torch.Tensor | None = None       # on the data's device (`transport.autograd_dummy`)
 
 
 class _TwoLevelStart(torch.autograd.Function):
@@ -99,6 +101,7 @@ class _TwoLevelStart(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
         req = ctx.req
+        read_here(req)
         plan, owner = req.plan, req.owner
         t0 = time.perf_counter()
         req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
@@ -200,7 +203,7 @@ class TwoLevelAwaitable(DedupAwaitable):
 def start_two_level_all_to_all(local_embs: torch.Tensor, plan: TwoLevelPlan,
                                owner: DedupDistState) -> TwoLevelAwaitable:
     """Launch the rail hop of `plan`; wait() on the result runs the intra-node hop and expands."""
-    req = _Request(plan, owner)
+    req = _Request(plan, owner, dummy=autograd_dummy(local_embs.device))
     return TwoLevelAwaitable(_TwoLevelStart.apply(local_embs, req), req)
 
 
