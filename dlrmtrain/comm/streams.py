@@ -6,8 +6,8 @@ back to the stream that allocated it as soon as the last Python reference
 goes; without `Tensor.record_stream` onto the stream that still reads it, a
 lookup or collective may read recycled memory (silently wrong rows).
 `record_stream(obj, stream)` reaches every tensor `obj` holds: through
-attributes, dataclass fields, containers, and the cells of a closure that
-holds deferred work. Every tensor goes through `record_tensor`, which is a
+attributes, dataclass fields, containers, and the cells of a closure (or the
+arguments of a `functools.partial`) that holds deferred work. Every tensor goes through `record_tensor`, which is a
 no-op where memory has no streams (CPU), so a CPU test can observe the calls.
 
 Not walked: modules (their parameters are TorchRec's), process groups and
@@ -18,6 +18,7 @@ works, and futures (a CUDA future records its value's streams itself, as
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import types
 from typing import Any, Iterator
@@ -72,6 +73,10 @@ def _children(obj: Any) -> Iterator[Any]:
     elif isinstance(obj, types.MethodType):
         yield obj.__self__
         yield obj.__func__
+    elif isinstance(obj, functools.partial):  # deferred work as a named method with its arguments
+        yield obj.func
+        yield obj.args
+        yield obj.keywords
     elif isinstance(obj, types.CellType):
         if _filled(obj):
             yield obj.cell_contents
