@@ -15,7 +15,9 @@ import os
 import sys
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
-from dlrmtrain.run.errors import EXIT_USER_ERROR, RunError, RunInterrupted, SetupError
+from dlrmtrain.run.errors import (EXIT_USER_ERROR, RunAlreadyFinished, RunError, RunInterrupted,
+                                  SetupError)
+from dlrmtrain.run.parent import stop_with_parent
 from dlrmtrain.run.signals import install_stop_handlers
 from dlrmtrain.validation import resolve_config, validate_config
 
@@ -36,6 +38,7 @@ def _stopped(error: RunError) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     install_stop_handlers()  # a signal from here on ends the run with one line
+    stop_with_parent()  # ... and so does the death of torchrun's agent (the launcher)
     try:  # every config error surfaces before a process group exists
         path, overrides = parse_cli(argv)
         cfg = resolve_config(load_config(path, overrides))
@@ -52,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     env = init_distributed(cfg.run.device, timeout_s=cfg.run.collective_timeout_s)
     try:
         trainer = Trainer(cfg, env)
+    except RunAlreadyFinished as e:  # nothing to do: not an error
+        _print_once(f"dlrmtrain: {e}")
+        shutdown_distributed()
+        return e.exit_code
     except SetupError as e:  # raised on every rank alike (decided on rank 0 or by the data)
         _print_once(f"error: {e}")
         shutdown_distributed()

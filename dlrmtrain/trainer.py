@@ -6,6 +6,7 @@ Reads top to bottom as the architecture: config → data → model → sharding
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -28,14 +29,17 @@ from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
-from dlrmtrain.run.checkpoint import (Checkpointer, TrainerPosition, estimate_checkpoint_bytes,
-                                      free_bytes, human_bytes)
+from dlrmtrain.run.checkpoint import (TRAINER_STATE, Checkpointer, TrainerPosition,
+                                      estimate_checkpoint_bytes, free_bytes, human_bytes,
+                                      read_manifest)
 from dlrmtrain.run.console import comm_summary, plan_summary
 from dlrmtrain.run.directory import RunClaim, checkpoint_dir_of, claim_run_dir, run_dir_of
-from dlrmtrain.run.errors import CheckpointWriteError, RunError, RunInterrupted, SetupError, signal_name
-from dlrmtrain.run.identity import math_config
+from dlrmtrain.run.errors import (CheckpointWriteError, RunAlreadyFinished, RunError, RunInterrupted,
+                                  SetupError, signal_name)
+from dlrmtrain.run.identity import lossless_codec_changes, math_config
 from dlrmtrain.run.leftovers import remove_dead_partials
 from dlrmtrain.run.lock import RunLock
+from dlrmtrain.run.parent import PARENT_DEATH_SIGNAL, parent_gone
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records
 from dlrmtrain.run.signals import stop_signal
@@ -89,6 +93,7 @@ class Trainer:
                        if cfg.checkpoint.resume else None)
         self.data = build_datasets(cfg, env.rank, env.world_size)
         self._check_data_fills_a_step()
+        self._check_not_finished(resume_from)
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
@@ -134,6 +139,19 @@ class Trainer:
                         f"checkpoint.keep={self.cfg.checkpoint.keep} needs room for "
                         f"{self.cfg.checkpoint.keep + 1} checkpoints of about "
                         f"{human_bytes(size)} ({human_bytes(needed)})")
+
+    def _check_not_finished(self, resume_from: Optional[Path]) -> None:
+        """A resume whose checkpoint already is at the planned last step stops here, before
+        any record is opened: a second summary of zero steps would replace the first."""
+        if resume_from is None:
+            return
+        step = json.loads((resume_from / TRAINER_STATE).read_text())["step"]
+        planned = self.planned_steps()
+        if step >= planned:
+            raise RunAlreadyFinished(
+                f"{run_dir_of(self.cfg)} already finished: its checkpoint {resume_from.name} "
+                f"is at step {step}, the planned last step is {planned}; nothing trained, "
+                f"every record left as it was. Raise run.max_steps or run.epochs to train on.")
 
     def _check_data_fills_a_step(self) -> None:
         """No full global batch means no step ever: stop now rather than loop over
@@ -284,11 +302,22 @@ class Trainer:
             self.schedule.load_state_dict(pos.schedule)
             self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
                         f"batch {self.step_in_epoch})")
+        codecs = self._codec_changes(path)
         if not claim.resuming or claim.adopt_run_id:
             self.records.set_identity(self.checkpointer.run_id, self.math)
         if claim.resuming:
             self.records.log_resumed(self.step, str(path) if path else None, epoch=self.epoch,
-                                     step_in_epoch=self.step_in_epoch)
+                                     step_in_epoch=self.step_in_epoch, codec_changes=codecs)
+
+    def _codec_changes(self, path: Optional[Path]) -> dict[str, list]:
+        """`key: [checkpoint's, now]` of a lossless codec change since the checkpoint
+        (allowed: the same model trains on), said once and kept in the resumed record."""
+        saved = (read_manifest(path) or {}).get("math_config") if path is not None else None
+        changes = {k: [a, b] for k, a, b in lossless_codec_changes(saved or {}, self.math)} \
+            if saved else {}
+        for key, (before, now) in changes.items():
+            self._print(f"resume: {key} {before} → {now} (lossless both: the same model trains on)")
+        return changes
 
     # ---- the loop -----------------------------------------------------------
     def planned_steps(self) -> int:
@@ -333,7 +362,8 @@ class Trainer:
 
     def _interrupted_message(self, signum: int, step: int) -> str:
         last = self.checkpointer.last_step
-        return (f"interrupted by {signal_name(signum)} at step {step}; last checkpoint "
+        why = " (its launcher died)" if parent_gone() else ""
+        return (f"interrupted by {signal_name(signum)}{why} at step {step}; last checkpoint "
                 + (f"step {last}" if last is not None else "none"))
 
     def _stop_run(self, run: RunProgress, error: BaseException) -> BaseException:
@@ -343,18 +373,23 @@ class Trainer:
         this rank the same way. Anything else is a bug and keeps its traceback."""
         run.bar.close()  # what follows is printed on its own line
         announced = None
+        # the job's store lives in the launcher: once it is dead, asking it only waits
+        store_alive = not parent_gone()
+        if not store_alive and not isinstance(error, RunInterrupted):  # whatever broke after
+            error = RunInterrupted(PARENT_DEATH_SIGNAL,
+                                   self._interrupted_message(PARENT_DEATH_SIGNAL, run.completed))
         if not isinstance(error, RunError):
             signum = stop_signal()
             if signum is not None:
                 error = RunInterrupted(signum, self._interrupted_message(signum, run.completed))
-            elif (announced := announced_stop()) is not None:
+            elif store_alive and (announced := announced_stop()) is not None:
                 code = announced["exit_code"]
                 error = (RunInterrupted(code - 128, announced["message"]) if code > 128
                          else RunError(announced["message"]))
                 error.exit_code = code
             else:
                 return error
-        if announced is None:  # this rank decided: tell the others
+        if announced is None and store_alive:  # this rank decided: tell the others
             announce_stop(str(error), error.exit_code)
         try:
             self.records.log("stopped", step=run.completed, reason=str(error))
@@ -440,7 +475,8 @@ class Trainer:
         summary.samples = (self.step - run.first_step) * self.cfg.run.global_batch_size
         summary.wall_seconds = time.perf_counter() - run.start
         summary.train_seconds = summary.wall_seconds - run.paused
-        self.records.write_json("summary.json", summary.as_dict())
+        if self.step > run.first_step or summary.evals:  # a run that did nothing keeps the last
+            self.records.write_json("summary.json", summary.as_dict())
         self._print(summary.render())
         return summary
 

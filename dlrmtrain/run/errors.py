@@ -21,6 +21,13 @@ class SetupError(RuntimeError):
     """A run cannot start as configured; the message says why and what to change."""
 
 
+class RunAlreadyFinished(SetupError):
+    """A resumed run whose checkpoint is at its planned last step: nothing to train, every
+    record left as it was (exit 0)."""
+
+    exit_code = 0
+
+
 class RunError(RuntimeError):
     """A run stopped while training; the message says why and where it stands."""
 

@@ -31,6 +31,14 @@ def install_stop_handlers() -> None:
         signal.signal(sig, _handle)
 
 
+def request_stop(signum: int) -> None:
+    """Ask the run to stop at the next step boundary, as a first stop signal does; never
+    "again" (for a signal that may come more than once, such as a parent's death)."""
+    global _received
+    if _received is None:
+        _received = signum
+
+
 def stop_signal() -> Optional[int]:
     """The stop signal this process got, if any."""
     return _received
