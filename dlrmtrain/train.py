@@ -2,10 +2,12 @@
 
 A problem the user can fix before training (a config error, a run directory that
 holds or is used by another run, a checkpoint trained with another config, too
-little data) is printed once, by rank 0, and every rank exits with status 2. A run
+little data, a bad data file, a device that is not there, tables too large for
+memory) is printed once, by rank 0, and every rank exits with status 2, also when
+only one rank found it (the ranks agree through the job's store: Trainer). A run
 stopped while training is one line too, after its records are closed: a signal
 (`interrupted by SIGTERM at step N; last checkpoint step M`, exit 128 + signal) or
-an error such as a checkpoint that cannot be written (exit 1).
+an error such as a checkpoint that cannot be written or bad data (exit 3).
 """
 
 from __future__ import annotations
@@ -50,8 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+    from dlrmtrain.run.machine import check_device
     from dlrmtrain.trainer import Trainer  # heavy imports only after the config is good
 
+    try:
+        check_device(cfg.run.device)  # the same on every rank of this machine
+    except SetupError as e:
+        _print_once(f"error: {e}")
+        return EXIT_USER_ERROR
     env = init_distributed(cfg.run.device, timeout_s=cfg.run.collective_timeout_s)
     try:
         trainer = Trainer(cfg, env)
@@ -59,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         _print_once(f"dlrmtrain: {e}")
         shutdown_distributed()
         return e.exit_code
-    except SetupError as e:  # raised on every rank alike (decided on rank 0 or by the data)
-        _print_once(f"error: {e}")
-        shutdown_distributed()
-        return EXIT_USER_ERROR
+    except SetupError as e:  # agreed by every rank (Trainer); a peer may be gone already,
+        _print_once(f"error: {e}")  # so no teardown collective
+        sys.stdout.flush()
+        os._exit(EXIT_USER_ERROR)
     except RunError as e:  # a second stop signal while building
         _stopped(e)
     try:

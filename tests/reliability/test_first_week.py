@@ -201,3 +201,138 @@ def test_two_preprocessings_started_at_once_into_one_folder_one_is_refused(tmp_p
     assert manifest["categorical_mode"] == {"vocab": "mlperf_vocab", "hash": "hash"}[winner]
     assert sorted(p.name for p in (out / "parts").iterdir()) == \
         [p["name"] for p in manifest["parts"]]  # no part the manifest does not list
+
+
+# ---- errors found inside the ranks --------------------------------------------------
+
+def _dataset(folder: Path, rows_per_part: int = 2048) -> list[str]:
+    """A tiny dataset on disk; the overrides that train on it."""
+    from dlrmtrain.config import load_config
+    from dlrmtrain.data.synthetic.files import write_synthetic_dataset
+
+    write_synthetic_dataset(load_config(None, tiny_overrides(str(folder))).data, folder / "ds",
+                            rows_per_part=rows_per_part, num_parts=2, progress=False)
+    return ["data.source=criteo", f"data.path={folder / 'ds'}", "data.format=dlrmtrain",
+            "data.split=names", "data.train_parts=[day_0]", "data.eval_parts=[day_1]"]
+
+
+def _flip_id(folder: Path, row: int, table: int) -> None:
+    """Set the high byte of one stored id: a huge id, as a flipped bit would make."""
+    path = folder / "ds" / "parts" / "day_0" / "sparse.i32"
+    data = bytearray(path.read_bytes())
+    data[(row * 26 + table) * 4 + 3] = 0x40
+    path.write_bytes(bytes(data))
+
+
+def _one_line_error(out: str, message: str) -> None:
+    assert "Traceback" not in out and "Connection closed by peer" not in out, out[-4000:]
+    assert [line for line in out.splitlines() if line.startswith("error: ")] == [message], \
+        out[-4000:]
+
+
+def test_an_id_beyond_its_table_seen_by_one_rank_stops_every_rank_with_one_line(tmp_path):
+    """The probe: an id beyond its table's rows, in rank 1's half of the data only. Before:
+    a traceback on both ranks (rank 0's ending in gloo's "Connection closed by peer"),
+    exit 1, no `stopped` record. Now rank 1's error reaches rank 0 through the job's
+    store: printed once, the records closed, exit 3."""
+    files = _dataset(tmp_path)
+    _flip_id(tmp_path, row=1500, table=5)  # rank 1 reads rows 1024.. of day_0, at step 4
+    job = start_cli_job(tmp_path, *files, "data.verify=false", "run.name=ids",
+                        "eval.enabled=false", "run.max_steps=16")
+    try:
+        rc, _ = finish(job, START_TIMEOUT)
+    finally:
+        kill_job(job)
+    out = "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    assert rc == 3, out[-4000:]
+    [line] = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert "table t_cat_5: id 1073741825 in rows 1408..1535 is outside its 3 rows" in line
+    _one_line_error(out, line)
+    stopped = metrics(tmp_path / "ids")[-1]
+    assert stopped["kind"] == "stopped" and f"error: {stopped['reason']}" == line
+
+
+def test_a_checksum_mismatch_at_start_is_one_line_exit_2_and_leaves_nothing(tmp_path):
+    """The probe: a part file whose checksum disagrees with its manifest. Before: a
+    traceback on both ranks, exit 1. Now: one line naming the file, exit 2, and the
+    run directory holds no record (a retry needs no run.overwrite)."""
+    files = _dataset(tmp_path, rows_per_part=512)
+    _flip_id(tmp_path, row=300, table=5)
+    job = start_cli_job(tmp_path, *files, "run.name=sum", "eval.enabled=false")
+    try:
+        rc, _ = finish(job, START_TIMEOUT)
+    finally:
+        kill_job(job)
+    out = "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    assert rc == 2, out[-4000:]
+    [line] = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert "parts/day_0/sparse.i32: sha256 mismatch" in line
+    _one_line_error(out, line)
+    assert sorted(p.name for p in (tmp_path / "sum").iterdir()) == ["checkpoints", "run.lock"]
+
+
+def _start_or_fail(config: str | None, overrides: list[str]) -> str:
+    """Build and train a world of one; the named error it ended with ("SetupError: ...",
+    "DataError: ..."), or "trained"."""
+    from dlrmtrain.config import load_config
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.run.errors import RunError, SetupError
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config, validate_config
+
+    cfg = resolve_config(load_config(config, overrides))
+    validate_config(cfg, 1)
+    try:
+        trainer = Trainer(cfg, init_distributed("cpu"))
+        trainer.train()
+    except (SetupError, RunError) as e:
+        return f"{type(e).__name__}: {e}"
+    trainer.close()
+    return "trained"
+
+
+def _in_one_process(rank, world_size, cases):
+    return {name: _start_or_fail(*case) for name, case in cases.items()}
+
+
+def test_data_and_size_errors_inside_a_rank_are_named_errors(tmp_path):
+    """The probes at a world of one (one spawned process): each problem is a SetupError
+    naming the file or table (exit 2 under `dlrmtrain train`), found before allocation."""
+    from tests.multiproc import run_ranks
+
+    files = _dataset(tmp_path, rows_per_part=512)
+    dense = tmp_path / "ds" / "parts" / "day_0" / "dense.f32"
+    dense.write_bytes(dense.read_bytes()[:-52])  # one row's dense values short
+    huge = tiny_overrides(str(tmp_path), "run.name=huge", "data.table_sizes=[10000000000" +
+                          ",7" * 25 + "]")
+    cases = {
+        "size": (None, tiny_overrides(str(tmp_path), "run.name=size", *files)),
+        "yambda": (str(REPO / "configs/mini_dlrmv4.yaml"),
+                   [f"run.output_dir={tmp_path}", "run.name=yambda", "data.source=yambda",
+                    f"data.yambda.path={tmp_path / 'not_prepared'}"]),
+        "huge": (None, huge),
+    }
+    results = run_ranks(_in_one_process, 1, cases, timeout=300)[0]
+    assert results["size"].startswith(f"SetupError: {dense}: 26572 bytes, manifest implies "
+                                      f"26624"), results["size"]
+    assert results["yambda"].startswith("SetupError: ") and "not_prepared" in results["yambda"], \
+        results["yambda"]
+    assert results["huge"].startswith("SetupError: the embedding tables need at least 298.0 GB "
+                                      "per rank") and "the largest, t_cat_0, has 10,000,000,000 " \
+                                                      "rows × 8" in results["huge"], results["huge"]
+    for name in cases:  # a failed start leaves no record behind
+        assert not [p.name for p in (tmp_path / name).glob("*") if p.is_file()
+                    and p.name != "run.lock"], name
+
+
+def test_a_device_that_is_not_there_is_a_named_error():
+    import torch
+
+    from dlrmtrain.run.errors import SetupError
+    from dlrmtrain.run.machine import check_device
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SetupError, match="run.device=cuda: no CUDA device is visible"):
+        check_device("cuda")
+    check_device("cpu")
