@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.common import tiny_overrides
 from tests.reliability.jobs import (REPO, _descendants, finish, kill_job, metrics, start_cli_job,
@@ -297,7 +298,8 @@ def _in_one_process(rank, world_size, cases):
 
 def test_data_and_size_errors_inside_a_rank_are_named_errors(tmp_path):
     """The probes at a world of one (one spawned process): each problem is a SetupError
-    naming the file or table (exit 2 under `dlrmtrain train`), found before allocation."""
+    naming the file or table (exit 2 under `dlrmtrain train`), found before allocation,
+    and the failed start leaves no record; DLRMv4 without MLPerf logging trains."""
     from tests.multiproc import run_ranks
 
     files = _dataset(tmp_path, rows_per_part=512)
@@ -312,7 +314,16 @@ def test_data_and_size_errors_inside_a_rank_are_named_errors(tmp_path):
                     f"data.yambda.path={tmp_path / 'not_prepared'}"]),
         "huge": (None, huge),
     }
+    no_mlperf = yaml.safe_load((REPO / "configs/mini_dlrmv4.yaml").read_text())
+    del no_mlperf["mlperf"]  # MLPerf logging off, its eval grid at the full-size defaults
+    (tmp_path / "v4.yaml").write_text(yaml.safe_dump(no_mlperf))
+    cases["v4_no_mlperf"] = (str(tmp_path / "v4.yaml"), [f"run.output_dir={tmp_path}",
+                                                         "run.name=v4", "run.max_steps=1",
+                                                         "eval.enabled=false"])
     results = run_ranks(_in_one_process, 1, cases, timeout=300)[0]
+    # before: "first eval ... is at 45,301,760 samples, beyond the 65,536", though MLPerf is off
+    assert results.pop("v4_no_mlperf") == "trained"
+    del cases["v4_no_mlperf"]
     assert results["size"].startswith(f"SetupError: {dense}: 26572 bytes, manifest implies "
                                       f"26624"), results["size"]
     assert results["yambda"].startswith("SetupError: ") and "not_prepared" in results["yambda"], \
