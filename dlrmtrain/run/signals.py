@@ -20,8 +20,9 @@ _received: Optional[int] = None
 
 def _handle(signum: int, frame) -> None:
     global _received
-    if _received is not None:
-        raise RunInterrupted(signum, f"interrupted by {signal_name(signum)} again; stopped at once")
+    if _received is not None:  # named by the first: after a Ctrl-C, torchrun's agent escalates
+        raise RunInterrupted(_received, f"interrupted by {signal_name(_received)} again; "
+                                        f"stopped at once")  # a second one to SIGTERM
     _received = signum
 
 

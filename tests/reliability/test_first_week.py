@@ -347,3 +347,69 @@ def test_a_device_that_is_not_there_is_a_named_error():
     with pytest.raises(SetupError, match="run.device=cuda: no CUDA device is visible"):
         check_device("cuda")
     check_device("cpu")
+
+
+_TWICE = """
+import os, signal, sys
+from dlrmtrain.run.errors import RunInterrupted
+from dlrmtrain.run.signals import install_stop_handlers
+install_stop_handlers()
+os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the launcher's agent forwards it ...
+try:
+    os.kill(os.getpid(), signal.SIGTERM)  # ... and turns the second Ctrl-C into SIGTERM
+except RunInterrupted as e:
+    print(e, e.exit_code)
+"""
+
+
+def test_ctrl_c_twice_says_sigint():
+    """The probe: Ctrl-C twice to `dlrmtrain train` said "interrupted by SIGTERM again":
+    torchrun's agent sends the ranks SIGINT on the first Ctrl-C and, when a second one
+    breaks its wait, SIGTERM. The rank names the signal the user sent."""
+    proc = subprocess.run([sys.executable, "-c", _TWICE], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.strip() == "interrupted by SIGINT again; stopped at once 130", proc.stderr
+
+
+def _sigterm_during_eval(rank, world_size, out_dir):
+    """Train a world of one whose first evaluation gets SIGTERM after its first batch."""
+    from dlrmtrain.config import load_config
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.run.errors import RunInterrupted
+    from dlrmtrain.run.signals import install_stop_handlers
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config
+
+    install_stop_handlers()
+    cfg = resolve_config(load_config(None, tiny_overrides(out_dir, "run.name=ev",
+                                                          "eval.evals_per_epoch=4",
+                                                          "eval.batch_size=64")))
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    batches = trainer.data.eval_batches
+
+    def signalled():
+        for i, item in enumerate(batches()):
+            if i == 1:  # a scheduler's SIGTERM, mid-evaluation
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield item
+
+    trainer.data.eval_batches = signalled
+    try:
+        trainer.train()
+    except RunInterrupted as e:
+        return str(e)
+    return "not interrupted"
+
+
+def test_sigterm_during_an_evaluation_stops_it_and_trains_no_further_step(tmp_path):
+    """The probe: a SIGTERM during an evaluation waited for the whole evaluation and then
+    trained one more step. Now the evaluation stops at its next batch."""
+    from tests.multiproc import run_ranks
+
+    [message] = run_ranks(_sigterm_during_eval, 1, str(tmp_path), timeout=200)
+    records = metrics(tmp_path / "ev")
+    first_eval_step = 4  # 16 steps per epoch, 4 evaluations
+    assert message == f"interrupted by SIGTERM at step {first_eval_step}; last checkpoint none"
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert not [r for r in records if r["kind"] == "eval"]
+    assert records[-1]["kind"] == "stopped" and records[-1]["step"] == first_eval_step
