@@ -102,14 +102,14 @@ class Trainer:
             self.data = build_datasets(cfg, env.rank, env.world_size)
         self._check_data_fills_a_step()
         self._check_not_finished(resume_from)
+        if cfg.model.arch in FLAT_TABLE_ARCHS:
+            check_tables_fit(self.data.table_rows, cfg.model.embedding_dim, env.world_size,
+                             env.device)
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank, claim)
-        if cfg.model.arch in FLAT_TABLE_ARCHS:
-            check_tables_fit(self.data.table_rows, cfg.model.embedding_dim, env.world_size,
-                             env.device)
         self.model, self.plan_text = self._build_sharded_model()
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
