@@ -314,26 +314,34 @@ STOP_GRACE_S = 30.0
 
 def run_bounded(cmd: list[str], out, env: dict[str, str], timeout_s: float) -> int | None:
     """Run `cmd` in a session (process group) of its own; its exit code, or None when
-    it outlived `timeout_s`: then SIGTERM to the whole group (the launcher forwards it
-    to its ranks, which stop at a step boundary), SIGKILL after `STOP_GRACE_S` (ranks
-    whose launcher dies stop by themselves: dlrmtrain.run.parent)."""
+    it outlived `timeout_s` and was stopped (end_group). A Ctrl-C of the runner, which
+    no longer reaches that group from the terminal, is passed on the same way."""
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        pass
-    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+        end_group(proc, signal.SIGTERM)
+        return None
+    except KeyboardInterrupt:
+        end_group(proc, signal.SIGINT)
+        raise
+
+
+def end_group(proc: subprocess.Popen, first: signal.Signals) -> None:
+    """`first` to the whole group (the launcher forwards it to its ranks, which stop at a
+    step boundary), SIGKILL after `STOP_GRACE_S` (ranks whose launcher dies stop by
+    themselves: dlrmtrain.run.parent)."""
+    for sig in (first, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:  # the group is gone already
-            break
+            return
         try:
-            proc.wait(timeout=wait_s)
-            break
+            proc.wait(timeout=STOP_GRACE_S)
+            return
         except subprocess.TimeoutExpired:
             continue
-    return None
 
 
 def execute(plan: RunnerPlan) -> list[CodecOutcome]:
