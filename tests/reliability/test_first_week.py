@@ -107,14 +107,14 @@ def test_runner_timeout_ends_the_run_and_says_so_in_one_line(tmp_path):
     out = tmp_path / "m"
     proc = subprocess.run([sys.executable, "-m", "dlrmtrain", "mlperf", "--config", str(config),
                            "--out", str(out), "--runs", "1", "--codecs", "none",
-                           "--timeout-min", "0.1"],
+                           "--timeout-min", "0.02"],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     left = _processes_naming(str(out))
     _kill_all(left)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert (f"dlrmtrain mlperf: run 0 (none, seed 0) did not finish within --timeout-min 0.1; "
+    assert (f"dlrmtrain mlperf: run 0 (none, seed 0) did not finish within --timeout-min 0.02; "
             f"stopped it and its ranks; output in {out}") in proc.stderr
     assert not left, "processes of the timed-out run are still alive"
 
@@ -165,21 +165,23 @@ def _preprocess(out: Path, *args: str) -> subprocess.Popen:
 
 
 def test_a_second_preprocess_into_one_folder_is_refused_naming_the_holder(tmp_path):
+    from dlrmtrain.data.preprocess.pipeline import preprocess
+    from dlrmtrain.run.errors import SetupError
+
     out = tmp_path / "out"
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE,
                               text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         assert holder.stdout.readline().strip() == "held"
-        second = _preprocess(out, "--hash-range", "1000", str(_raw_day(tmp_path / "day_0", 1)))
-        _, err = second.communicate(timeout=120)
+        with pytest.raises(SetupError) as refused:
+            preprocess([_raw_day(tmp_path / "day_0", 1)], out, hash_range=1000, progress=False)
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    assert second.returncode == 2
-    assert err.startswith(f"error: {out} is in use by another preprocess (host "
-                          f"{socket.gethostname()}, pid {holder.pid}, started 20"), err
-    assert "choose another --out" in err and "Traceback" not in err
+    assert str(refused.value).startswith(f"{out} is in use by another preprocess (host "
+                                         f"{socket.gethostname()}, pid {holder.pid}, started 20")
+    assert "choose another --out" in str(refused.value)
     assert sorted(p.name for p in out.iterdir()) == ["preprocess.lock"]  # nothing written
 
 
