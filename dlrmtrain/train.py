@@ -2,10 +2,12 @@
 
 A problem the user can fix before training (a config error, a run directory that
 holds or is used by another run, a checkpoint trained with another config, too
-little data) is printed once, by rank 0, and every rank exits with status 2. A run
+little data, a bad data file, a device that is not there, tables too large for
+memory) is printed once, by rank 0, and every rank exits with status 2, also when
+only one rank found it (the ranks agree through the job's store: Trainer). A run
 stopped while training is one line too, after its records are closed: a signal
 (`interrupted by SIGTERM at step N; last checkpoint step M`, exit 128 + signal) or
-an error such as a checkpoint that cannot be written (exit 1).
+an error such as a checkpoint that cannot be written or bad data (exit 3).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import os
 import sys
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
-from dlrmtrain.run.errors import EXIT_USER_ERROR, RunError, RunInterrupted, SetupError
+from dlrmtrain.run.errors import (EXIT_USER_ERROR, RunAlreadyFinished, RunError, RunInterrupted,
+                                  SetupError)
+from dlrmtrain.run.parent import stop_with_parent
 from dlrmtrain.run.signals import install_stop_handlers
 from dlrmtrain.validation import resolve_config, validate_config
 
@@ -36,6 +40,7 @@ def _stopped(error: RunError) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     install_stop_handlers()  # a signal from here on ends the run with one line
+    stop_with_parent()  # ... and so does the death of torchrun's agent (the launcher)
     try:  # every config error surfaces before a process group exists
         path, overrides = parse_cli(argv)
         cfg = resolve_config(load_config(path, overrides))
@@ -47,15 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+    from dlrmtrain.run.machine import check_device
     from dlrmtrain.trainer import Trainer  # heavy imports only after the config is good
 
+    try:
+        check_device(cfg.run.device)  # the same on every rank of this machine
+    except SetupError as e:
+        _print_once(f"error: {e}")
+        return EXIT_USER_ERROR
     env = init_distributed(cfg.run.device, timeout_s=cfg.run.collective_timeout_s)
     try:
         trainer = Trainer(cfg, env)
-    except SetupError as e:  # raised on every rank alike (decided on rank 0 or by the data)
-        _print_once(f"error: {e}")
+    except RunAlreadyFinished as e:  # nothing to do: not an error
+        _print_once(f"dlrmtrain: {e}")
         shutdown_distributed()
-        return EXIT_USER_ERROR
+        return e.exit_code
+    except SetupError as e:  # agreed by every rank (Trainer); a peer may be gone already,
+        _print_once(f"error: {e}")  # so no teardown collective
+        sys.stdout.flush()
+        os._exit(EXIT_USER_ERROR)
     except RunError as e:  # a second stop signal while building
         _stopped(e)
     try:

@@ -6,6 +6,7 @@ Reads top to bottom as the architecture: config → data → model → sharding
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -28,14 +29,20 @@ from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
-from dlrmtrain.run.checkpoint import (Checkpointer, TrainerPosition, estimate_checkpoint_bytes,
-                                      free_bytes, human_bytes)
+from dlrmtrain.run.checkpoint import (TRAINER_STATE, Checkpointer, TrainerPosition,
+                                      estimate_checkpoint_bytes, free_bytes, human_bytes,
+                                      read_manifest)
 from dlrmtrain.run.console import comm_summary, plan_summary
-from dlrmtrain.run.directory import RunClaim, checkpoint_dir_of, claim_run_dir, run_dir_of
-from dlrmtrain.run.errors import CheckpointWriteError, RunError, RunInterrupted, SetupError, signal_name
-from dlrmtrain.run.identity import math_config
+from dlrmtrain.run.directory import (RECORD_FILES, RunClaim, checkpoint_dir_of, claim_run_dir,
+                                    run_dir_of)
+from dlrmtrain.run.errors import (EXIT_USER_ERROR, CheckpointWriteError, DataError,
+                                  RunAlreadyFinished, RunError, RunInterrupted, SetupError,
+                                  data_errors, signal_name)
+from dlrmtrain.run.identity import lossless_codec_changes, math_config
 from dlrmtrain.run.leftovers import remove_dead_partials
 from dlrmtrain.run.lock import RunLock
+from dlrmtrain.run.machine import FLAT_TABLE_ARCHS, check_tables_fit
+from dlrmtrain.run.parent import PARENT_DEATH_SIGNAL, parent_gone
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records
 from dlrmtrain.run.signals import stop_signal
@@ -75,9 +82,13 @@ class Trainer:
         claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.run_lock), env.rank)
         try:
             self._build(claim)
-        except BaseException:
+        except BaseException as e:  # noqa: BLE001 - re-raised, as the agreed error where it is one
+            failure = self._agreed_failure(e, step=0)
+            self._undo_start(claim)
             self.run_lock.release()  # refused or broken before training: free the directory
-            raise
+            if failure is e:
+                raise
+            raise failure from None
 
     def _build(self, claim: RunClaim) -> None:
         cfg, env = self.cfg, self.env
@@ -87,8 +98,13 @@ class Trainer:
             remove_dead_partials(self.checkpointer.root, log=self._print)
         resume_from = (self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
                        if cfg.checkpoint.resume else None)
-        self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
+        with data_errors(SetupError):
+            self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
         self._check_data_fills_a_step()
+        self._check_not_finished(resume_from)
+        if cfg.model.arch in FLAT_TABLE_ARCHS:
+            check_tables_fit(self.data.table_rows, cfg.model.embedding_dim, env.world_size,
+                             env.device)
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
@@ -114,8 +130,10 @@ class Trainer:
                                  str(plan_path) if plan_path else None))
         self._check_checkpoint_space()
         self._resume(resume_from, claim)
-        log_run_setup(self.mlperf, cfg, self.data.num_train_samples, self.data.num_eval_samples)
-        self.mlperf.init_stop()
+        if cfg.mlperf.enabled:  # dlrmv4's setup reads its eval grid: only where MLPerf asks
+            log_run_setup(self.mlperf, cfg, self.data.num_train_samples,
+                          self.data.num_eval_samples)
+            self.mlperf.init_stop()
 
     def _checkpoints_enabled(self) -> bool:
         return bool(self.cfg.checkpoint.every_steps or self.cfg.checkpoint.at_end)
@@ -135,6 +153,19 @@ class Trainer:
                         f"checkpoint.keep={self.cfg.checkpoint.keep} needs room for "
                         f"{self.cfg.checkpoint.keep + 1} checkpoints of about "
                         f"{human_bytes(size)} ({human_bytes(needed)})")
+
+    def _check_not_finished(self, resume_from: Optional[Path]) -> None:
+        """A resume whose checkpoint already is at the planned last step stops here, before
+        any record is opened: a second summary of zero steps would replace the first."""
+        if resume_from is None:
+            return
+        step = json.loads((resume_from / TRAINER_STATE).read_text())["step"]
+        planned = self.planned_steps()
+        if step >= planned:
+            raise RunAlreadyFinished(
+                f"{run_dir_of(self.cfg)} already finished: its checkpoint {resume_from.name} "
+                f"is at step {step}, the planned last step is {planned}; nothing trained, "
+                f"every record left as it was. Raise run.max_steps or run.epochs to train on.")
 
     def _check_data_fills_a_step(self) -> None:
         """No full global batch means no step ever: stop now rather than loop over
@@ -185,7 +216,7 @@ class Trainer:
         it = iter(self.data.train_batches(epoch, skip))
         while True:
             self.timer.step_begins(self.step + 1)
-            with self.timer.phase("data"):
+            with self.timer.phase("data"), data_errors(DataError):
                 batch = next(it, None)
                 if batch is not None:
                     batch = batch.to(self.env.device, non_blocking=True)
@@ -243,7 +274,8 @@ class Trainer:
         model = self.pipeline.detach() if self.pipeline is not None else self.model
         model.eval()
         scores, labels, weights = [], [], []
-        for batch, weight in self.data.eval_batches():
+        for batch, weight in data_errors(DataError).wrap(self.data.eval_batches()):
+            self._stop_if_signalled()  # a SIGTERM does not wait for the whole evaluation
             with self._autocast():
                 _, (_, logits, batch_labels) = model(batch.to(self.env.device))
             scores.append(logits.float())
@@ -285,11 +317,22 @@ class Trainer:
             self.schedule.load_state_dict(pos.schedule)
             self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
                         f"batch {self.step_in_epoch})")
+        codecs = self._codec_changes(path)
         if not claim.resuming or claim.adopt_run_id:
             self.records.set_identity(self.checkpointer.run_id, self.math)
         if claim.resuming:
             self.records.log_resumed(self.step, str(path) if path else None, epoch=self.epoch,
-                                     step_in_epoch=self.step_in_epoch)
+                                     step_in_epoch=self.step_in_epoch, codec_changes=codecs)
+
+    def _codec_changes(self, path: Optional[Path]) -> dict[str, list]:
+        """`key: [checkpoint's, now]` of a lossless codec change since the checkpoint
+        (allowed: the same model trains on), said once and kept in the resumed record."""
+        saved = (read_manifest(path) or {}).get("math_config") if path is not None else None
+        changes = {k: [a, b] for k, a, b in lossless_codec_changes(saved or {}, self.math)} \
+            if saved else {}
+        for key, (before, now) in changes.items():
+            self._print(f"resume: {key} {before} → {now} (lossless both: the same model trains on)")
+        return changes
 
     # ---- the loop -----------------------------------------------------------
     def planned_steps(self) -> int:
@@ -338,8 +381,48 @@ class Trainer:
 
     def _interrupted_message(self, signum: int, step: int) -> str:
         last = self.checkpointer.last_step
-        return (f"interrupted by {signal_name(signum)} at step {step}; last checkpoint "
+        why = " (its launcher died)" if parent_gone() else ""
+        return (f"interrupted by {signal_name(signum)}{why} at step {step}; last checkpoint "
                 + (f"step {last}" if last is not None else "none"))
+
+    def _agreed_failure(self, error: BaseException, step: int) -> BaseException:
+        """The error this rank ends with, the same on every rank. A rank that decided
+        (a SetupError or RunError of its own) leaves it in the job's store for the
+        others; a rank whose collective then broke reads it there and ends the same
+        way. An error after a stop signal is the interruption. Anything else is a bug
+        and is returned as it is (it keeps its traceback)."""
+        # the job's store lives in the launcher: once that is dead, asking it only waits
+        store_alive = not parent_gone()
+        if not store_alive and not isinstance(error, RunInterrupted):  # whatever broke after
+            return RunInterrupted(PARENT_DEATH_SIGNAL,
+                                  self._interrupted_message(PARENT_DEATH_SIGNAL, step))
+        if isinstance(error, (SetupError, RunError)):
+            if store_alive and not isinstance(error, RunAlreadyFinished):
+                announce_stop(str(error), getattr(error, "exit_code", EXIT_USER_ERROR))
+            return error
+        announced = announced_stop() if store_alive else None
+        if announced is not None:  # a peer stopped first: that broke our collective
+            code = announced["exit_code"]
+            if code == EXIT_USER_ERROR:
+                return SetupError(announced["message"])
+            stop = (RunInterrupted(code - 128, announced["message"]) if code > 128
+                    else RunError(announced["message"]))
+            stop.exit_code = code
+            return stop
+        signum = stop_signal()
+        if signum is not None:
+            return RunInterrupted(signum, self._interrupted_message(signum, step))
+        return error
+
+    def _undo_start(self, claim: RunClaim) -> None:
+        """A start that failed leaves nothing behind: the records a new run began are
+        removed (a retry then needs no run.overwrite), those of a resumed one closed."""
+        for opened in ("records", "mlperf"):
+            if hasattr(self, opened):
+                getattr(self, opened).close()
+        if self.env.is_main and not claim.resuming:
+            for name in RECORD_FILES:
+                (run_dir_of(self.cfg) / name).unlink(missing_ok=True)
 
     def _stop_run(self, run: RunProgress, error: BaseException) -> BaseException:
         """Close the progress bar and the records of a run that cannot go on; return the
@@ -347,20 +430,13 @@ class Trainer:
         collective) is the interruption; one after another rank announced its stop ends
         this rank the same way. Anything else is a bug and keeps its traceback."""
         run.bar.close()  # what follows is printed on its own line
-        announced = None
+        error = self._agreed_failure(error, run.completed)
+        if isinstance(error, SetupError):  # a peer refused the start this rank got past
+            refused = RunError(str(error))
+            refused.exit_code = EXIT_USER_ERROR
+            error = refused
         if not isinstance(error, RunError):
-            signum = stop_signal()
-            if signum is not None:
-                error = RunInterrupted(signum, self._interrupted_message(signum, run.completed))
-            elif (announced := announced_stop()) is not None:
-                code = announced["exit_code"]
-                error = (RunInterrupted(code - 128, announced["message"]) if code > 128
-                         else RunError(announced["message"]))
-                error.exit_code = code
-            else:
-                return error
-        if announced is None:  # this rank decided: tell the others
-            announce_stop(str(error), error.exit_code)
+            return error
         try:
             self.records.log("stopped", step=run.completed, reason=str(error))
             self.mlperf.run_stop("aborted", self.step / self.data.steps_per_epoch,
@@ -445,7 +521,8 @@ class Trainer:
         summary.samples = (self.step - run.first_step) * self.cfg.run.global_batch_size
         summary.wall_seconds = time.perf_counter() - run.start
         summary.train_seconds = summary.wall_seconds - run.paused
-        self.records.write_json("summary.json", summary.as_dict())
+        if self.step > run.first_step or summary.evals:  # a run that did nothing keeps the last
+            self.records.write_json("summary.json", summary.as_dict())
         self._print(summary.render())
         return summary
 

@@ -31,7 +31,7 @@ def test_config_error_is_one_line_and_exit_2_before_any_rank_starts(tmp_path):
                      f"run.output_dir={tmp_path}", "optim.lr=fast")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "config error: configs/quickstart.yaml: optim.lr: expected a number, got 'fast'"]
+        "config error: override 'optim.lr=fast': optim.lr: expected a number, got 'fast'"]
     assert not any(tmp_path.iterdir())        # no rank ran, nothing was written
     assert time.perf_counter() - started < 60  # no rendezvous was waited for
 
@@ -104,14 +104,17 @@ def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
 
 
 def test_a_failing_rank_gives_its_exit_code_and_one_line(tmp_path):
-    # Passes the launcher's checks, fails inside the ranks: the data directory is empty.
+    # Passes the launcher's checks, fails inside the ranks: the data directory is empty,
+    # a named error (issue 29) printed once, every rank's exit code 2.
     (tmp_path / "empty").mkdir()
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
                      *tiny_overrides(str(tmp_path), "data.source=criteo",
                                      f"data.path={tmp_path / 'empty'}", "data.split=fraction"))
-    assert proc.returncode != 0
-    assert "dlrmtrain: rank" in proc.stderr and "failed" in proc.stderr
-    assert "ChildFailedError" not in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'empty'}: no dataset.json, day_*_sparse.npy, day_*_sparse_multi_hot.npz "
+        f"or terabyte_processed_*.bin found"]
+    assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _free_port() -> int:

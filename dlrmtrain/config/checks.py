@@ -14,6 +14,9 @@ from dlrmtrain.config.schema import Config
 
 def check_run(cfg: Config, world_size: int) -> None:
     run = cfg.run
+    if run.name in ("", ".", "..") or any(c in run.name for c in "/\\\0"):
+        raise ConfigError(f"run.name: {run.name!r} must name one folder inside run.output_dir "
+                          f"(not empty, '.' or '..', no '/'); put a path in run.output_dir")
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be at least 1")
     if run.global_batch_size <= 0 or run.global_batch_size % world_size:

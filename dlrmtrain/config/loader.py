@@ -139,6 +139,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return _non_negative(float(value), key)
     if tp is str:
+        if isinstance(value, bool):  # YAML 1.1 reads on/off/yes/no as true/false
+            raise ConfigError(f"{key}: expected a string, got {value!r} (YAML reads on, off, "
+                              f"yes and no as true/false: quote the text, e.g. {key}='off')")
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
@@ -216,7 +219,10 @@ def _read_yaml_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in chain:
         raise ConfigError(f"{path}: `base` chain loops back to itself")
     try:
-        loaded = _load_yaml(path.read_text())
+        loaded = _load_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                          f"{e.start}); save the file as UTF-8") from None
     except DuplicateKey as e:
         raise ConfigError(f"{path}:{e.line}: key {e.key!r} given twice in one mapping (first at "
                           f"line {e.first_line}); give each key once") from None
@@ -260,10 +266,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         source = str(path)
         tree = _read_yaml_tree(Path(path))
     section_names = {f.name for f in dataclasses.fields(Config)}
+    dotted: dict[str, str] = {}  # override key -> its text, to blame the right source
     for text in overrides:
         key, value = parse_override(text)
         if "." in key:
             _set_dotted(tree, key, value)
+            dotted[key] = text
         elif key in section_names and isinstance(value, str):
             # `data=criteo_terabyte`: merge a preset file over the config, in override order
             tree = _deep_merge(tree, _read_yaml_tree(preset_path(path, key, value)))
@@ -273,7 +281,21 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     try:
         return _build(Config, tree, "")
     except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+        raise ConfigError(f"{_blamed(str(e), dotted) or source}: {e}") from None
+
+
+_ERROR_KEY = re.compile(r"^(?:unknown key )?([\w.\[\]]+)")
+
+
+def _blamed(message: str, overrides: dict[str, str]) -> str | None:
+    """`override TEXT` when the key an error names was set by that override (a typo such
+    as `optm.lr` is the command line's, not the config file's), else None."""
+    match = _ERROR_KEY.match(message)
+    key = match.group(1) if match else ""
+    for dotted, text in overrides.items():
+        if key == dotted or dotted.startswith(key + ".") or key.startswith(dotted + "."):
+            return f"override {text!r}"
+    return None
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

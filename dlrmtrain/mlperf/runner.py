@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -49,7 +51,7 @@ from tqdm import tqdm
 
 from dlrmtrain.mlperf.benchmarks import DLRMV4, benchmark_for_arch
 from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, check_log
-from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, DerivedRulesSpec, Dlrmv4Scale
+from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, RULESETS, DerivedRulesSpec, Dlrmv4Scale
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
 from dlrmtrain.mlperf.scoring import BenchmarkScore, RunTime, olympic_score, required_runs, \
     run_time_minutes
@@ -107,11 +109,50 @@ class CodecOutcome:
     checks: tuple[ComplianceResult, ...]
 
 
+class RunnerArgumentError(ValueError):
+    """An option the runner cannot honour; found before anything is written (exit 2)."""
+
+
+class RunnerRunError(RuntimeError):
+    """A run that failed or timed out (exit 3); the message says which and where its output is."""
+
+
+def check_arguments(args: argparse.Namespace, benchmark: str) -> None:
+    """Every option that needs no launch, checked before anything is written."""
+    if args.runs is not None and args.runs < 1:
+        raise RunnerArgumentError(f"--runs must be at least 1, got {args.runs}")
+    if args.nproc < 1:
+        raise RunnerArgumentError(f"--nproc must be at least 1, got {args.nproc}")
+    if not (args.timeout_min > 0 and math.isfinite(args.timeout_min)):
+        raise RunnerArgumentError(f"--timeout-min must be a positive number of minutes, "
+                                  f"got {args.timeout_min}")
+    contenders = args.codecs.split(",")
+    repeated = sorted({c for c in contenders if contenders.count(c) > 1})
+    if repeated:
+        raise RunnerArgumentError(f"--codecs {args.codecs}: {', '.join(repeated)} given more than "
+                                  f"once (each contender runs once per seed)")
+    known = RULESETS[benchmark] if args.rules == "derived" else official_rulesets(benchmark)
+    if args.ruleset is not None and args.ruleset not in known:
+        raise RunnerArgumentError(f"--ruleset {args.ruleset}: no {args.rules} {benchmark} rules "
+                                  f"for it (known: {', '.join(known)})")
+
+
+def official_rulesets(benchmark: str) -> list[str]:
+    """The training rulesets of the installed checker that hold rules for `benchmark`."""
+    from mlperf_logging import compliance_checker
+
+    root = Path(compliance_checker.__file__).parent
+    return sorted((d.name.split("_", 1)[1] for d in root.glob("training_*")
+                   if (d / f"closed_{benchmark}.yaml").is_file()),
+                  key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit()))
+
+
 def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     from dlrmtrain.config import load_config  # config errors surface before any launch
     from dlrmtrain.validation import validate_config
 
     cfg = load_config(args.config, list(args.overrides))
+    check_arguments(args, benchmark_for_arch(cfg.model.arch))
     for codec in args.codecs.split(","):
         try:
             settings = contender_overrides(codec)
@@ -152,7 +193,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     return RunnerPlan(
         config=args.config.resolve(), out=out, overrides=tuple(args.overrides),
         benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
-        runs=args.runs or required_runs(benchmark), base_seed=cfg.run.seed, nproc=args.nproc,
+        runs=required_runs(benchmark) if args.runs is None else args.runs, base_seed=cfg.run.seed, nproc=args.nproc,
         backend="nccl" if _uses_gpu(cfg.run.device) else "gloo",
         ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60, link=link,
         sim_nodes=args.sim_nodes)
@@ -254,13 +295,52 @@ def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
     with open(console, "w") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                              timeout=plan.timeout_s)
-    if proc.returncode != 0:
+        returncode = run_bounded(cmd, out, env, plan.timeout_s)
+    if returncode is None:
+        raise RunnerRunError(f"run {index} ({codec}, seed {seed}) did not finish within "
+                             f"--timeout-min {plan.timeout_s / 60:g}; stopped it and its ranks; "
+                             f"output in {console}")
+    if returncode != 0:
         tail = "\n".join(console.read_text().splitlines()[-25:])
-        raise RuntimeError(f"run {index} ({codec}, seed {seed}) exited with {proc.returncode}; "
-                           f"output in {console}:\n{tail}")
+        raise RunnerRunError(f"run {index} ({codec}, seed {seed}) exited with {returncode}; "
+                             f"output in {console}:\n{tail}")
     return run_root / name / "mlperf.log"
+
+
+STOP_GRACE_S = 30.0
+"""Seconds a timed-out run gets to stop at a step boundary before it is killed."""
+
+
+def run_bounded(cmd: list[str], out, env: dict[str, str], timeout_s: float) -> int | None:
+    """Run `cmd` in a session (process group) of its own; its exit code, or None when
+    it outlived `timeout_s` and was stopped (end_group). A Ctrl-C of the runner, which
+    no longer reaches that group from the terminal, is passed on the same way."""
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        end_group(proc, signal.SIGTERM)
+        return None
+    except KeyboardInterrupt:
+        end_group(proc, signal.SIGINT)
+        raise
+
+
+def end_group(proc: subprocess.Popen, first: signal.Signals) -> None:
+    """`first` to the whole group (the launcher forwards it to its ranks, which stop at a
+    step boundary), SIGKILL after `STOP_GRACE_S` (ranks whose launcher dies stop by
+    themselves: dlrmtrain.run.parent)."""
+    for sig in (first, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the group is gone already
+            return
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def execute(plan: RunnerPlan) -> list[CodecOutcome]:
@@ -279,7 +359,11 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
         # interleaved, and which codec goes first alternates: load drifts hit both alike
         for codec in (plan.codecs if index % 2 == 0 else plan.codecs[::-1]):
             bar.set_postfix(codec=codec, seed=plan.base_seed + index)
-            log = launch_run(plan, codec, index)
+            try:
+                log = launch_run(plan, codec, index)
+            except RunnerRunError:
+                bar.close()  # the error is printed on a line of its own
+                raise
             result = plan.layout(codec).result_file(index)
             shutil.copyfile(log, result)
             check = check_log(result, plan.ruleset, plan.rules)
@@ -409,9 +493,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except RunnerArgumentError as e:
+        print(f"dlrmtrain mlperf: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # the other refusals of plan_from_args: one line too, exit 2
+        if not isinstance(e.code, str):
+            raise
+        print(f"dlrmtrain mlperf: {e.code}", file=sys.stderr)
+        return 2
 
     started = time.perf_counter()
-    outcomes = execute(plan)
+    try:
+        outcomes = execute(plan)
+    except RunnerRunError as e:
+        print(f"dlrmtrain mlperf: {e}", file=sys.stderr)
+        return 3
     print(render_summary(plan, outcomes))
     report_runs(plan)
     print(f"summary: {write_summary(plan, outcomes)}  "

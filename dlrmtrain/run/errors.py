@@ -21,6 +21,13 @@ class SetupError(RuntimeError):
     """A run cannot start as configured; the message says why and what to change."""
 
 
+class RunAlreadyFinished(SetupError):
+    """A resumed run whose checkpoint is at its planned last step: nothing to train, every
+    record left as it was (exit 0)."""
+
+    exit_code = 0
+
+
 class RunError(RuntimeError):
     """A run stopped while training; the message says why and where it stands."""
 
@@ -49,3 +56,37 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+class DataError(RunError):
+    """The run's data, read by a rank while training, is bad (an id beyond its table, a
+    part file that disagrees with its manifest): the message names the file or table."""
+
+
+class data_errors:  # noqa: N801 - used as a context manager, like contextlib's
+    """Turn what the data layer raises for bad input (ValueError, OSError; each names its
+    file or table) into `kind`: SetupError before the first step, DataError after.
+    `wrap(iterable)` does the same for every item an iterator yields."""
+
+    def __init__(self, kind: type[Exception]) -> None:
+        self.kind = kind
+
+    def __enter__(self) -> "data_errors":
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        if isinstance(exc, (ValueError, OSError)) and not isinstance(exc, self.kind):
+            raise self.kind(str(exc)) from None
+        return False
+
+    def wrap(self, iterable):
+        it = iter(iterable)
+        while True:
+            with self:
+                item = next(it, _END)
+            if item is _END:
+                return
+            yield item
+
+
+_END = object()

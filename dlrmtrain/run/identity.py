@@ -55,7 +55,31 @@ def fingerprint(math: dict[str, Any]) -> str:
 
 
 def differing_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: saved → current` for every math-changing entry that differs."""
+    """`key: saved → current` for every math-changing entry that differs, less a change
+    between lossless codecs (lossless_codec_changes)."""
+    allowed = {k for k, *_ in lossless_codec_changes(saved, current)}
+    return [f"{k}: {a!r} → {b!r}" for k, a, b in _changes(saved, current) if k not in allowed]
+
+
+def _changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     keys = sorted(set(saved) | set(current))
-    return [f"{k}: {saved.get(k, '<absent>')!r} → {current.get(k, '<absent>')!r}"
-            for k in keys if saved.get(k, "<absent>") != current.get(k, "<absent>")]
+    return [(k, saved.get(k, "<absent>"), current.get(k, "<absent>")) for k in keys
+            if saved.get(k, "<absent>") != current.get(k, "<absent>")]
+
+
+CODEC_KEYS = ("comm.codec", "comm.table_codecs")
+"""The math entries that only choose how the embedding all-to-all is carried."""
+
+
+def lossless_codec_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, saved, current) of the codec entries that changed with every codec before
+    and after lossless (none, dedup, auto: their forward is bitwise none's), so resuming
+    across them trains the same model; a change to or from a lossy codec is not one."""
+    from dlrmtrain.comm.registry import lossy_codecs  # torch: only when resuming
+
+    lossy = set(lossy_codecs())
+    changed = [c for c in _changes(saved, current) if c[0] in CODEC_KEYS]
+    names = {n for _, a, b in changed for v in (a, b)
+             for n in (v.values() if isinstance(v, dict) else [v])}
+    names |= {saved.get("comm.codec"), current.get("comm.codec")}
+    return changed if changed and not names & lossy else []

@@ -1,4 +1,4 @@
-"""One run per directory at a time.
+"""One run per directory at a time (and one writer per dataset directory).
 
 Rank 0 holds an exclusive `flock` on `<run dir>/run.lock` from before it looks at
 the directory until the process ends. The kernel drops the lock when its holder
@@ -6,6 +6,7 @@ dies (even by kill -9), so a lock file left by a dead run never blocks the next
 one; a live holder is named (host, pid, start time) in the refusal. flock, not
 POSIX `lockf`: closing any other descriptor of the file would silently release a
 POSIX lock. (On NFS, Linux maps flock to the server's byte-range locks.)
+`dlrmtrain preprocess` holds the same kind of lock on its `--out` (`preprocess.lock`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from typing import Optional
 from dlrmtrain.run.errors import SetupError
 
 LOCK_FILE = "run.lock"
+PREPROCESS_LOCK_FILE = "preprocess.lock"
 
 
 class RunLock:
-    """The lock of one run directory; `acquire` or raise SetupError naming the holder."""
+    """The lock of one run directory; `acquire` or raise SetupError naming the holder.
+    `user` and `advice` word the refusal for another kind of writer (preprocess)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / LOCK_FILE
+    def __init__(self, run_dir: Path, name: str = LOCK_FILE, user: str = "another run",
+                 advice: str = "choose another run.name") -> None:
+        self.path = run_dir / name
+        self.user, self.advice = user, advice
         self._fd: Optional[int] = None
 
     def acquire(self) -> None:
@@ -36,8 +41,9 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise SetupError(f"{self.path.parent} is in use by another run ({describe_holder(self.path)}); "
-                             f"wait for it to end, or choose another run.name") from None
+            raise SetupError(f"{self.path.parent} is in use by {self.user} "
+                             f"({describe_holder(self.path)}); wait for it to end, or "
+                             f"{self.advice}") from None
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)

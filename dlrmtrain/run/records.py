@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -83,9 +84,12 @@ class RunRecords:
         return self.write_text(name, json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
     def write_text(self, name: str, text: str) -> Path:
+        """Write `name` whole or not at all: a crash mid-write leaves the old file."""
         path = self.run_dir / name
+        tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
         with _writing(path):
-            path.write_text(text)
+            tmp.write_text(text)
+            os.replace(tmp, path)
         return path
 
     def close(self) -> None:

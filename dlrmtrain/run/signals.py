@@ -21,8 +21,9 @@ _received: Optional[int] = None
 
 def _handle(signum: int, frame) -> None:
     global _received
-    if _received is not None:
-        raise RunInterrupted(signum, f"interrupted by {signal_name(signum)} again; stopped at once")
+    if _received is not None:  # named by the first: after a Ctrl-C, torchrun's agent escalates
+        raise RunInterrupted(_received, f"interrupted by {signal_name(_received)} again; "
+                                        f"stopped at once")  # a second one to SIGTERM
     _received = signum
 
 
@@ -30,6 +31,14 @@ def install_stop_handlers() -> None:
     """Catch the stop signals in this process (the main thread of a rank)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handle)
+
+
+def request_stop(signum: int) -> None:
+    """Ask the run to stop at the next step boundary, as a first stop signal does; never
+    "again" (for a signal that may come more than once, such as a parent's death)."""
+    global _received
+    if _received is None:
+        _received = signum
 
 
 def stop_signal() -> Optional[int]:

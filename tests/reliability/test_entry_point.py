@@ -65,3 +65,39 @@ def test_a_world_of_one_needs_no_fixed_port(tmp_path):
         held.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps            1" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", ["..", "", ".", "a/b", "/tmp/abs"])
+def test_a_run_name_that_is_not_one_folder_is_refused(name):
+    """Issue 29: `run.name=""` wrote straight into run.output_dir, `..` left it."""
+    from dlrmtrain.config.checks import check_run
+
+    with pytest.raises(ConfigError, match=r"run.name: .* must name one folder inside run.output_dir"):
+        check_run(load_config(None, [f"run.name={name!r}"]), 1)
+
+
+def test_run_name_off_says_to_quote_it():
+    with pytest.raises(ConfigError, match=r"override 'run.name=off': run.name: expected a string, "
+                                          r"got False \(YAML reads on, off"):
+        load_config(None, ["run.name=off"])
+    assert load_config(None, ["run.name='off'"]).run.name == "off"
+
+
+def test_a_non_utf8_config_file_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("run:\n  name: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"{path}: not UTF-8 text \(byte 0xe9 at offset 16\)"):
+        load_config(path)
+
+
+def test_an_override_typo_is_blamed_on_the_override_not_the_file(tmp_path):
+    """Issue 29: `optm.lr=0.1` was reported as the config file's unknown key."""
+    config = REPO / "configs" / "quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"^override 'optm.lr=0.1': unknown key optm "):
+        load_config(config, ["optm.lr=0.1"])
+    with pytest.raises(ConfigError, match=r"^override 'run.epochs=abc': run.epochs: expected a"):
+        load_config(config, ["run.epochs=abc"])
+    typo = tmp_path / "typo.yaml"  # the same kind of typo in a file: the file is blamed
+    typo.write_text(f"base: {config}\nrun:\n  nme: x\n")
+    with pytest.raises(ConfigError, match=rf"^{typo}: unknown key run.nme "):
+        load_config(typo, ["run.epochs=2"])

@@ -34,6 +34,22 @@ def write_stale_record(out_dir: str) -> None:
     (Path(out_dir) / "own" / "comm_stats.json").write_text("{}")
 
 
+def snapshot_records(out_dir: str) -> None:
+    """Every record of the run as it is now, kept beside the run directory."""
+    run_dir = Path(out_dir) / "own"
+    records = {p.name: p.read_text() for p in sorted(run_dir.iterdir()) if p.is_file() and p.name != "run.lock"}
+    (Path(out_dir) / "records_before.json").write_text(json.dumps(records))
+
+
+def compare_records(out_dir: str) -> None:
+    """The names of the run's records that differ from `snapshot_records`'."""
+    before = json.loads((Path(out_dir) / "records_before.json").read_text())
+    run_dir = Path(out_dir) / "own"
+    now = {p.name: p.read_text() for p in sorted(run_dir.iterdir()) if p.is_file() and p.name != "run.lock"}
+    changed = sorted(n for n in set(before) | set(now) if before.get(n) != now.get(n))
+    (Path(out_dir) / "records_changed.json").write_text(json.dumps(changed))
+
+
 def _runs(out_dir, runs):
     """Train once per override list, in order (a tuple (function, *args) is called in
     between); each result is the summary or the SetupError's message."""
@@ -80,6 +96,16 @@ SCENARIOS = {
     "retention": [["run.max_steps=4", "checkpoint.keep=1"],
                   (copy_as_corrupt_checkpoint, 4, 50),
                   ["run.max_steps=8", "checkpoint.keep=1", "checkpoint.resume=true"]],
+    "finished": [["run.max_steps=2", "eval.enabled=true", "checkpoint.at_end=true"],
+                 (snapshot_records,),
+                 ["run.max_steps=2", "eval.enabled=true", "checkpoint.resume=true"],
+                 (compare_records,),
+                 ["run.max_steps=3", "checkpoint.resume=true"]],
+    "codec_change": [["run.max_steps=2", "comm.codec=none"],
+                     ["run.max_steps=4", "checkpoint.resume=true", "comm.codec=dedup"],
+                     ["run.max_steps=6", "checkpoint.resume=true", "comm.codec=auto",
+                      "comm.table_codecs={t_cat_2: none}"],
+                     ["run.max_steps=8", "checkpoint.resume=true", "comm.codec=fp16"]],
     "other_config": [["run.max_steps=2"],
                      ["run.max_steps=4", "checkpoint.resume=true", "optim.lr=0.1"],
                      ["run.max_steps=4", "checkpoint.resume=true", "run.global_batch_size=128"]],
@@ -148,6 +174,38 @@ def test_retention_keeps_this_runs_newest_valid_checkpoints(outcomes):
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_50", "step_8"]
     run_id = json.loads((run_root / "own" / "run.json").read_text())["run_id"]
     assert json.loads((ckpts / "step_8" / "manifest.json").read_text())["run_id"] == run_id
+
+
+def test_resuming_a_finished_run_says_so_and_leaves_every_record_as_it_was(outcomes):
+    """Issue 29: a resume of a finished run (same run.max_steps) trained 0 steps and replaced
+    summary.json with an empty one (final AUC and evals lost). Now it is refused before
+    any record is opened; a larger run.max_steps trains on."""
+    run_root, (first, again, more) = _outcome(outcomes, "finished")
+    assert first["steps"] == 2 and first["final_auc"] is not None
+    assert again.startswith("SetupError") and "already finished" in again
+    assert "step_2 is at step 2, the planned last step is 2" in again
+    before = json.loads((run_root / "records_before.json").read_text())
+    assert json.loads(before["summary.json"])["final_auc"] == first["final_auc"]
+    assert json.loads((run_root / "records_changed.json").read_text()) == []
+    records = _metrics(run_root)
+    assert sum(r["kind"] == "resumed" for r in records) == 1  # only the run that trained on
+    assert more["steps"] == 3 and [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
+    assert not list((run_root / "own").glob(".*.tmp-*"))  # records are written whole
+
+
+def test_lossless_codec_changes_are_allowed_on_resume_and_recorded(outcomes):
+    """Issue 29: none → dedup was refused as "would change the math"; lossless codecs
+    train the same model, so the change is allowed and kept in the resumed record.
+    A change to a lossy codec is still refused."""
+    run_root, (first, dedup, auto, lossy) = _outcome(outcomes, "codec_change")
+    assert (first["steps"], dedup["steps"], auto["steps"]) == (2, 4, 6)
+    assert dedup["codec"] == "dedup" and auto["codec"] == "auto (t_cat_2: none)"
+    markers = [r for r in _metrics(run_root) if r["kind"] == "resumed"]
+    assert markers[0]["codec_changes"] == {"comm.codec": ["none", "dedup"]}
+    assert markers[0]["config"]["comm"]["codec"] == "dedup"
+    assert markers[1]["codec_changes"] == {"comm.codec": ["dedup", "auto"],
+                                           "comm.table_codecs": [{}, {"t_cat_2": "none"}]}
+    assert lossy.startswith("SetupError") and "comm.codec: 'auto' → 'fp16'" in lossy
 
 
 def test_resume_refuses_a_checkpoint_trained_with_another_config(outcomes):

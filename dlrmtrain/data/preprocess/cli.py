@@ -16,6 +16,7 @@ from dlrmtrain.data.formats.criteo_text import BAD_LINE_POLICIES
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.data.preprocess.vocab import CATEGORICAL_MODES, MLPERF_HASH_RANGE
 from dlrmtrain.features import NUM_SPARSE
+from dlrmtrain.run.errors import SetupError
 
 
 def parse_table_sizes(text: str) -> list[int]:
@@ -43,8 +44,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         summary = preprocess(args.inputs, args.out, args.mode, args.table_sizes, args.hash_range,
                              args.bad_lines, args.workers)
-    except (ValueError, OSError) as e:  # bad or unreadable input: the message names the file
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError, SetupError) as e:  # bad or unreadable input (the message
+        print(f"error: {e}", file=sys.stderr)         # names the file), or --out in use
         return 2
     print(summary.render())
     return 0

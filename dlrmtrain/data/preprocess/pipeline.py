@@ -29,6 +29,7 @@ from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
 from dlrmtrain.run.leftovers import remove_dead_tmp_dirs
+from dlrmtrain.run.lock import PREPROCESS_LOCK_FILE, RunLock
 
 VOCAB_FILE = "vocabulary.npz"
 PASS1_DIR = "pass1"
@@ -318,11 +319,23 @@ def preprocess(
     mode "mlperf_vocab": hash modulo `hash_range`, then contiguous ids per column over
     all `inputs` (two passes). mode "hash": `value % table_sizes[c]` (one pass).
     """
-    start = time.perf_counter()
     inputs = [str(p) for p in inputs]
     _check_unique_names(inputs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out, PREPROCESS_LOCK_FILE, user="another preprocess",
+                   advice="choose another --out")
+    lock.acquire()  # one writer per dataset: a second one would orphan the first's parts
+    try:
+        return _preprocess_locked(inputs, out, mode, table_sizes, hash_range, bad_lines,
+                                  workers, progress)
+    finally:
+        lock.release()
+
+
+def _preprocess_locked(inputs: list[str], out: Path, mode: str, table_sizes, hash_range: int,
+                       bad_lines: str, workers: int, progress: bool) -> PreprocessSummary:
+    start = time.perf_counter()
     for parts in (out / "parts", out / STAGING_DIR / "parts"):  # left by killed workers
         remove_dead_tmp_dirs(parts)
     existing = out / bf.MANIFEST_NAME

@@ -52,7 +52,12 @@ def _event_codes(column: Any, path: Path) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
     if pa.types.is_integer(column.type):
-        return column.to_numpy(zero_copy_only=False).astype(np.uint8)
+        raw = _numpy(column, np.int64, "event_type", path)
+        bad = np.setdiff1d(np.unique(raw), list(EVENT_TYPE_MAP.values()))
+        if bad.size:
+            raise ValueError(f"{path}: column event_type has unknown code(s) {bad[:5].tolist()}; "
+                             f"expected one of {EVENT_TYPE_MAP}")
+        return raw.astype(np.uint8)
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     names = list(EVENT_TYPE_MAP)
@@ -65,6 +70,13 @@ def _event_codes(column: Any, path: Path) -> np.ndarray:
 
 
 def _numpy(column: Any, dtype: np.dtype, name: str, path: Path) -> np.ndarray:
+    import pyarrow as pa
+    t = column.type
+    numeric = pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t)
+    if not (numeric or (np.dtype(dtype).kind == "f" and (pa.types.is_floating(t)
+                                                        or pa.types.is_null(t)))):
+        raise ValueError(f"{path}: column {name} holds {t} values, expected "
+                         f"{'numbers' if np.dtype(dtype).kind == 'f' else 'integers'}")
     if column.null_count and np.dtype(dtype).kind != "f":
         raise ValueError(f"{path}: column {name} has {column.null_count} null value(s)")
     return column.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
@@ -79,7 +91,7 @@ def iter_event_batches(path: Path, batch_rows: int = 4_000_000) -> Iterator[dict
     pf = open_parquet(path, EVENT_COLUMNS)
     for rb in pf.iter_batches(batch_size=batch_rows, columns=list(EVENT_COLUMNS)):
         cols = {name: rb.column(name) for name in EVENT_COLUMNS}
-        ratio = cols["played_ratio_pct"].to_numpy(zero_copy_only=False).astype(np.float32)
+        ratio = _numpy(cols["played_ratio_pct"], np.float32, "played_ratio_pct", path)
         yield {
             "uid": _numpy(cols["uid"], np.int64, "uid", path),
             "timestamp": _numpy(cols["timestamp"], np.int64, "timestamp", path),

@@ -174,3 +174,26 @@ def test_holdout_and_the_builder_stream_round_robin(tmp_path):
     assert lazy.windows.sizes == held.train_window_sizes(range(2))
     assert [lazy.rank_sample_ids(p)[0].tolist() for p in range(lazy.num_batches)] == \
         [[i] for w in range(2) for i in held.train_indices(w).tolist()]
+
+
+@pytest.mark.parametrize("column, values, message", [
+    ("event_type", [0, 1, 7], r"column event_type has unknown code\(s\) \[7\]"),
+    ("event_type", ["listen", "skip", "like"], r"event_type has unknown value\(s\) \['skip'\]"),
+    ("uid", ["a", "b", "c"], r"column uid holds string values, expected integers"),
+    ("played_ratio_pct", ["1", "2", "3"], r"column played_ratio_pct holds string values, "
+                                          r"expected numbers"),
+])
+def test_bad_event_codes_and_column_types_are_errors_naming_file_and_column(tmp_path, column,
+                                                                             values, message):
+    """Issue 29: integer event_type codes were cast to uint8 unchecked (an unknown code went
+    through), and a column of the wrong type failed in numpy without the file or column."""
+    from dlrmtrain.data.yambda.parquet import iter_event_batches, write_parquet
+    pa = pytest.importorskip("pyarrow", reason="the yambda extra (pyarrow) is not installed")
+    columns = {"uid": pa.array([0, 1, 2], pa.uint32()), "timestamp": pa.array([1, 2, 3], pa.uint32()),
+               "item_id": pa.array([1, 2, 3], pa.uint32()), "is_organic": pa.array([0, 1, 0], pa.uint8()),
+               "event_type": pa.array(["listen"] * 3), "played_ratio_pct": pa.array([50, 60, 70])}
+    columns[column] = pa.array(values)
+    path = tmp_path / "multi_event.parquet"
+    write_parquet(path, columns)
+    with pytest.raises(ValueError, match=f"{path}: .*{message}"):
+        list(iter_event_batches(path))
