@@ -30,7 +30,7 @@ def _sharded_hstu(cfg: Config, rows: dict[str, int], device: torch.device,
                   world_size: int) -> tuple[DistributedModelParallel, str]:
     model = build_model(cfg, rows, device)
     return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, cfg.comm,
-                                fused_params(cfg.optim, cfg.precision.mode, device.type), device,
+                                fused_params(cfg.optim, "fp32", device.type), device,  # fp32 rows (precision.py)
                                 world_size, ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 
 

@@ -7,6 +7,8 @@ The time features are computed as the reference computes them, in fp32 from the
 timestamp's fp32 value (so past 2^24 s the timestamp is first rounded: at 1.7e9 s to
 a multiple of 128 s, which can move the hour), the angle as `phase * 2 * 3.14` and
 (cos, sin) through `torch.polar`; float64 or `torch.cos` / `torch.sin` give other bits.
+The final norms are plain `nn.LayerNorm`s as the reference's: under autocast they
+return fp32, so the user embedding leaves the bf16 user tower unrounded.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dlrmtrain.models.hstu.layers import LayerNorm32, init_xavier_uniform_zero_bias
+from dlrmtrain.models.hstu.layers import init_xavier_uniform_zero_bias
 
 TIME_PERIODS: list[tuple[int, int]] = [(60 * 60, 24), (24 * 60 * 60, 7)]
 """(seconds per unit, units per period): hour of day, day of week."""
@@ -32,7 +34,7 @@ class TimestampLayerNormPostprocessor(nn.Module):
                                                               dtype=torch.float32), persistent=False)
         self.combiner = nn.Linear(dim + 2 * len(TIME_PERIODS), dim)
         init_xavier_uniform_zero_bias(self.combiner)
-        self.norm = LayerNorm32(dim, eps=eps)
+        self.norm = nn.LayerNorm(dim, eps=eps)
 
     def time_features(self, timestamps: torch.Tensor) -> torch.Tensor:
         """[T] seconds → [T, 2·periods]: (cos, sin) of the phase in each period."""
@@ -50,7 +52,7 @@ class TimestampLayerNormPostprocessor(nn.Module):
 class LayerNormPostprocessor(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
-        self.norm = LayerNorm32(dim, eps=eps)
+        self.norm = nn.LayerNorm(dim, eps=eps)
 
     def forward(self, x: torch.Tensor, timestamps: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
