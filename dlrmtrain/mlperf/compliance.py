@@ -155,7 +155,8 @@ class RcpVerdict:
                    "the smallest-batch one, which the checker accepts"),
                "RCP Interpolation": "checked against the points interpolated between two batches"}
         missing = ("no reference point at this global batch, and the runs converge faster than "
-                   "the reference does at a smaller one: a submission must bring its own RCPs")
+                   "the nearest one the checker holds them to allows: a submission must bring "
+                   "its own RCPs at this batch")
         reason = why.get(self.message, missing if self.message.startswith("Missing RCP") else "")
         return (f"RCP check ({self.rcp_file}, pruned): {'PASS' if self.passed else 'FAIL'}: "
                 f"{self.message}" + (f" ({reason})" if reason else "")

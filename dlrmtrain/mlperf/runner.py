@@ -312,7 +312,8 @@ def _convergence(plan: RunnerPlan, codec: str, checks: list[ComplianceResult]
     mean eval share of the runs that reached run_stop."""
     rcp = (rcp_verdict(plan.layout(codec).result_dir, plan.benchmark, plan.ruleset)
            if plan.rules is None else None)
-    shares = [eval_time_share(c.log_path, plan.ruleset) for c in checks if c.passed]
+    shares = [s for s in (eval_time_share(c.log_path, plan.ruleset) for c in checks)
+              if s is not None]
     return rcp, (sum(shares) / len(shares) if shares else None)
 
 

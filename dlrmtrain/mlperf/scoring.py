@@ -128,13 +128,16 @@ def official_summarizer_score(folder: Path | str, benchmark: str, ruleset: str) 
     return score
 
 
-def eval_time_share(log_path: Path | str, ruleset: str) -> float:
+def eval_time_share(log_path: Path | str, ruleset: str) -> float | None:
     """Share of run_start → run_stop spent between eval_start and eval_stop (the reference
-    spends ~29% of its wall time evaluating when it evaluates at every grid point)."""
+    spends ~29% of its wall time evaluating when it evaluates at every grid point); None
+    for a log that has no run_stop."""
     loglines, errors = parse_file(str(log_path), ruleset=ruleset)
     if errors:
         raise ValueError(f"{log_path}: {len(errors)} unparsable MLPerf lines, first: {errors[0]}")
-    start, stop = summarizer._query_run_start_stop(loglines)
+    times = {line.key: line.timestamp for line in loglines if line.key in ("run_start", "run_stop")}
+    if len(times) < 2 or times["run_stop"] <= times["run_start"]:
+        return None
     began: float | None = None
     evaluating = 0.0
     for line in loglines:
@@ -142,4 +145,4 @@ def eval_time_share(log_path: Path | str, ruleset: str) -> float:
             began = line.timestamp
         elif line.key == "eval_stop" and began is not None:
             evaluating, began = evaluating + line.timestamp - began, None
-    return evaluating / (stop - start) if stop > start else 0.0
+    return evaluating / (times["run_stop"] - times["run_start"])

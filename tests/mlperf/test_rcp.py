@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from dlrmtrain.mlperf.compliance import rcp_verdict
 from tests.mlperf.simulated_run import OFFICIAL_DLRMV4, SimulatedRun
 
@@ -80,3 +82,20 @@ def test_the_summary_names_the_reference_default_and_prints_the_verdict(tmp_path
     assert run.label == "run0_seed0 (dedup+fp16: reference default (index dedup + fp16, LOSSY))"
     assert RunData(tmp_path, "r", "dedup+fp16", 128, 0.8, {}, benchmark="dlrm_dcnv2").label == \
         "r (dedup+fp16)"
+
+
+def test_eval_share_is_the_time_between_eval_start_and_eval_stop(tmp_path):
+    from dlrmtrain.mlperf.logger import build_mlperf_logger
+    from dlrmtrain.mlperf.scoring import eval_time_share
+    from tests.mlperf.simulated_run import ManualClock
+
+    clock, log = ManualClock(), tmp_path / "result_0.txt"
+    with build_mlperf_logger("dlrmv4", log, 0, clock=clock) as logger:
+        logger.run_start()
+        clock.now_ms += 3_000            # training
+        logger.eval_start(0.5, 100)
+        clock.now_ms += 1_000            # evaluating
+        logger.eval_stop(0.5, 100)
+        assert eval_time_share(log, "6.1.0") is None  # no run_stop yet
+        logger.run_stop("success", 1.0, 200)
+    assert eval_time_share(log, "6.1.0") == pytest.approx(0.25)
