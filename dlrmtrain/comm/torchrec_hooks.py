@@ -229,6 +229,11 @@ class PlanAheadPipeline:
             new = after.get(name)
             if new is None or new is old:
                 continue
+            if isinstance(old, EmbeddingCollectionContext):
+                # the forward consumes the input dist started before the detach, which fills
+                # the old context's sequence splits: keep it (the fresh one never gets them)
+                after[name] = old
+                continue
             for old_sharding, new_sharding in zip(getattr(old, "sharding_contexts", ()),
                                                   getattr(new, "sharding_contexts", ())):
                 set_plan_ahead(new_sharding, take_plan_ahead(old_sharding))

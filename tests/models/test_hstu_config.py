@@ -97,7 +97,7 @@ def test_every_config_key_is_used_by_dlrmv4_or_refused():
             check_model(cfg)
 
 
-@pytest.mark.parametrize("override, key", [("run.pipeline=sparse_dist", "run.pipeline"),
+@pytest.mark.parametrize("override, key", [("run.pipeline=fused_sparse_dist", "run.pipeline"),
                                            ("comm.hierarchy=node", "comm.hierarchy")])
 def test_settings_the_dlrmv4_path_cannot_honour_are_refused_naming_the_key(override, key):
     from dlrmtrain.validation import validate_config

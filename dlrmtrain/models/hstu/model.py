@@ -88,16 +88,27 @@ class DlrmHSTU(nn.Module):
 
     def forward(self, batch: SequenceBatch
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        logits = self.logits(batch)
+        # The sharded lookup on a plain attribute of the batch, the rest one opaque call:
+        # so TorchRec's pipelines can fx-trace this forward, find the lookup's input and
+        # run its input all-to-all ahead (the rest reads host values fx cannot trace).
+        emb = self.embedding_collection(batch.sparse)
+        return _loss_and_outputs(self, batch, emb)
+
+    def loss_and_outputs(self, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]
+                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.logits_of(batch, emb)
         labels = batch.labels().to(logits.device)
         loss = weighted_bce(logits, labels, self.loss_weight)
         return loss, (loss.detach(), logits.detach(), labels)
 
     def logits(self, batch: SequenceBatch) -> torch.Tensor:
-        """[candidates] listen_plus logits, in candidate order, computed in fp32: only the
-        user tower runs under bf16 autocast (when `bf16_user_tower`), as the reference's
+        """[candidates] listen_plus logits, in candidate order."""
+        return self.logits_of(batch, self.embedding_collection(batch.sparse))
+
+    def logits_of(self, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]) -> torch.Tensor:
+        """The logits from the batch's looked-up rows, computed in fp32: only the user tower
+        runs under bf16 autocast (when `bf16_user_tower`), as the reference's
         `_user_forward`; the item MLP and the head see fp32, so the AUC ranks fp32 scores."""
-        emb: dict[str, JaggedTensor] = self.embedding_collection(batch.sparse)
         device_type = emb[HISTORY_ITEM].values().device.type
         with torch.autocast(device_type=device_type, dtype=torch.bfloat16,
                             enabled=self.bf16_user_tower):
@@ -114,7 +125,7 @@ class DlrmHSTU(nn.Module):
                              f"the data must truncate histories to fit")
         return max_len
 
-    def user_embeddings(self, batch: SequenceBatch, emb: dict[str, JaggedTensor]) -> torch.Tensor:
+    def user_embeddings(self, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]) -> torch.Tensor:
         """The user tower (the reference's HSTU transducer): [candidates, D], one row per
         candidate, its history and contextual tokens through the STU layers."""
         history_lengths = emb[HISTORY_ITEM].lengths()
@@ -148,6 +159,12 @@ class DlrmHSTU(nn.Module):
         _, user = jagged.split(seq, history_and_context, num_targets, total_targets)
         _, query_time = jagged.split(timestamps, history_and_context, num_targets, total_targets)
         return self.postprocessor(user, query_time)
+
+
+@torch.fx.wrap
+def _loss_and_outputs(model: DlrmHSTU, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]):
+    """`DlrmHSTU.loss_and_outputs`, a leaf for fx: traced, it is one call node."""
+    return model.loss_and_outputs(batch, emb)
 
 
 def build_hstu_model(cfg: Config, dense_device: torch.device,
