@@ -17,6 +17,7 @@ RowWiseAdagrad's first steps are g / |g|, blind to a wrongly scaled gradient.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,10 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     for pipeline in ("off", "sparse_dist"):
         runs[f"pipeline {pipeline}"] = train(f"pipe_{pipeline}", f"run.pipeline={pipeline}",
                                              "eval.enabled=true", "eval.evals_per_epoch=8")
+    runs["pipeline dedup"] = train("pipe_dedup", "run.pipeline=sparse_dist", "comm.codec=dedup")
+    if rank == 0:  # the run records are rank 0's
+        runs["pipeline dedup"]["comm_stats"] = json.loads(
+            (Path(out_dir) / "pipe_dedup" / "comm_stats.json").read_text())
     runs["dedup"] = train("dedup", "comm.codec=dedup")
     train("split", f"run.max_steps={STEPS // 2}", "checkpoint.at_end=true")
     runs["resumed"] = train("split", "checkpoint.resume=true")
@@ -86,6 +91,12 @@ def test_sparse_dist_pipeline_trains_the_plain_loops_numbers(two_ranks):
     assert len(_losses(piped)) == STEPS and _losses(piped) == _losses(plain)  # bitwise
     assert [e["auc"] for e in piped["evals"]] == [e["auc"] for e in plain["evals"]]
     assert len(piped["evals"]) == 2  # steps 2 and 4
+    # sequence dedup plans batch i+1 during step i: after the first step, which fills the
+    # pipeline and plans in its forward, no codec host sync is left on a step's critical path
+    stats = two_ranks[0]["pipeline dedup"]["comm_stats"]
+    assert stats["steps"] == STEPS and stats["planned_ahead_steps"] == STEPS - 1
+    assert stats["host_syncs_per_step"] == pytest.approx(1 / STEPS)
+    assert _losses(two_ranks[0]["pipeline dedup"]) == _losses(two_ranks[0]["dedup"])
 
 
 def test_resume_from_a_sharded_checkpoint_continues_the_trajectory(two_ranks):
