@@ -155,5 +155,14 @@ def golden_record(key: str, t: torch.Tensor) -> dict[str, np.ndarray]:
             f"{key}#sample": flat[np.linspace(0, flat.size - 1, SAMPLE).astype(np.int64)]}
 
 
+def golden_parameter_names() -> list[str]:
+    """dlrmtrain's parameter names for the golden configuration (nothing allocated)."""
+    from dlrmtrain.models.hstu import DlrmHSTU
+
+    cfg, meta = golden_config(), torch.device("meta")
+    return [n for n, _ in DlrmHSTU(cfg.model.hstu, cfg.model.embedding_dim, table_rows(), meta,
+                                   meta).named_parameters()]
+
+
 def table_rows() -> dict[str, int]:
     return {name: TABLE_ROWS for name in TABLES}

@@ -23,9 +23,8 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES, TABLES, UIH_TO_CANDIDATE
 from tests.models.hstu_golden import (
-    GOLDEN_FILE, golden_batches, golden_config, golden_record, golden_weight, reference_name,
-    table_rows)
-from dlrmtrain.models.hstu.model import DlrmHSTU as OursDlrmHSTU
+    GOLDEN_FILE, golden_batches, golden_config, golden_parameter_names, golden_record,
+    golden_weight, reference_name, table_rows)
 
 
 def reference_config() -> DlrmHSTUConfig:
@@ -63,10 +62,8 @@ def reference_model() -> DlrmHSTU:
     model._embedding_collection = EmbeddingCollection(tables=list(tables.values()),
                                                       need_indices=False, device=torch.device("cpu"))
     model.set_hammer_kernel(HammerKernel.PYTORCH)
-    ours = OursDlrmHSTU(golden_config().model.hstu, dim, rows, torch.device("meta"),
-                        torch.device("meta"))
     theirs = dict(model.named_parameters())
-    names = [n for n, _ in ours.named_parameters()]
+    names = golden_parameter_names()
     assert sorted(reference_name(n) for n in names) == sorted(theirs), "parameter sets differ"
     with torch.no_grad():
         for n in names:
@@ -80,9 +77,7 @@ def main() -> None:
     logits_seen: list[torch.Tensor] = []
     model._multitask_module._prediction_module.register_forward_hook(
         lambda _m, _i, out: logits_seen.append(out.detach().clone()))
-    ours = OursDlrmHSTU(golden_config().model.hstu, golden_config().model.embedding_dim,
-                        table_rows(), torch.device("meta"), torch.device("meta"))
-    by_reference = {reference_name(n): n for n, _ in ours.named_parameters()}
+    by_reference = {reference_name(n): n for n in golden_parameter_names()}
     record: dict[str, np.ndarray] = {}
     for name, batch in golden_batches().items():
         model.zero_grad(set_to_none=True)
