@@ -8,7 +8,7 @@ it going back in time (the most recent event C + 1, ...; the same positions in e
 sample whatever its length), capped at the table's last row; every candidate gets C.
 bucket: floor(sqrt((query_time - t) / 60 s)), capped at the table's last row (the
 reference's Triton kernel, the one its yambda gin runs; its PyTorch kernel caps at the
-table's width − 1 instead, a bug that only shows when the width is under 2048);
+table's width − 1 instead, i.e. the transducer dim − 1: 511 at dim 512, a bug);
 query_time is the sample's last row (its candidate's timestamp). The gap is an int64
 difference computed in fp32 from there on, as both of the reference's kernels do: a
 float64 sqrt gives another bucket for some gaps (the first on the 5 s grid at
