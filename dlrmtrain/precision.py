@@ -23,11 +23,20 @@ forward output's dtype, so the TBE receives bf16 either way. Two levels
 (`comm.hierarchy: node`) round twice: the rank's sum, then the forwarder's sum
 over its node's ranks (`dedup/two_level/transport.py`), each accumulated in fp32.
 
-The loss (BCE with logits) is computed in fp32 under autocast. fp16 is not
-offered: it needs loss scaling, and TorchRec's fused embedding optimizers
-update the tables inside the backward pass, before a scaler could unscale the
-gradient or skip a step with inf/NaN; bf16 has fp32's range and needs no
-scaling, so it is the mixed-precision mode on CPU and GPU alike.
+The loss (BCE with logits) is computed in fp32 under autocast. What the bf16 row
+means per model family (under fp32 everything is fp32):
+
+| family | bf16 autocast | fp32 |
+|--------|---------------|------|
+| DLRM v1, DCNv2 | bottom MLP, interaction, top MLP up to its last layer | the logit layer (top MLP's last Linear), so eval scores and the AUC are fp32 |
+| DLRMv4 (HSTU) | the user tower only, as the reference's `_user_forward`: preprocessor, positions, STU layers, postprocessor (layer norms in fp32; time buckets and hour/day features in fp32 from the int64 timestamps) | item MLP, prediction head, logits (the reference's head autocast is gated on a dtype flag it never sets); the embedding all-to-all (the reference's tables emit fp32; a lossy wire is a codec, e.g. `dedup+fp16`) |
+
+The trainer wraps a DLRM forward in `autocast`; DLRMv4's model scopes its own (the
+user tower only), so the trainer runs it outside any autocast. fp16 is not offered:
+it needs loss scaling, and TorchRec's fused embedding optimizers update the tables
+inside the backward pass, before a scaler could unscale the gradient or skip a step
+with inf/NaN; bf16 has fp32's range and needs no scaling, so it is the
+mixed-precision mode on CPU and GPU alike.
 """
 
 from __future__ import annotations
@@ -37,10 +46,13 @@ import contextlib
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 
+MODEL_SCOPES_ITS_OWN_AUTOCAST = frozenset({"dlrmv4_hstu"})
+"""Model families whose bf16 scope is set inside the model (not the whole forward)."""
 
-def autocast(mode: str, device: torch.device):
-    """The context the forward pass runs in."""
-    if mode == "bf16":
+
+def autocast(mode: str, device: torch.device, arch: str = "dlrm_dcnv2"):
+    """The context the trainer runs a forward (training and evaluation) in."""
+    if mode == "bf16" and arch not in MODEL_SCOPES_ITS_OWN_AUTOCAST:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from dlrmtrain.comm.labels import contender_label
+from dlrmtrain.mlperf.benchmarks import benchmark_for_arch, display_label
 
 CODEC_COLOURS = {"none": "#4c72b0", "dedup": "#dd8452", "fp16": "#55a868", "bf16": "#c44e52",
                  "int8": "#8172b3", "fp8": "#937860", "dedup+fp16": "#da8bc3",
@@ -55,9 +56,12 @@ class RunData:
     comm: dict[str, Any] | None = None
     breakdown: dict[str, Any] | None = None
 
+    benchmark: str = ""
+    """The MLPerf benchmark of its model.arch (names the reference's own wire)."""
+
     @property
     def label(self) -> str:
-        return f"{self.name} ({self.codec})"
+        return f"{self.name} ({display_label(self.benchmark, self.codec)})"
 
     @property
     def start_time(self) -> float:
@@ -82,7 +86,8 @@ def load_run(path: str | Path) -> RunData:
     cfg = yaml.safe_load((path / "config.yaml").read_text())
     run = RunData(path=path, name=cfg["run"]["name"], codec=_contender(cfg["comm"]),
                   global_batch_size=cfg["run"]["global_batch_size"],
-                  target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"))
+                  target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"),
+                  benchmark=benchmark_for_arch(cfg["model"]["arch"]))
     for number, line in enumerate((path / "metrics.jsonl").read_text().splitlines(), 1):
         try:
             record = json.loads(line)

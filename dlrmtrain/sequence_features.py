@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
 
 EMBEDDING_DIM = 512
 """Width of every table in the full-size model (reference HSTU_EMBEDDING_DIM)."""
@@ -81,8 +82,9 @@ LISTEN_PLUS_BIT = 1
 
 
 @dataclass
-class SequenceBatch:
-    """One rank's DLRMv4 batch (the reference's `Samples`).
+class SequenceBatch(Pipelineable):
+    """One rank's DLRMv4 batch (the reference's `Samples`); Pipelineable, so TorchRec's
+    train pipelines can move it and record its streams.
 
     `sparse` is `uih` and `candidates` concatenated (keys uih + candidates), built on
     the data side so the sharded EmbeddingCollection's input is a plain attribute

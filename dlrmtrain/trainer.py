@@ -189,7 +189,7 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------
     def _autocast(self):
-        return autocast(self.cfg.precision.mode, self.env.device)
+        return autocast(self.cfg.precision.mode, self.env.device, self.cfg.model.arch)
 
     def _autocast_forward(self, batch):
         with self._autocast():
@@ -278,7 +278,7 @@ class Trainer:
             self._stop_if_signalled()  # a SIGTERM does not wait for the whole evaluation
             with self._autocast():
                 _, (_, logits, batch_labels) = model(batch.to(self.env.device))
-            scores.append(logits.float())
+            scores.append(logits.float())  # fp32 already: models compute logits in fp32 (precision.py)
             labels.append(batch_labels.float())
             weights.append(weight.to(self.env.device))
         model.train()  # the pipeline re-attaches itself on its next step

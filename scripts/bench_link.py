@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from dlrmtrain.distributed import shaped_link, sim_nodes  # noqa: E402
 from dlrmtrain.distributed.shaped_link import LinkSpec  # noqa: E402
+from dlrmtrain.mlperf.benchmarks import benchmark_for_arch, display_label  # noqa: E402
 
 UNSHAPED = None
 
@@ -119,7 +120,8 @@ def plot(sweep: dict, codecs: list[str], path: Path, xlabel: str) -> None:
         xs = range(len(points))
         ax.axhline(1.0, color="grey", lw=1, ls="--", label="none (= 1)")
         for c in codecs:
-            ax.plot(xs, [p["ratios"][c] for p in points], "o-", label=f"{c} / none")
+            ax.plot(xs, [p["ratios"][c] for p in points], "o-",
+                    label=f"{display_label(benchmark_for_arch(points[0]['arch']), c)} / none")
         if "none/plain" in points[0]["ratios"]:
             for c in codecs:
                 ax.plot(xs, [p["ratios"][f"{c}/plain"] for p in points], "s:",
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             label = "unshaped" if link is None else f"{link.gbit:g}"
             r = ratios(point, args.codecs)
             sweep[shape].append({
-                "link": label, "ms_per_step": point["ms_per_step"], "ratios": r,
+                "link": label, "arch": point["arch"], "ms_per_step": point["ms_per_step"], "ratios": r,
                 "blocks_ms": point["blocks_ms"], "codec_ms_per_step": point.get("codec_ms_per_step"),
                 "loopback_mb_per_step":  # through the link (between nodes on sim nodes)
                     point.get("loopback_mb_per_step") if link or args.sim_nodes else None,
@@ -185,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{k.replace('dlrmtrain comm.codec=', '').replace('dlrmtrain', 'none')} {v:.1f}"
                       for k, v in p["loopback_mb_per_step"].items())
                      if p.get("loopback_mb_per_step") else ""))
+        for c in args.codecs:
+            label = display_label(benchmark_for_arch(points[0]["arch"]), c)
+            if label != c:
+                print(f"  {'':{len(shape) + 1}} {label}")
     print(f"  plot {png}; raw {args.out / 'sweep.json'}")
     print("=" * 72)
     return 0

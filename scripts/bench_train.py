@@ -100,6 +100,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def print_reference_wire(arch: str, names: list[str]) -> None:
+    """Names the contender that is the benchmark's reference's own wire, if one runs."""
+    from dlrmtrain.mlperf.benchmarks import benchmark_for_arch, display_label
+    for name in names:
+        codec = name.removeprefix("dlrmtrain comm.codec=")
+        label = display_label(benchmark_for_arch(arch), codec)
+        if label != codec:
+            print(f"  ({name}: {label.split(': ', 1)[1]})")
+
+
 def shape_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     config, overrides = SHAPES[args.shape]
     if args.config:
@@ -398,6 +408,7 @@ def main() -> None:
         for name in names:
             print(f"  {name:<{width}}{1000 * median[name]:10.2f}{gbs / median[name]:14,.0f}   "
                   + " ".join(f"{1000 * x:.1f}" for x in blocks[name]))
+        print_reference_wire(cfg.model.arch, names)
         base = names[0]
         for name in names[1:len(names) - (plain is not None)]:
             print(f"  ratio ({name}) / ({base}) step time: {median[name] / median[base]:.3f}")

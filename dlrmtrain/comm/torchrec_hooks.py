@@ -277,6 +277,11 @@ class PlanAheadPipeline:
             new = after.get(name)
             if new is None or new is old:
                 continue
+            if isinstance(old, EmbeddingCollectionContext):
+                # the forward consumes the input dist started before the detach, which fills
+                # the old context's sequence splits: keep it (the fresh one never gets them)
+                after[name] = old
+                continue
             for old_sharding, new_sharding in zip(getattr(old, "sharding_contexts", ()),
                                                   getattr(new, "sharding_contexts", ())):
                 set_plan_ahead(new_sharding, take_plan_ahead(old_sharding))
@@ -284,7 +289,7 @@ class PlanAheadPipeline:
     def _plan_ahead(self, context) -> None:
         for module in self._pipelined_modules:
             name = getattr(module.forward, "name", None)
-            if not isinstance(module, IdRecordingShardedEBC) or name is None:
+            if not isinstance(module, (IdRecordingShardedEBC, IdRecordingShardedEC)) or name is None:
                 continue
             request = context.input_dist_tensors_requests.get(name)
             module_ctx = context.module_contexts.get(name)
@@ -365,6 +370,13 @@ class IdRecordingShardedEC(ShardedEmbeddingCollection):
     def compute(self, ctx: EmbeddingCollectionContext, dist_input):
         self._record_owner_features(ctx, dist_input)
         return super().compute(ctx, dist_input)
+
+    def plan_ahead(self, ctx: EmbeddingCollectionContext, dist_input) -> None:
+        """As `IdRecordingShardedEBC.plan_ahead`: the owner's ids, then each dist that `PlansAhead`."""
+        self._record_owner_features(ctx, dist_input)
+        for out_dist, sharding_ctx in zip(self._output_dists, ctx.sharding_contexts):
+            if isinstance(out_dist, PlansAhead):
+                out_dist.plan_ahead(sharding_ctx)
 
 
 def sequence_lengths_of_both_ends(sharding_ctx) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,7 +92,7 @@ class RunConfig:
     """Stop after this many steps even if the epochs are not done (null: no cap)."""
     pipeline: PipelineMode = "auto"
     """Overlap across steps, same numbers as the plain loop: `auto` (`sparse_dist` on CUDA,
-    `off` on CPU and for DLRMv4; validation.resolved_pipeline); `off`; `sparse_dist`
+    `off` on CPU; Workload.default_pipeline); `off`; `sparse_dist`
     (`true`): the next batch's id all-to-all runs during this step (TorchRec
     TrainPipelineSparseDist); `fused_sparse_dist`: that, and this batch's lookup and
     embedding all-to-all start before its step, in flight during the data loading and

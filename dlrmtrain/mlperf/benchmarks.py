@@ -26,6 +26,20 @@ BENCHMARKS = (DLRM, DLRM_DCNV2, DLRMV4)
 _BENCHMARK_OF_ARCH = {"dlrm_v1": DLRM, "dlrm_dcnv2": DLRM_DCNV2, "dlrmv4_hstu": DLRMV4}
 
 
+REFERENCE_DEFAULT_WIRE = {DLRMV4: "dedup+fp16"}
+"""Benchmark → the dlrmtrain codec its reference's own wire equals. DLRMv4's gin turns on
+TorchRec's index dedup (EC_INDEX_DEDUP, each rank's distinct rows) and fp16 quantized
+comms: distinct rows rounded to fp16, i.e. `dedup+fp16`. (DCNv2's reference sends fp32.)"""
+REFERENCE_DEFAULT_NAME = "reference default (index dedup + fp16, LOSSY)"
+
+
+def display_label(benchmark: str, contender: str) -> str:
+    """A `--codecs` entry as tables, plots and summaries name it on `benchmark`."""
+    if REFERENCE_DEFAULT_WIRE.get(benchmark) == contender:
+        return f"{contender}: {REFERENCE_DEFAULT_NAME}"
+    return contender
+
+
 def mlperf_layer_names(benchmark: str, bottom_layers: int = 3, top_layers: int = 5,
                        cross_layers: int = 3) -> tuple[str, ...]:
     """The weights_initialization tensor names of a model with these layer counts.

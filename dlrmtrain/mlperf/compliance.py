@@ -15,6 +15,7 @@ import logging
 import re
 import shlex
 import sys
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,3 +126,56 @@ def checker_logging_silenced() -> Iterator[None]:
         yield
     finally:
         logging.disable(previous)
+
+
+RCP_FILES = {"dlrm_dcnv2": "training_6.0.0/rcps_dlrm_dcnv2.json",
+             "dlrmv4": "training_6.1.0/rcps_dlrmv4.json"}
+"""The reference convergence points the installed mlperf-logging ships, per benchmark."""
+
+
+@dataclass(frozen=True)
+class RcpVerdict:
+    """The official RCP checker's verdict on one results folder (the package checker's call)."""
+
+    passed: bool
+    message: str
+    """The checker's own words: 'RCP found', 'Insufficient convergence', 'Missing RCP, ...'."""
+    norm_factor: float
+    rcp_file: str
+
+    def line(self) -> str:
+        why = {"Insufficient convergence": "more than one run missed the target",
+               "Could not detect global_batch_size": "no global_batch_size in the logs",
+               "RCP found": ("the runs' mean samples to converge (fastest and slowest dropped) "
+                             + ("is within the reference's" if self.passed else
+                                "is below the fastest the reference allows")
+                             + " at this global batch"),
+               "RCP not found but slower convergence on smaller batch size": (
+                   "no reference point at this global batch; the runs converge no faster than "
+                   "the smallest-batch one, which the checker accepts"),
+               "RCP Interpolation": "checked against the points interpolated between two batches"}
+        missing = ("no reference point at this global batch, and the runs converge faster than "
+                   "the nearest one the checker holds them to allows: a submission must bring "
+                   "its own RCPs at this batch")
+        reason = why.get(self.message, missing if self.message.startswith("Missing RCP") else "")
+        return (f"RCP check ({self.rcp_file}, pruned): {'PASS' if self.passed else 'FAIL'}: "
+                f"{self.message}" + (f" ({reason})" if reason else "")
+                + (f"; score normalised by {self.norm_factor:.4f}"
+                   if self.passed and self.norm_factor != 1.0 else ""))
+
+
+def rcp_verdict(folder: Path | str, benchmark: str, ruleset: str) -> RcpVerdict | None:
+    """The RCP check the official package checker runs on a closed-division results folder
+    (`rcp_checker.check_directory`, pruned RCPs, no bypass; nothing written to the folder).
+    None where mlperf-logging ships no RCPs for `benchmark` (DLRM v1 needs none)."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    if benchmark not in RCP_FILES:
+        return None
+    # a folder of fewer than 3 runs leaves the checker a mean of nothing (NaN, with a warning)
+    with checker_logging_silenced(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        passed, message, norm = rcp_checker.check_directory(
+            str(folder), USAGE, ruleset, verbose=False, bert_train_samples=False,
+            rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+    return RcpVerdict(bool(passed), message, float(norm), RCP_FILES[benchmark])

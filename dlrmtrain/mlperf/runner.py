@@ -49,12 +49,13 @@ from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, r
 
 from tqdm import tqdm
 
-from dlrmtrain.mlperf.benchmarks import DLRMV4, benchmark_for_arch
-from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, check_log
+from dlrmtrain.mlperf.benchmarks import DLRMV4, benchmark_for_arch, display_label
+from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, RcpVerdict, check_log, \
+    rcp_verdict
 from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, RULESETS, DerivedRulesSpec, Dlrmv4Scale
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
 from dlrmtrain.mlperf.scoring import BenchmarkScore, RunTime, olympic_score, required_runs, \
-    run_time_minutes
+    eval_time_share, run_time_minutes
 from dlrmtrain.mlperf.submission import SubmissionLayout, describe_system, \
     write_system_description
 
@@ -107,6 +108,10 @@ class CodecOutcome:
     codec: str
     score: BenchmarkScore
     checks: tuple[ComplianceResult, ...]
+    rcp: RcpVerdict | None = None
+    """The official RCP checker's verdict (official rules only)."""
+    eval_share: float | None = None
+    """Mean share of a run's wall time spent evaluating."""
 
 
 class RunnerArgumentError(ValueError):
@@ -380,8 +385,19 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
         runs = [RunTime(c.log_path.name, run_time_minutes(c.log_path, plan.ruleset)
                         if c.passed else None) for c in checks[codec]]
         outcomes.append(CodecOutcome(codec, olympic_score(plan.benchmark, runs),
-                                     tuple(checks[codec])))
+                                     tuple(checks[codec]), *_convergence(plan, codec, checks[codec])))
     return outcomes
+
+
+def _convergence(plan: RunnerPlan, codec: str, checks: list[ComplianceResult]
+                 ) -> tuple[RcpVerdict | None, float | None]:
+    """The RCP verdict (official rules: derived ones move the target off the RCPs') and the
+    mean eval share of the runs that reached run_stop."""
+    rcp = (rcp_verdict(plan.layout(codec).result_dir, plan.benchmark, plan.ruleset)
+           if plan.rules is None else None)
+    shares = [s for s in (eval_time_share(c.log_path, plan.ruleset) for c in checks)
+              if s is not None]
+    return rcp, (sum(shares) / len(shares) if shares else None)
 
 
 def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
@@ -393,7 +409,12 @@ def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
     for o in outcomes:
         times = ", ".join("not converged" if r.minutes is None else f"{r.minutes:.3f}"
                           for r in o.score.runs)
-        lines += [f"  codec {o.codec:<6} {o.score.summary()}", f"    run times (min): {times}"]
+        lines += [f"  codec {display_label(plan.benchmark, o.codec):<6} {o.score.summary()}",
+                  f"    run times (min): {times}"]
+        if o.eval_share is not None:
+            lines.append(f"    evaluation: {o.eval_share:.1%} of the wall time (mean over runs)")
+        if o.rcp is not None:
+            lines.append(f"    {o.rcp.line()}")
     first = outcomes[0].codec if outcomes else None
     for other, ratio in ratios_to_first(outcomes).items():
         lines.append(f"  ratio {first} / {other} = {ratio:.3f} "
@@ -431,6 +452,9 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
             "score_minutes": o.score.minutes, "non_converged": o.score.non_converged,
             "run_minutes": [r.minutes for r in o.score.runs],
             "failed_rules": [sorted(str(k) for k in c.failed_keys) for c in o.checks],
+            "eval_share": o.eval_share,
+            "rcp": None if o.rcp is None else {"passed": o.rcp.passed, "message": o.rcp.message,
+                                               "norm_factor": o.rcp.norm_factor},
         } for o in outcomes},
         "ratio_first_over_second": speedup(outcomes),
         "ratios_to_first": ratios_to_first(outcomes),

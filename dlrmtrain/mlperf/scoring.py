@@ -126,3 +126,23 @@ def official_summarizer_score(folder: Path | str, benchmark: str, ruleset: str) 
         score, _, _ = summarizer._compute_strong_score_standalone(
             benchmark, None, False, str(folder), USAGE, ruleset)
     return score
+
+
+def eval_time_share(log_path: Path | str, ruleset: str) -> float | None:
+    """Share of run_start → run_stop spent between eval_start and eval_stop (the reference
+    spends ~29% of its wall time evaluating when it evaluates at every grid point); None
+    for a log that has no run_stop."""
+    loglines, errors = parse_file(str(log_path), ruleset=ruleset)
+    if errors:
+        raise ValueError(f"{log_path}: {len(errors)} unparsable MLPerf lines, first: {errors[0]}")
+    times = {line.key: line.timestamp for line in loglines if line.key in ("run_start", "run_stop")}
+    if len(times) < 2 or times["run_stop"] <= times["run_start"]:
+        return None
+    began: float | None = None
+    evaluating = 0.0
+    for line in loglines:
+        if line.key == "eval_start":
+            began = line.timestamp
+        elif line.key == "eval_stop" and began is not None:
+            evaluating, began = evaluating + line.timestamp - began, None
+    return evaluating / (times["run_stop"] - times["run_start"])

@@ -81,6 +81,24 @@ class SparseFirstDLRM_DCN(_SparseFirst, DLRM_DCN):
     """DLRM-DCNv2 (low-rank cross net), sparse first."""
 
 
+class Fp32LogitLayer(nn.Linear):
+    """The top MLP's last Linear, computed in fp32 even under bf16 autocast, so the eval
+    AUC ranks fp32 scores (bf16 logits tie; dlrmtrain/precision.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
+def _fp32_logit_layer(over_arch: nn.Module) -> None:
+    """Swap in the fp32 logit layer with the same weights (and state-dict names)."""
+    last = over_arch.model[-1]
+    fp32 = nn.utils.skip_init(Fp32LogitLayer, last.in_features, last.out_features,
+                              device=last.weight.device)  # draws no random numbers
+    fp32.load_state_dict(last.state_dict())
+    over_arch.model[-1] = fp32
+
+
 def set_sparse_first(model: nn.Module, on: bool) -> int:
     """Switch every DLRM in `model` (sharded or not) to sparse-first (True) or torchrec's
     order (False); returns how many were switched."""
@@ -112,4 +130,5 @@ def build_model(cfg: Config, rows: list[int], dense_device: torch.device) -> DLR
         dlrm = SparseFirstDLRM_DCN(dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
                         **common)
         dlrm.inter_arch.to(dense_device)
+    _fp32_logit_layer(dlrm.over_arch)
     return DLRMTrain(dlrm)

@@ -34,16 +34,11 @@ class Dlrmv4Workload(Workload):
         checks.check_hstu_model(cfg)
 
     def check_pipeline(self, cfg: Config) -> None:
-        mode = cfg.run.pipeline
-        if mode != "off":
-            raise ConfigError(f"run.pipeline: {mode} is not available for model.arch dlrmv4_hstu: "
-                              "TorchRec's pipelines fx-trace the model's forward to find the sharded "
-                              "tables' input, and the HSTU forward sizes its attention from the "
-                              "batch's longest sequence (a host value fx cannot trace); use "
-                              "run.pipeline=off")
-
-    def default_pipeline(self, device_type: str) -> str:
-        return "off"  # the only mode check_pipeline takes
+        if cfg.run.pipeline == "fused_sparse_dist":
+            raise ConfigError("run.pipeline: fused_sparse_dist is not available for model.arch "
+                              "dlrmv4_hstu: measured on the mini config, its losses leave the plain "
+                              "loop's from the second step (sparse_dist's are the plain loop's, "
+                              "bitwise); use run.pipeline=sparse_dist")
 
     def table_names(self, cfg: Config) -> list[str]:
         return list(TABLES)
@@ -67,7 +62,7 @@ class Dlrmv4Workload(Workload):
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
         return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, cfg.comm,
-                                    fused_params(cfg.optim, cfg.precision.mode, device.type), device,
+                                    fused_params(cfg.optim, "fp32", device.type), device,  # fp32 rows (precision.py)
                                     world_size, ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 
 

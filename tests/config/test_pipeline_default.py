@@ -1,5 +1,6 @@
-"""run.pipeline defaults to `auto`: `sparse_dist` on CUDA, `off` on CPU and for DLRMv4
-(issue 26); an explicit choice is kept, and what is refused stays refused."""
+"""run.pipeline defaults to `auto`: `sparse_dist` on CUDA (DLRMv4 included, now that its
+forward traces), `off` on CPU (issue 26); an explicit choice is kept, and what is refused
+stays refused."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ V4 = ["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda"]
 @pytest.mark.parametrize("overrides, device, mode", [
     ([], "cuda", "sparse_dist"),
     ([], "cpu", "off"),
-    (V4, "cuda", "off"),                              # TorchRec's pipelines cannot trace HSTU
+    (V4, "cuda", "sparse_dist"),                      # the HSTU forward traces (issue 27)
+    (V4, "cpu", "off"),
     (["run.pipeline=off"], "cuda", "off"),            # an explicit choice is kept
     (["run.pipeline=fused_sparse_dist"], "cpu", "fused_sparse_dist"),
     (["run.pipeline=fused_sparse_dist"], "cuda", "fused_sparse_dist"),  # kept, then refused below
@@ -34,7 +36,8 @@ def test_the_default_is_auto_and_resolve_config_writes_what_runs():
 
 @pytest.mark.parametrize("overrides, message", [
     (["run.device=cuda", "run.pipeline=fused_sparse_dist"], r"run\.pipeline: fused_sparse_dist runs on CPU only"),
-    (["run.device=cuda", "run.pipeline=sparse_dist", *V4], r"run\.pipeline: sparse_dist is not available"),
+    (["run.device=cpu", "run.pipeline=fused_sparse_dist", *V4],
+     r"run\.pipeline: fused_sparse_dist is not available for model\.arch dlrmv4_hstu"),
 ])
 def test_refused_combinations_stay_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config.loader import dump_config, load_config
-from dlrmtrain.mlperf.compliance import ComplianceResult, check_log
+from dlrmtrain.mlperf.compliance import ComplianceResult, check_log, rcp_verdict
 from dlrmtrain.mlperf.scoring import RunTime, olympic_score
 from dlrmtrain.mlperf.runner import (
     CodecOutcome,
@@ -55,6 +55,8 @@ def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
         # The score is the olympic mean of the logged times.
         runs = [RunTime(f"r{i}", m) for i, m in enumerate(scored["run_minutes"])]
         assert scored["score_minutes"] == olympic_score("dlrm_dcnv2", runs).minutes
+        # evaluation's share of the wall time is read from the logs; no RCP under derived rules
+        assert 0 < scored["eval_share"] < 1 and scored["rcp"] is None
     # dedup is lossless: the same seed evaluates to the same AUCs up to float summation order.
     # That order can swap a pair of near-tied predictions after some steps, and on this small
     # eval set one swapped (positive, negative) pair moves the AUC by ~5e-4 (1 / (P·N)):
@@ -72,6 +74,12 @@ def test_runner_writes_checks_and_scores_seeded_runs_per_codec(tmp_path):
     derived = check_log(log, "6.0.0", Path(summary["rules"]))
     assert derived.passed and not derived.warnings, (derived.failures, derived.warnings)
     assert check_log(log, "6.0.0").failed_keys == {"eval_accuracy", "eval_samples"}
+    # The official RCP checker on this folder: DCNv2's RCPs start at batch 32768, so a small
+    # batch that converges this fast has no reference point to be held to.
+    rcp = rcp_verdict(out / "results" / "cpu2_gloo_codec-none" / "dlrm_dcnv2", "dlrm_dcnv2", "6.0.0")
+    assert rcp is not None and not rcp.passed
+    assert rcp.message in ("Insufficient convergence", "Missing RCP, please submit RCP with BS = 64",
+                           "Cannot find any RCPs") or rcp.message.startswith("Missing RCP"), rcp
     # The runner draws every run: one report row per (codec, seed), and the AUC plot.
     report = (out / "report" / "report.md").read_text()
     assert sum(line.startswith(("| run0_", "| run1_")) for line in report.splitlines()) == 4

@@ -3,6 +3,7 @@ checks; bad HSTU values are refused naming their key."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,66 @@ def test_unknown_hstu_keys_and_postprocessors_are_refused_by_the_loader():
         tiny_hstu_config("model.hstu.num_layer=2")
     with pytest.raises(ConfigError, match="model.hstu.postprocessor"):
         tiny_hstu_config("model.hstu.postprocessor=softmax")
+
+
+# ---- 0 silent drops: every config key is either used by the DLRMv4 path or refused ----
+
+USED_BY_DLRMV4 = (
+    "run.", "model.arch", "model.embedding_dim", "model.max_table_rows", "model.hstu.",
+    "data.source", "data.yambda.", "sharding.", "comm.", "optim.", "precision.", "eval.",
+    "checkpoint.", "logging.", "mlperf.",
+)
+"""Key prefixes the DLRMv4 path acts on (two with refused values: run.pipeline other than
+off and comm.hierarchy node, below; eval.evals_per_epoch is replaced by the benchmark's
+eval grid under mlperf.enabled, as its docstring says)."""
+
+
+def _leaf_keys(obj, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        keys += _leaf_keys(value, key + ".") if dataclasses.is_dataclass(value) else [key]
+    return keys
+
+
+def _other_value(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, list):
+        return [*value, 7]
+    if isinstance(value, str):
+        return value + "_other"
+    return [3] if value is None else None
+
+
+def test_every_config_key_is_used_by_dlrmv4_or_refused():
+    from dlrmtrain.config.checks import UNUSED_BY_DLRMV4
+    from dlrmtrain.config.schema import Config
+
+    keys = _leaf_keys(Config())
+    unclassified = [k for k in keys if not k.startswith(USED_BY_DLRMV4)
+                    and not any(k == u or k.startswith(u + ".") for u in UNUSED_BY_DLRMV4)]
+    assert unclassified == []  # a new key must say whether DLRMv4 acts on it
+    for key in UNUSED_BY_DLRMV4:
+        cfg = tiny_hstu_config()
+        *path, last = key.split(".")
+        section = cfg
+        for name in path:
+            section = getattr(section, name)
+        value = getattr(section, last)
+        setattr(section, last, dataclasses.replace(value, scale=2.0) if dataclasses.is_dataclass(value)
+                else _other_value(value))
+        with pytest.raises(ConfigError, match=rf"^{key}: does not apply to model.arch dlrmv4_hstu"):
+            check_model(cfg)
+
+
+@pytest.mark.parametrize("override, key", [("run.pipeline=fused_sparse_dist", "run.pipeline"),
+                                           ("comm.hierarchy=node", "comm.hierarchy")])
+def test_settings_the_dlrmv4_path_cannot_honour_are_refused_naming_the_key(override, key):
+    from dlrmtrain.validation import validate_config
+
+    cfg = load_config(CONFIGS / "mini_dlrmv4.yaml", [override])
+    with pytest.raises(ConfigError, match=rf"^{key}: "):
+        validate_config(cfg, world_size=2)

@@ -57,8 +57,10 @@ def _row_per_sample(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor
 
 class DlrmHSTU(nn.Module):
     def __init__(self, hstu: HSTUConfig, table_dim: int, rows: Mapping[str, int],
-                 table_device: torch.device, dense_device: torch.device) -> None:
+                 table_device: torch.device, dense_device: torch.device,
+                 bf16_user_tower: bool = False) -> None:
         super().__init__()
+        self.bf16_user_tower = bf16_user_tower
         self.max_seq_len = hstu.max_seq_len
         self.input_dropout = hstu.input_dropout
         self.loss_weight = hstu.loss_weight
@@ -86,23 +88,50 @@ class DlrmHSTU(nn.Module):
 
     def forward(self, batch: SequenceBatch
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        logits = self.logits(batch)
+        # The sharded lookup on a plain attribute of the batch, the rest one opaque call:
+        # so TorchRec's pipelines can fx-trace this forward, find the lookup's input and
+        # run its input all-to-all ahead (the rest reads host values fx cannot trace).
+        emb = self.embedding_collection(batch.sparse)
+        return _loss_and_outputs(self, batch, emb)
+
+    def loss_and_outputs(self, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]
+                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.logits_of(batch, emb)
         labels = batch.labels().to(logits.device)
         loss = weighted_bce(logits, labels, self.loss_weight)
         return loss, (loss.detach(), logits.detach(), labels)
 
     def logits(self, batch: SequenceBatch) -> torch.Tensor:
         """[candidates] listen_plus logits, in candidate order."""
-        emb: dict[str, JaggedTensor] = self.embedding_collection(batch.sparse)
-        history_lengths = emb[HISTORY_ITEM].lengths()
-        candidates = emb[CANDIDATE_OF[HISTORY_ITEM]]
-        num_targets, total_targets = candidates.lengths(), candidates.values().shape[0]
+        return self.logits_of(batch, self.embedding_collection(batch.sparse))
+
+    def logits_of(self, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]) -> torch.Tensor:
+        """The logits from the batch's looked-up rows, computed in fp32: only the user tower
+        runs under bf16 autocast (when `bf16_user_tower`), as the reference's
+        `_user_forward`; the item MLP and the head see fp32, so the AUC ranks fp32 scores."""
+        device_type = emb[HISTORY_ITEM].values().device.type
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16,
+                            enabled=self.bf16_user_tower):
+            user = self.user_embeddings(batch, emb)
+        item = self.item_mlp(torch.cat([emb[f].values() for f in ITEM_FEATURES], dim=1))
+        return self.head(user.float(), item)
+
+    def _max_len(self, history_lengths: torch.Tensor, num_targets: torch.Tensor) -> int:
         max_len = (int(history_lengths.max()) + int(num_targets.max())
                    + len(CONTEXTUAL_FEATURES))  # one host sync, as the reference
         if max_len > self.max_seq_len:
             raise ValueError(f"a sample's sequence ({max_len} rows: contextual + history + "
                              f"candidates) exceeds model.hstu.max_seq_len {self.max_seq_len}; "
                              f"the data must truncate histories to fit")
+        return max_len
+
+    def user_embeddings(self, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]) -> torch.Tensor:
+        """The user tower (the reference's HSTU transducer): [candidates, D], one row per
+        candidate, its history and contextual tokens through the STU layers."""
+        history_lengths = emb[HISTORY_ITEM].lengths()
+        candidates = emb[CANDIDATE_OF[HISTORY_ITEM]]
+        num_targets, total_targets = candidates.lengths(), candidates.values().shape[0]
+        max_len = self._max_len(history_lengths, num_targets)
 
         def merged(values_of_history: torch.Tensor, values_of_candidates: torch.Tensor):
             return jagged.concat(values_of_history, history_lengths, values_of_candidates,
@@ -129,18 +158,26 @@ class DlrmHSTU(nn.Module):
         history_and_context = lengths - num_targets
         _, user = jagged.split(seq, history_and_context, num_targets, total_targets)
         _, query_time = jagged.split(timestamps, history_and_context, num_targets, total_targets)
-        user = self.postprocessor(user, query_time)
-        item = self.item_mlp(torch.cat([emb[f].values() for f in ITEM_FEATURES], dim=1))
-        return self.head(user, item)
+        return self.postprocessor(user, query_time)
+
+
+@torch.fx.wrap
+def _loss_and_outputs(model: DlrmHSTU, batch: SequenceBatch, emb: Mapping[str, JaggedTensor]):
+    """`DlrmHSTU.loss_and_outputs`, a leaf for fx: traced, it is one call node."""
+    return model.loss_and_outputs(batch, emb)
 
 
 def build_hstu_model(cfg: Config, dense_device: torch.device,
                      rows: Optional[Mapping[str, int]] = None,
                      table_device: torch.device = torch.device("meta")) -> DlrmHSTU:
     """The DLRMv4 training module. Dense layers are initialised from `run.seed`, the
-    same on every rank; tables stay on `table_device` (meta: for DMP to materialise).
+    same on every rank (the reference draws the same distributions in another module
+    order, so one seed gives other starting weights than its); tables stay on
+    `table_device` (meta: for DMP to materialise). `precision.mode: bf16` puts the user
+    tower under bf16 autocast (dlrmtrain/precision.py).
     `rows`: table → rows (default: the reference's, capped at model.max_table_rows)."""
     if rows is None:
         rows = hstu_table_rows(cfg.model.max_table_rows)
     torch.manual_seed(cfg.run.seed)
-    return DlrmHSTU(cfg.model.hstu, cfg.model.embedding_dim, rows, table_device, dense_device)
+    return DlrmHSTU(cfg.model.hstu, cfg.model.embedding_dim, rows, table_device, dense_device,
+                    bf16_user_tower=cfg.precision.mode == "bf16")

@@ -6,8 +6,13 @@ its PyTorch kernel `pytorch_add_timestamp_positional_embeddings`, sqrt buckets).
 pos: contextual tokens 0..C-1; the first candidate C, and history rows count up from
 it going back in time (the most recent event C + 1, ...; the same positions in every
 sample whatever its length), capped at the table's last row; every candidate gets C.
-bucket: floor(sqrt((query_time - t) / 60 s)), capped at the table; query_time is the
-sample's last row (its candidate's timestamp).
+bucket: floor(sqrt((query_time - t) / 60 s)), capped at the table's last row (the
+reference's Triton kernel, the one its yambda gin runs; its PyTorch kernel caps at the
+table's width − 1 instead, i.e. the transducer dim − 1: 511 at dim 512, a bug);
+query_time is the sample's last row (its candidate's timestamp). The gap is an int64
+difference computed in fp32 from there on, as both of the reference's kernels do: a
+float64 sqrt gives another bucket for some gaps (the first on the 5 s grid at
+63,160,550 s: 1025, not fp32's 1026).
 """
 
 from __future__ import annotations
@@ -41,9 +46,8 @@ def time_bucket_ids(timestamps: torch.Tensor, lengths: torch.Tensor, num_buckets
                     ) -> torch.Tensor:
     """[B, N] padded timestamps → [B, N] bucket ids in [0, num_buckets]."""
     query_time = torch.gather(timestamps, 1, (lengths - 1).clamp(min=0).unsqueeze(1))
-    # float64: exact for any int64 second count a dataset holds (fp32 is not past 2^24 s)
-    delta = (query_time - timestamps).to(torch.float64).clamp(min=1e-6) / TIME_BUCKET_SECONDS
-    return torch.sqrt(delta).clamp(min=0).to(torch.int64).clamp(max=num_buckets)
+    delta = (query_time - timestamps).to(torch.float32).clamp(min=1e-6) / TIME_BUCKET_SECONDS
+    return torch.sqrt(delta).clamp(min=0).to(torch.int32).clamp(max=num_buckets).to(torch.int64)
 
 
 class PositionalEncoder(nn.Module):
