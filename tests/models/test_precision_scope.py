@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dlrmtrain.config import load_config
-from dlrmtrain.models import build_model
+from dlrmtrain.models import build_dlrm_model
 from dlrmtrain.models.hstu import build_hstu_model
 from dlrmtrain.precision import autocast
 from tests.models.hstu_batches import random_batch, tiny_hstu_config
@@ -48,7 +48,7 @@ def test_dlrm_bf16_computes_its_logits_in_fp32(arch):
     cfg = load_config(None, [f"model.arch={arch}", "precision.mode=bf16", "model.embedding_dim=8",
                              "model.bottom_mlp=[16,8]", "model.top_mlp=[16,8,1]",
                              "model.dcn_low_rank_dim=4"])
-    dlrm = build_model(cfg, [20] * 26, CPU).model
+    dlrm = build_dlrm_model(cfg, [20] * 26, CPU).model
     dense = torch.randn(64, cfg.data.num_dense_features, generator=torch.Generator().manual_seed(1))
     seen = _output_dtypes(dlrm, ["over_arch.model.0", "over_arch.model.1"])
     with autocast(cfg.precision.mode, CPU, cfg.model.arch):
