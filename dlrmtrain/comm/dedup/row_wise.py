@@ -47,6 +47,27 @@ class _Uniques:
     """sample rank: unique rows per (row shard, feature)"""
 
 
+def owner_send_index(o_first: torch.Tensor, counts: list[int], destinations: int, d_units: list[int],
+                     global_batch: int, unit: int) -> tuple[torch.Tensor, list[int]]:
+    """The owner's send index and splits (elements per destination): unique u of group
+    (destination, feature i), in that order, is bag o_first[u] = i·global_batch + row; its units."""
+    F, local_units = len(d_units), sum(d_units)
+    col_units = [sum(d_units[:i]) for i in range(F)]
+    send_parts, send_splits, u0 = [], [], 0
+    for dest in range(destinations):
+        elems = 0
+        for i in range(F):
+            n = counts[dest * F + i]
+            rows = o_first[u0:u0 + n] - i * global_batch
+            send_parts.append(((rows * local_units + col_units[i]).unsqueeze(1)
+                               + torch.arange(d_units[i], device=o_first.device)).reshape(-1))
+            u0 += n
+            elems += n * d_units[i] * unit
+        send_splits.append(elems)
+    send_index = torch.cat(send_parts) if send_parts else torch.zeros(0, dtype=torch.int64, device=o_first.device)
+    return send_index, send_splits
+
+
 class RowWisePlanner:
     """Plans the unique-row all-to-all that replaces TorchRec's `RwPooledEmbeddingDist` (one-hot features)."""
 
@@ -117,19 +138,7 @@ class RowWisePlanner:
         send_counts, recv_counts = uniques.send_counts, uniques.recv_counts
         d_units = [e.dim // unit for e in self.entries]
         local_units = sum(d_units)
-        col_units = [sum(d_units[:i]) for i in range(F)]
-        # owner: unique u of group (s, i) is bag o_first[u] = i·B_global + row; send its units
-        send_parts, send_splits, u0 = [], [], 0
-        for s in range(W):
-            elems = 0
-            for i in range(F):
-                n = send_counts[s * F + i]
-                rows = o_first[u0:u0 + n] - i * B_global
-                send_parts.append(((rows * local_units + col_units[i]).unsqueeze(1)
-                                   + torch.arange(d_units[i], device=device)).reshape(-1))
-                u0 += n
-                elems += n * d_units[i] * unit
-            send_splits.append(elems)
+        send_index, send_splits = owner_send_index(o_first, send_counts, W, d_units, B_global, unit)
         # receiver: units of unique u start at base[group] + (u - first uid of group)·d
         base_units, first_uid, recv_splits, unit_off, uid_off = [], [], [], 0, 0
         for r in range(W):
@@ -153,7 +162,6 @@ class RowWisePlanner:
             start = torch.where(valid, base_t[group] + (uid - first_t[group]) * d_units[i], zero_unit)
             recv_parts.append(start.unsqueeze(1) + torch.arange(d_units[i], device=device))
         empty = torch.zeros(0, dtype=torch.int64, device=device)
-        send_index = torch.cat(send_parts) if send_parts else empty
         recv_index = torch.cat(recv_parts, dim=1).reshape(-1) if recv_parts else empty
         return DedupPlan(unit, send_index, recv_index, send_splits, recv_splits,
                          (B, local_units * unit), pad_units=max(d_units, default=0))
