@@ -55,10 +55,6 @@ class DistSpec:
     def rank(self) -> int:
         return dist.get_rank(self.pg)
 
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.pg)
-
     def all_tables(self) -> set[str]:
         """Every table of this all-to-all (the codec's and those left uncompressed)."""
         return self.tables_of(self.layout) if self.layout is not None else set(self.tables)

@@ -1,39 +1,73 @@
-"""Codec dists onto a sharded module's all-to-alls: the one loop both sharders run.
+"""What both codec sharders (sharder.py, sequence/sharder.py) share: the run's checked choice
+(`codec_choice`) and the one loop that puts codec dists onto a sharded module's all-to-alls.
 
 For each sharding (one output dist), the tables' codec (one non-`none` codec per
 all-to-all) is asked, through `EmbeddingCommCodec.make_output_dist`, for the dist
 that carries it; what it returns replaces TorchRec's and is listed as a counter.
-The sharders (sharder.py, sequence/sharder.py) only say which shardings and
-tables their module has; every TorchRec internal is reached through torchrec_hooks.py.
+Every TorchRec internal is reached through torchrec_hooks.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch.nn as nn
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
-from dlrmtrain.comm.layout import Layout
-from dlrmtrain.comm.registry import get_codec
+from dlrmtrain.comm.layout import layout_for
+from dlrmtrain.comm.registry import (
+    codecs_per_table,
+    get_codec,
+    validate_codec_choice,
+    validate_hierarchy,
+    warn_if_lossy,
+)
 from dlrmtrain.comm.sequence.layout import sequence_layout_of
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import Hierarchy
 
 logger = logging.getLogger(__name__)
 
-ShardingTables = tuple[str, Layout | None, set[str]]
-"""(sharding type, wire layout, its tables) of one output dist"""
+@dataclass(frozen=True)
+class CodecChoice:
+    """A run's codecs, checked: what a codec sharder hands its sharded module."""
+
+    codec: str
+    table_codecs: dict[str, str]
+    hierarchy: Hierarchy
+    qcomm_codecs_registry: dict | None
+    """TorchRec's qcomms for the whole sharder (the lossy fp16/bf16/int8/fp8), else None"""
+
+    def module_kwargs(self, tables: Iterable[str]) -> dict[str, Any]:
+        """The sharded module's own arguments for a module with `tables`."""
+        return {"table_codecs": codecs_per_table(self.codec, self.table_codecs, tables), "hierarchy": self.hierarchy}
 
 
-def install_codec_dists(module: nn.Module, shardings: list[ShardingTables], table_codecs: Mapping[str, str],
+def codec_choice(codec: str, table_codecs: Mapping[str, str], device_type: str, hierarchy: Hierarchy,
+                 kind: CollectionKind) -> CodecChoice | None:
+    """The run's choice for `kind` embeddings, checked (errors name the config keys); None when
+    every table is `none` (TorchRec's own sharder, untouched). Lossy codecs are warned about."""
+    validate_codec_choice(codec, table_codecs, device_type)
+    validate_hierarchy(hierarchy, codec, table_codecs, kind)
+    if {codec, *table_codecs.values()} == {"none"}:
+        return None
+    warn_if_lossy(codec, table_codecs, f"{kind} embeddings")
+    return CodecChoice(codec, dict(table_codecs), hierarchy, get_codec(codec).qcomm_codecs_registry(device_type))
+
+
+def install_codec_dists(module: nn.Module, shardings: list[tuple[str, Any]], table_codecs: Mapping[str, str],
                         hierarchy: Hierarchy, kind: CollectionKind) -> list[CountsCommBytes]:
-    """Replace each output dist of `module` (in `shardings` order) a codec carries; returns the new dists."""
+    """Replace each output dist of `module` (one per (sharding type, TorchRec sharding), in dist order)
+    that a codec carries; returns the new dists."""
     env = hooks.sharding_env(module)
     installed: list[CountsCommBytes] = []
-    for i, (sharding_type, layout, tables) in enumerate(shardings):
+    for i, (sharding_type, sharding) in enumerate(shardings):
+        layout = layout_for(sharding_type, sharding, env.world_size)
+        tables = hooks.sharding_tables(module, sharding_type) if kind == "pooled" else DistSpec.tables_of(layout)
         chosen = _codec_of(sharding_type, tables, table_codecs)
         if chosen is None:
             continue

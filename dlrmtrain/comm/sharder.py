@@ -19,15 +19,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
-from dlrmtrain.comm.install import install_codec_dists
-from dlrmtrain.comm.layout import layout_for
-from dlrmtrain.comm.registry import (
-    codecs_per_table,
-    get_codec,
-    validate_codec_choice,
-    validate_hierarchy,
-    warn_if_lossy,
-)
+from dlrmtrain.comm.install import CodecChoice, codec_choice, install_codec_dists
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 
@@ -38,31 +30,23 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
     def __init__(self, *args: Any, table_codecs: Mapping[str, str], hierarchy: Hierarchy = FLAT,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        world = hooks.sharding_env(self).world_size
-        shardings = [(sharding_type, layout_for(sharding_type, sharding, world),
-                      hooks.sharding_tables(self, sharding_type))
-                     for sharding_type, sharding in hooks.shardings(self)]
         # the codec dists (`stats.COUNTERS_ATTR`; count_stock_dists appends none's counters)
-        self.comm_counters: list[CountsCommBytes] = install_codec_dists(self, shardings, table_codecs,
-                                                                        hierarchy, "pooled")
+        self.comm_counters: list[CountsCommBytes] = install_codec_dists(
+            self, hooks.shardings(self), table_codecs, hierarchy, "pooled")
 
 
 class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """`EmbeddingBagCollectionSharder` whose sharded module carries codec dists."""
 
-    def __init__(self, codec: str, table_codecs: Mapping[str, str],
-                 fused_params: dict[str, Any] | None = None, hierarchy: Hierarchy = FLAT, **kwargs: Any) -> None:
-        super().__init__(fused_params=fused_params, **kwargs)
-        self._codec = codec
-        self._table_codecs = dict(table_codecs)
-        self._hierarchy = hierarchy
+    def __init__(self, choice: CodecChoice, fused_params: dict[str, Any] | None = None) -> None:
+        super().__init__(fused_params=fused_params, qcomm_codecs_registry=choice.qcomm_codecs_registry)
+        self._choice = choice
 
     def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
         tables = [c.name for c in module.embedding_bag_configs()]
-        return hooks.build_sharded_ebc(
-            CodecShardedEmbeddingBagCollection, self, module, params, env, device, module_fqn,
-            table_codecs=codecs_per_table(self._codec, self._table_codecs, tables), hierarchy=self._hierarchy)
+        return hooks.build_sharded_ebc(CodecShardedEmbeddingBagCollection, self, module, params, env, device,
+                                       module_fqn, **self._choice.module_kwargs(tables))
 
     @property
     def sharded_module_type(self):
@@ -79,10 +63,7 @@ def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dic
     codecs (`fp8` is refused off GPU); `hierarchy` (comm.hierarchy, comm.ranks_per_node)
     makes `dedup` two-level across nodes.
     """
-    validate_codec_choice(codec, table_codecs, device_type)
-    validate_hierarchy(hierarchy, codec, table_codecs)
-    if codec == "none" and all(c == "none" for c in table_codecs.values()):
+    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "pooled")
+    if choice is None:
         return EmbeddingBagCollectionSharder(fused_params=fused_params)
-    warn_if_lossy(codec, table_codecs, "pooled embeddings")
-    return CodecEmbeddingBagCollectionSharder(codec, table_codecs, fused_params=fused_params, hierarchy=hierarchy,
-                                              qcomm_codecs_registry=get_codec(codec).qcomm_codecs_registry(device_type))
+    return CodecEmbeddingBagCollectionSharder(choice, fused_params=fused_params)

@@ -22,6 +22,7 @@ same fbgemm casts TorchRec's qcomms use, so the forward equals that of `fp16` /
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
@@ -101,7 +102,7 @@ class DedupCodec(EmbeddingCommCodec):
         """Ranks per node; flat runs only count bytes with it, so a world not made of whole
         nodes (e.g. LOCAL_WORLD_SIZE not dividing it) counts as one node there, as do sequence
         all-to-alls."""
-        world = spec.world_size
+        world = dist.get_world_size(spec.pg)
         if spec.kind == "sequence":
             return NodeTopology(world, world, spec.rank)
         try:

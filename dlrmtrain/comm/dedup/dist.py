@@ -27,6 +27,7 @@ import logging
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
@@ -58,7 +59,7 @@ class DedupDist(nn.Module):
         self.route = route
         self.pg = spec.pg
         self.rank = spec.rank
-        self.world_size = spec.world_size
+        self.world_size = dist.get_world_size(spec.pg)
         self.wire_dtype = wire_dtype
         # column-wise sharding reorders shards with a callback; keep it (it is differentiable)
         self.output_callbacks = dist_callbacks(spec.stock_dist)

@@ -102,6 +102,25 @@ class _Uniques:
     """sample rank: unique rows per (row shard, feature)"""
 
 
+def owner_send_index(o_first: torch.Tensor, counts: list[int], destinations: int, d_units: list[int],
+                     global_batch: int, unit: int) -> tuple[torch.Tensor, list[int]]:
+    """The owner's send index and splits (elements per destination): unique u of group
+    (destination, feature i), in that order, is bag o_first[u] = i·global_batch + row; its units,
+    from one `segment_units` call (no op per (destination, feature))."""
+    F, local_units = len(d_units), sum(d_units)
+    col_units = [sum(d_units[:i]) for i in range(F)]
+    segments, send_splits, u0 = [], [], 0  # (first unique, uniques, unit added, units per row)
+    for dest in range(destinations):
+        elems = 0
+        for i in range(F):
+            n = counts[dest * F + i]
+            segments.append((u0, n, col_units[i] - i * global_batch * local_units, d_units[i]))
+            u0 += n
+            elems += n * d_units[i] * unit
+        send_splits.append(elems)
+    return segment_units(o_first, segments, local_units), send_splits
+
+
 class RowWisePlanner:
     """Plans the unique-row all-to-all that replaces TorchRec's `RwPooledEmbeddingDist` (one-hot features)."""
 
@@ -163,18 +182,7 @@ class RowWisePlanner:
         send_counts, recv_counts = uniques.send_counts, uniques.recv_counts
         d_units = [e.dim // unit for e in self.entries]
         local_units = sum(d_units)
-        col_units = [sum(d_units[:i]) for i in range(F)]
-        # owner: unique u of group (s, i) is bag o_first[u] = i·B_global + row; send its units
-        segments, send_splits, u0 = [], [], 0  # (first unique, uniques, unit added, units per row)
-        for s in range(W):
-            elems = 0
-            for i in range(F):
-                n = send_counts[s * F + i]
-                segments.append((u0, n, col_units[i] - i * B_global * local_units, d_units[i]))
-                u0 += n
-                elems += n * d_units[i] * unit
-            send_splits.append(elems)
-        send_index = segment_units(o_first, segments, local_units)
+        send_index, send_splits = owner_send_index(o_first, send_counts, W, d_units, B_global, unit)
         # receiver: units of unique u start at base[group] + (u - first uid of group)·d
         base_units, first_uid, recv_splits, unit_off, uid_off = [], [], [], 0, 0
         for r in range(W):

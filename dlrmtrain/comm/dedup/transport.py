@@ -138,6 +138,13 @@ def owner_gradient(owner: DedupDistState, grad_rows: torch.Tensor, send_index: t
     return grad.view(local_shape)
 
 
+def expand_output(owner: DedupDistState, recv: torch.Tensor, plan: Any) -> torch.Tensor:
+    """Every output row read from the receive buffer at `plan.recv_index`, into a reused buffer."""
+    out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
+    expand_rows(recv.view(-1, plan.unit), plan.recv_index, out=out)
+    return out.view(plan.out_shape)
+
+
 class _DedupStart(torch.autograd.Function):
     """Forward: pick (and round) the unique rows, launch the all-to-all. Backward: the mirror's end."""
 
@@ -180,12 +187,11 @@ class _DedupWait(torch.autograd.Function):
         timed_wait(req.work, owner.comm_stats)
         t0 = time.perf_counter()
         recv = _decode(req.recv, req.dtype)  # only the U unique rows: decode before expanding
-        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), recv.dtype, recv.device)
-        expand_rows(recv.view(-1, plan.unit), plan.recv_index, out=out)
+        out = expand_output(owner, recv, plan)
         req.recv = req.send = req.work = None
         owner.comm_stats.codec_seconds += time.perf_counter() - t0
         ctx.req = req
-        return out.view(plan.out_shape)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):

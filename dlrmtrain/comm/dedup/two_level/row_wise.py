@@ -28,7 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
 from dlrmtrain.comm.dedup.plan import DedupStep
-from dlrmtrain.comm.dedup.row_wise import RowFlags, agreed_flags, start_row_flags
+from dlrmtrain.comm.dedup.row_wise import RowFlags, agreed_flags, owner_send_index, start_row_flags
 from dlrmtrain.comm.dedup.two_level.node_ids import NodeExchange, exchange_node_ids
 from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan, cat_or_empty, unit_rows
 from dlrmtrain.comm.layout import RowWiseLayout
@@ -143,29 +143,14 @@ class TwoLevelRowWisePlanner:
     def _build(self, step: DedupStep, o_first: torch.Tensor, counts: dict, chosen: torch.Tensor,
                s_uid: torch.Tensor, s_group: torch.Tensor) -> TwoLevelPlan:
         d = [e.dim // self.unit for e in self.entries]
-        rail_send, rail_send_splits = self._rail_send(step, o_first, counts, d)
+        # owner -> rail: to node n, per feature, its distinct rows (o_first in (node, feature, id) order)
+        rail_send, rail_send_splits = owner_send_index(o_first, counts["owner"], self.topology.nodes, d,
+                                                       step.global_batch, self.unit)
         rail_recv_splits, intra_send, intra_send_splits = self._forward(step, counts, chosen, d)
         intra_recv_splits, recv_index = self._receive(step, counts, s_uid, s_group, d)
         return TwoLevelPlan(self.unit, rail_send, rail_send_splits, rail_recv_splits, intra_send,
                             intra_send_splits, intra_recv_splits, recv_index, (step.batch, sum(d) * self.unit),
                             self.groups, pad_units=max(d, default=0))
-
-    def _rail_send(self, step: DedupStep, o_first: torch.Tensor, counts: dict, d: list[int]
-                   ) -> tuple[torch.Tensor, list[int]]:
-        """Owner -> rail: to node n, per feature, its distinct rows (o_first in (node, feature, id) order)."""
-        F, N, GB, unit = len(self.entries), self.topology.nodes, step.global_batch, self.unit
-        local_units = sum(d)
-        col = [sum(d[:i]) for i in range(F)]
-        rail_send, rail_send_splits, u0 = [], [], 0
-        for n in range(N):
-            elems = 0
-            for i in range(F):
-                c = counts["owner"][n * F + i]
-                rail_send.append(unit_rows((o_first[u0:u0 + c] - i * GB) * local_units + col[i], d[i]))
-                u0 += c
-                elems += c * d[i] * unit
-            rail_send_splits.append(elems)
-        return cat_or_empty(rail_send, step.device), rail_send_splits
 
     def _forward(self, step: DedupStep, counts: dict, chosen: torch.Tensor, d: list[int]
                  ) -> tuple[list[int], torch.Tensor, list[int]]:

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
+from dlrmtrain.comm.dedup.kernels import gather_rows, segment_sum_rows
 from dlrmtrain.comm.dedup.plan import DedupPlanner, Route
 from dlrmtrain.comm.dedup.transport import (
     DedupAwaitable,
     DedupDistState,
     _start_all_to_all,
     autograd_dummy,
+    expand_output,
     owner_gradient,
     read_here,
     timed_wait,
@@ -144,12 +145,11 @@ class _TwoLevelWait(torch.autograd.Function):
         t0 = timed_wait(work, owner.comm_stats, "intra fwd")
         if req.local_work is not None:
             t0 = timed_wait(req.local_work, owner.comm_stats, "intra fwd")
-        out = owner.output_pool.get((plan.recv_index.numel(), plan.unit), req.recv.dtype, req.recv.device)
-        expand_rows(req.recv.view(-1, plan.unit), plan.recv_index, out=out)
+        out = expand_output(owner, req.recv, plan)
         req.rail_recv = req.send = req.recv = req.work = req.local_work = None
         count_codec(owner.comm_stats, "expand", t0)
         ctx.req = req
-        return out.view(plan.out_shape)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
