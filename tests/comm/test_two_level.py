@@ -27,6 +27,7 @@ from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 from dlrmtrain.config.loader import ConfigError, load_config
 from dlrmtrain.validation import validate_config
 from tests.comm.cuda_futures import cuda_like_futures
+from tests.comm.stream_walk import unrecorded_tensors
 from tests.comm.ranks import Scenario, Table, bags_for, count_host_syncs, run_codec, to_numpy
 from tests.comm.test_dedup_training import GRAD_ATOL, GRAD_RTOL, LOSS_RTOL
 from tests.multiproc import run_ranks
@@ -143,11 +144,30 @@ def test_config_refuses_two_levels_for_sequence_embeddings():
 
 
 # ------------------------------------------------------------------ 4 ranks
+def _checking_plans(planner_type: type, missed: list) -> None:
+    """Check every plan `planner_type` makes, before stage 2's deferred plan has run (as a plan
+    made ahead waits): its `record_stream` must reach every tensor it holds."""
+    plan = planner_type.plan
+
+    def checked(self, step):
+        made = plan(self, step)
+        if made is not None:
+            missed.append(unrecorded_tensors(made))
+        return made
+    planner_type.plan = checked
+
+
 def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> dict:
+    from dlrmtrain.comm.dedup.two_level.row_wise import TwoLevelRowWisePlanner
+    from dlrmtrain.comm.dedup.two_level.table_wise import TwoLevelPlanner
+
+    missed: list[list[str]] = []
+    for planner_type in (TwoLevelPlanner, TwoLevelRowWisePlanner):
+        _checking_plans(planner_type, missed)
     with cuda_like_futures() as checked:  # every callback's value extracted as a CUDA future does
         node = run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)
     return to_numpy({"none": run_codec(sc, "none", rank, world_size),
-                     "node": node, "callbacks_checked": len(checked),
+                     "node": node, "callbacks_checked": len(checked), "plans_missed": missed,
                      "fallback_none": run_codec(fallback, "none", rank, world_size),
                      "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE),
                      "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE),
@@ -221,6 +241,9 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         # the two-level callbacks (the id exchange's launch, the backward rail hop's) return what a
         # CUDA future can extract (tensors or None): on NCCL a Work in their value makes wait() raise
         assert res["callbacks_checked"] > 0
+        # plan-ahead stream safety: every tensor a plan holds (its deferred stage 2's inputs too:
+        # the step's KJTs, the uniques, the id exchange in flight) is reached by its record_stream
+        assert len(res["plans_missed"]) > 0 and all(m == [] for m in res["plans_missed"]), res["plans_missed"]
         stats = node["stats"]
         assert stats["hierarchy"] == ["node"]
         assert "messages/step" in node["summary"] and "between nodes" in node["summary"]  # console

@@ -23,7 +23,6 @@ path (`DistCommStats.step_host_syncs` counts those that remain: the route's
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -138,10 +137,6 @@ class DedupDist(nn.Module):
 
 def _use_on_current_stream(plan: Plan | None) -> None:
     """A plan made ahead on the pipeline's data-dist stream is used on the current one:
-    keep the caching allocator from reusing its memory before this stream is done with it."""
-    if plan is None:
-        return
-    for f in dataclasses.fields(plan):
-        value = getattr(plan, f.name)
-        if isinstance(value, torch.Tensor) and value.is_cuda:
-            value.record_stream(torch.cuda.current_stream(value.device))
+    keep the caching allocator from reusing any of its memory before this stream is done with it."""
+    if plan is not None and plan.send_index.is_cuda:
+        plan.record_stream(torch.cuda.current_stream(plan.send_index.device))

@@ -12,11 +12,14 @@ pipeline it is made when the batch's ids arrive, a step early, and waits in a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
+import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.streamable import Multistreamable
 
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology
@@ -62,15 +65,51 @@ class Plan(Protocol):
 
     unit: int
     """columns per unit row: indices count unit rows, splits count elements"""
+    send_index: torch.Tensor
+    """unit rows of the owner's local embeddings, in message order (on the embeddings' device)"""
     out_shape: tuple[int, int]
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        """Keep every tensor the plan holds (`record_stream_all`) until `stream` is done with it:
+        a plan made ahead on the pipeline's data-dist stream is used on another."""
+        ...
 
     def traffic(self, topology: NodeTopology) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
         ...
 
 
+_NOT_WALKED = (dist.ProcessGroup, dist.Work, torch.futures.Future, torch._C.Future, torch.nn.Module)
+
+
+def record_stream_all(obj: Any, stream: Any) -> None:
+    """`record_stream(stream)` on every tensor `obj` holds, however deep: containers, dataclasses
+    and other objects (KJTs, a deferred stage's arguments), so the caching allocator keeps all
+    of it until `stream` is done with it. The functions of deferred calls (the planner's bound
+    methods: long-lived state), process groups, works and futures are not walked."""
+    seen: set[int] = set()
+    todo = [obj]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or o is None or isinstance(o, (int, float, str, bool, torch.device, torch.dtype)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            o.record_stream(stream)
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            todo.extend(o)
+        elif isinstance(o, dict):
+            todo.extend(o.values())
+        elif isinstance(o, functools.partial):
+            todo.extend([*o.args, *o.keywords.values()])
+        elif isinstance(o, _NOT_WALKED):
+            continue
+        elif hasattr(o, "__dict__"):
+            todo.extend(vars(o).values())
+
+
 @dataclass
-class DedupPlan:
+class DedupPlan(Multistreamable):
     """Everything one step's forward and backward transfers need, in units of `unit` columns."""
 
     unit: int
@@ -84,6 +123,9 @@ class DedupPlan:
     def traffic(self, topology: NodeTopology | None = None) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""
         return [(s, sent, received) for s, (sent, received) in enumerate(zip(self.send_splits, self.recv_splits))]
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        record_stream_all(vars(self), stream)
 
 
 @dataclass

@@ -9,13 +9,16 @@ from typing import Callable
 
 import torch
 
+from torchrec.streamable import Multistreamable
+
 from dlrmtrain.comm.dedup.kernels import BlockUnique, block_unique, host_to_device, one_hot_blocks_unique
+from dlrmtrain.comm.dedup.plan import record_stream_all
 from dlrmtrain.comm.layout import FeatureEntry
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
 
 
 @dataclass
-class TwoLevelPlan:
+class TwoLevelPlan(Multistreamable):
     """One step's indices and splits, in units of `unit` columns (elements in the splits).
 
     The owner's rows travel in stage 1: `local_*` to the ranks of its own node
@@ -46,6 +49,11 @@ class TwoLevelPlan:
     local_recv_splits: list[int] | None = None
     deferred: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None
     """builds (intra_send_index, recv_index) and sets `intra_send_splits`; called once stage 1 is launched"""
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        """Every tensor held, the deferred stage 2's inputs too (the step's KJTs, the uniques, the
+        id exchange in flight)."""
+        record_stream_all(vars(self), stream)
 
     def complete(self) -> None:
         """Build what only stage 2 and the expand need (no host sync)."""
