@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -64,7 +64,8 @@ class _Request:
     grad_recv: torch.Tensor | None = None  # kept alive until its transfer is done
     grad_send: torch.Tensor | None = None
     grad_work: Any = None
-    dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
+    dummy: torch.Tensor | None = None
+    """the autograd link between the halves, on the embeddings' device (`autograd_dummy`)"""
 
 
 _ENCODE = {torch.float16: fp32_to_fp16_with_clamp, torch.bfloat16: fp32_to_bf16_with_clamp}
@@ -199,12 +200,21 @@ class DedupAwaitable(Awaitable[torch.Tensor]):
         self._dummy, self._req = dummy, req
 
     def _wait_impl(self) -> torch.Tensor:
-        return self.wait_half.apply(self._dummy, self._req)
+        out = self.wait_half.apply(self._dummy, self._req)
+        if out.device.type == "cuda":  # used on the waiting stream, as TorchRec's comm_ops.Request records it
+            out.record_stream(torch.get_device_module(out.device).current_stream())
+        return out
+
+
+def autograd_dummy(device: torch.device) -> torch.Tensor:
+    """The tensor that links a transport's two autograd halves: on the embeddings' device, like
+    TorchRec's `Request.dummy_tensor`, so that the backward never mixes devices."""
+    return torch.empty(1, device=device, requires_grad=True)
 
 
 def start_dedup_all_to_all(local_embs: torch.Tensor, plan: DedupPlan, owner: DedupDistState) -> DedupAwaitable:
     """Launch the unique-row all-to-all of `plan`; wait() on the result decodes it."""
-    req = _Request(plan, owner)
+    req = _Request(plan, owner, dummy=autograd_dummy(local_embs.device))
     return DedupAwaitable(_DedupStart.apply(local_embs, req), req)
 
 

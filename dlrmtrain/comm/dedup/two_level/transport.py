@@ -22,7 +22,7 @@ rounded wire would round twice.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from dlrmtrain.comm.dedup.transport import (
     DedupAwaitable,
     DedupDistState,
     _start_all_to_all,
+    autograd_dummy,
     expand_output,
     owner_gradient,
     timed_wait,
@@ -71,7 +72,8 @@ class _Request:
     grad_rail_work: Any = None              # that launch
     node_sum_seconds: float = 0.0
     grad_local_work: Any = None
-    dummy: torch.Tensor = field(default_factory=lambda: torch.empty(1, requires_grad=True))
+    dummy: torch.Tensor | None = None
+    """the autograd link between the halves, on the embeddings' device (`autograd_dummy`)"""
 
 
 class _TwoLevelStart(torch.autograd.Function):
@@ -200,7 +202,7 @@ class TwoLevelAwaitable(DedupAwaitable):
 def start_two_level_all_to_all(local_embs: torch.Tensor, plan: TwoLevelPlan,
                                owner: DedupDistState) -> TwoLevelAwaitable:
     """Launch the rail hop of `plan`; wait() on the result runs the intra-node hop and expands."""
-    req = _Request(plan, owner)
+    req = _Request(plan, owner, dummy=autograd_dummy(local_embs.device))
     return TwoLevelAwaitable(_TwoLevelStart.apply(local_embs, req), req)
 
 
