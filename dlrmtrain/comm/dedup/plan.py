@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
-import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Multistreamable
 
@@ -79,7 +78,8 @@ class Plan(Protocol):
         ...
 
 
-_NOT_WALKED = (dist.ProcessGroup, dist.Work, torch.futures.Future, torch._C.Future, torch.nn.Module)
+_NOT_WALKED = (torch.nn.Module,)
+"""long-lived state, not a step's (process groups, works and futures have no `__dict__`: not walked)"""
 
 
 def record_stream_all(obj: Any, stream: Any) -> None:
