@@ -237,7 +237,7 @@ def main() -> None:
         print(f"  {args.rounds} alternating blocks of {args.steps} steps, medians; ms/step, "
               "mean over ranks [slowest rank]")
         keys = list(dict.fromkeys(k for n in names for k in gathered[0][n]))
-        print(f"  {'':28}" + "".join(f"{n:>22}" for n in names))
+        print(f"  {'':36}" + "".join(f"{n:>22}" for n in names))
         for k in keys:
             cells = []
             for n in names:
@@ -246,7 +246,7 @@ def main() -> None:
                     cells.append(f"{'':>22}")
                     continue
                 cells.append(f"{1e3 * statistics.mean(vals):12.1f} [{1e3 * max(vals):7.1f}]")
-            print(f"  {k:<28}" + "".join(cells))
+            print(f"  {k:<36}" + "".join(cells))
         base = statistics.mean(g["dedup"]["step"] for g in gathered)
         two = statistics.mean(g["two-level"]["step"] for g in gathered)
         print(f"  ratio two-level / dedup step time: {two / base:.3f} (of the medians)")

@@ -145,6 +145,12 @@ def expand_output(owner: DedupDistState, recv: torch.Tensor, plan: Any) -> torch
     return out.view(plan.out_shape)
 
 
+def gradient_sums(grad_out: torch.Tensor, plan: Any, received_units: int) -> torch.Tensor:
+    """The expand's backward: the output gradient summed per received unit row (pad rows dropped)."""
+    return segment_sum_rows(grad_out.contiguous().view(-1, plan.unit), plan.recv_index,
+                            received_units + plan.pad_units)[:received_units]
+
+
 class _DedupStart(torch.autograd.Function):
     """Forward: pick (and round) the unique rows, launch the all-to-all. Backward: the mirror's end."""
 
@@ -195,13 +201,10 @@ class _DedupWait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
+        t0 = time.perf_counter()
         req = ctx.req
         plan, owner = req.plan, req.owner
-        t0 = time.perf_counter()
-        grad_rows = grad_out.contiguous().view(-1, plan.unit)
-        total_units = sum(plan.recv_splits) // plan.unit
-        grad_recv = segment_sum_rows(grad_rows, plan.recv_index, total_units + plan.pad_units)
-        grad_recv = _encode(grad_recv[:total_units], owner.wire_dtype)
+        grad_recv = _encode(gradient_sums(grad_out, plan, sum(plan.recv_splits) // plan.unit), owner.wire_dtype)
         req.grad_send = grad_recv.new_empty(sum(plan.send_splits))
         req.grad_work = _start_all_to_all(req.grad_send, grad_recv.reshape(-1), plan.send_splits,
                                           plan.recv_splits, owner.pg)

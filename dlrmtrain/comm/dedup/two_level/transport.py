@@ -34,6 +34,7 @@ from dlrmtrain.comm.dedup.transport import (
     _start_all_to_all,
     autograd_dummy,
     expand_output,
+    gradient_sums,
     owner_gradient,
     read_here,
     timed_wait,
@@ -153,13 +154,11 @@ class _TwoLevelWait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
+        t0 = time.perf_counter()
         req = ctx.req
         plan, owner = req.plan, req.owner
-        t0 = time.perf_counter()
         stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
-        units = (stage1 + stage2) // plan.unit
-        grad_recv = segment_sum_rows(grad_out.contiguous().view(-1, plan.unit), plan.recv_index,
-                                     units + plan.pad_units)[:units].reshape(-1)
+        grad_recv = gradient_sums(grad_out, plan, (stage1 + stage2) // plan.unit).reshape(-1)
         # stage 2 back to the forwarders first (the rail hop waits for it), stage 1 straight to the owners
         grad_intra = grad_recv.new_empty(sum(plan.intra_send_splits))
         work = _start_all_to_all(grad_intra, grad_recv[stage1:], plan.intra_send_splits, plan.intra_recv_splits,
