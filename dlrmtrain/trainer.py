@@ -275,7 +275,7 @@ class Trainer:
         model.eval()
         scores, labels, weights = [], [], []
         for batch, weight in data_errors(DataError).wrap(self.data.eval_batches()):
-            self._stop_if_signalled()  # a SIGTERM does not wait for the whole evaluation
+            self._stop_during_eval()  # a SIGTERM does not wait for the whole evaluation
             with self._autocast():
                 _, (_, logits, batch_labels) = model(batch.to(self.env.device))
             scores.append(logits.float())  # fp32 already: models compute logits in fp32 (precision.py)
@@ -351,17 +351,20 @@ class Trainer:
         """Train to the planned step or the target AUC; each step is a checklist.
         A run stopped by a signal or an error closes its records and raises RunError."""
         run = self._begin_run()
-        stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
+        stops = self._stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
         try:
             for loss in self._steps_until(run.total):
                 self._record_step(run, loss)
-                self._stop_if_signalled(stops)
+                self._stop_if_signalled(stops.after_step(self.step, stop_signal()))
                 pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
-                if self._eval_due(run):
+                evaluated = self._eval_due(run)
+                if evaluated:
                     self._run_eval(run.summary, run.start)
                 if self._checkpoint_due(run):
                     self.save_checkpoint()
                 run.end_pause(pause_start)
+                if evaluated:  # a rank signalled during it asked to stop here (_stop_during_eval)
+                    self._stop_if_signalled(stops.after_pause(self.step))
                 if run.finished:
                     break
         except BaseException as e:  # noqa: BLE001 - re-raised, as a RunError where it is one
@@ -371,10 +374,21 @@ class Trainer:
             raise stop from None
         return self._end_run(run)
 
-    def _stop_if_signalled(self, stops: StopAtLoggingSteps) -> None:
-        """Stop where every rank stops: at the logging step that this rank's (or another
-        rank's) stop signal asked for (run/stop.py)."""
-        request = stops.after_step(self.step, stop_signal())
+    def _stop_during_eval(self) -> None:
+        """A stop signal in an evaluation: a world of one stops at once; ranks ask for the stop
+        after this evaluation (its gather is their meeting point: run/stop.py) and go on."""
+        signum = stop_signal()
+        if signum is None:
+            return
+        if self.env.world_size == 1:
+            raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
+        stops = getattr(self, "_stops", None)
+        if stops is not None:
+            stops.during_pause(self.step, signum)
+
+    def _stop_if_signalled(self, request: Optional[dict]) -> None:
+        """Stop where every rank stops: at the step the job's stop request names (this rank's
+        or another rank's stop signal asked for it: run/stop.py)."""
         if request is not None:
             signum = request["exit_code"] - 128
             raise RunInterrupted(signum, self._interrupted_message(signum, self.step))

@@ -110,5 +110,20 @@ class StopAtLoggingSteps:
             self.request = request_stop(128 + signum, stop_at)
         if not self.is_logging_step(step):
             return None
+        return self._due(step)
+
+    def during_pause(self, step: int, signum: Optional[int]) -> None:
+        """A stop signal during an evaluation (or a checkpoint) after `step`: ask for the stop
+        right after it, so no rank trains a further step. The ranks meet at the evaluation's
+        gather, which the asking rank joins after it asked: `after_pause` then sees it."""
+        if signum is not None and self.request is None:
+            self.request = request_stop(128 + signum, step)
+
+    def after_pause(self, step: int) -> Optional[dict]:
+        """The job's stop request if it asks for the stop at `step`, read after the pause's
+        collectives (one store round trip per evaluation), else None."""
+        return self._due(step)
+
+    def _due(self, step: int) -> Optional[dict]:
         request = requested_stop() or self.request
         return request if request is not None and step >= request["stop_at"] else None

@@ -98,7 +98,7 @@ def test_every_config_key_is_used_by_dlrmv4_or_refused():
         setattr(section, last, dataclasses.replace(value, scale=2.0) if dataclasses.is_dataclass(value)
                 else _other_value(value))
         with pytest.raises(ConfigError, match=rf"^{key}: does not apply to model.arch dlrmv4_hstu"):
-            check_model(cfg)
+            workload_of(cfg).check_model(cfg)  # DLRMv4's own model checks (config/checks.check_hstu_model)
 
 
 @pytest.mark.parametrize("override, key", [("run.pipeline=fused_sparse_dist", "run.pipeline"),
