@@ -112,21 +112,22 @@ class DistCommStats:
     """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
     hop_seconds: dict[str, float] = field(default_factory=dict)
     """`node`: wall time per phase of the exchange (`HOPS`), forward and backward"""
-    unread_times: list[tuple[str, str | None, DeviceInterval]] = field(default_factory=list, repr=False)
-    """CUDA times not yet read: (`codec` or `transfer`, hop or None, interval); `settle` adds them"""
+    unread_times: list[tuple[str | None, str | None, DeviceInterval]] = field(default_factory=list, repr=False)
+    """CUDA times not yet read: (`codec`, `transfer` or None, hop or None, interval); `settle` adds them"""
 
     def add_hop(self, hop: str, seconds: float) -> None:
         self.hop_seconds[hop] = self.hop_seconds.get(hop, 0.0) + seconds
 
-    def add_time(self, kind: str, seconds: Elapsed, hop: str | None = None) -> None:
-        """Count `seconds` as `kind` (`codec` or `transfer`) time, and of `hop`: a host time at once,
-        a CUDA one when the stats are read (`settle`), so that no step waits for its events."""
+    def add_time(self, kind: str | None, seconds: Elapsed, hop: str | None = None) -> None:
+        """Count `seconds` as `kind` (`codec` or `transfer`; None: neither) time, and of `hop`: a host
+        time at once, a CUDA one when the stats are read (`settle`), so that no step waits for its events."""
         if isinstance(seconds, DeviceInterval):
             self.unread_times.append((kind, hop, seconds))
             if len(self.unread_times) >= _UNREAD_LIMIT:  # bounded without a sync: drop in what is done
                 self._read_times(lambda t: t.done())
             return
-        setattr(self, f"{kind}_seconds", getattr(self, f"{kind}_seconds") + seconds)
+        if kind is not None:
+            setattr(self, f"{kind}_seconds", getattr(self, f"{kind}_seconds") + seconds)
         if hop is not None:
             self.add_hop(hop, seconds)
 

@@ -65,14 +65,15 @@ def test_on_cuda_waits_and_codec_spans_record_events_read_only_with_the_stats(fa
     stats = DistCommStats(codec="dedup", sharding_type="table_wise")
     t0 = timed_wait(_Work(), stats, CUDA, "rail fwd")  # events at 1, then 4 (the wait's 2 in between)
     count_codec(stats, t0, CUDA, "expand")              # from 4 to 5
+    stats.add_time(None, timing.since(timing.stamp(CUDA), CUDA)[0], "ids")  # a hop alone: 6 to 7
     assert stats.transfer_seconds == stats.codec_seconds == 0.0 and fake_gpu.reads == 0
-    assert len(stats.unread_times) == 2  # nothing read during the step: no sync added
+    assert len(stats.unread_times) == 3  # nothing read during the step: no sync added
     total = DistCommStats(codec="dedup", sharding_type="table_wise")
     total.add(stats)  # a plan made ahead hands its unread times on
     total.settle()
     assert total.transfer_seconds == pytest.approx(3e-3) and total.codec_seconds == pytest.approx(1e-3)
-    assert total.hop_seconds == pytest.approx({"rail fwd": 3e-3, "expand": 1e-3})
-    assert total.unread_times == [] and fake_gpu.reads == 2
+    assert total.hop_seconds == pytest.approx({"rail fwd": 3e-3, "expand": 1e-3, "ids": 1e-3})
+    assert total.unread_times == [] and fake_gpu.reads == 3
 
 
 def test_unread_times_stay_bounded_without_a_sync(fake_gpu):
