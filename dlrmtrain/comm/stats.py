@@ -83,9 +83,10 @@ class DistCommStats:
     steps: int = 0
     """forward passes through this dist: training steps and evaluation batches alike"""
     codec_seconds: float = 0.0
-    """unique + expand + segment-sum + index building, forward and backward"""
+    """unique + expand + segment-sum + index building, forward and backward (on CUDA the
+    transports' part is the stream's time, comm/timing.py)"""
     transfer_seconds: float = 0.0
-    """inside all_to_all_single, forward and backward"""
+    """waiting for all_to_all_single, forward and backward (on CUDA: the stream's wait)"""
     extra_syncs: int = 0
     """host syncs beyond the one per step: bags longer than the learned key width"""
     fallback_steps: int = 0
