@@ -108,13 +108,13 @@ def trace_events() -> None:
     traced(dedup_dist.DedupDist, "forward", "plan+launch")
     # both transports wait through `timed_wait` (hop None: one level) and count codec time per hop
     # through `count_codec`, each looked up in its own module
-    wait_label = lambda work, stats, hop=None: "wait (one-level)" if hop is None else f"wait {hop}"  # noqa: E731
+    wait_label = lambda work, stats, device, hop=None: "wait (one-level)" if hop is None else f"wait {hop}"  # noqa: E731
     traced(transport, "timed_wait", wait_label)
     traced(two_level_transport, "timed_wait", wait_label)
 
-    def codec(stats, hop, t0):
-        t1 = count_codec(stats, hop, t0)
-        EVENTS.append((hop, t0, t1))
+    def codec(stats, t0, device, hop=None):  # host stamps: the timeline runs on CPU
+        t1 = count_codec(stats, t0, device, hop)
+        EVENTS.append((hop or "codec", t0, t1))
         return t1
     count_codec = two_level_transport.count_codec
     two_level_transport.count_codec = codec

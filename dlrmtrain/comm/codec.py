@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout
-from dlrmtrain.comm.topology import FLAT, Hierarchy
+from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeGroups
 
 if TYPE_CHECKING:
     from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig
@@ -50,6 +50,8 @@ class DistSpec:
     kind: CollectionKind = "pooled"
     hierarchy: Hierarchy = FLAT
     """`comm.hierarchy` / `comm.ranks_per_node`, as validated"""
+    node_groups: NodeGroups | None = None
+    """a two-level dist's groups, made at setup with every other dist's (`topology.make_node_groups`)"""
 
     @property
     def rank(self) -> int:
@@ -91,6 +93,11 @@ class EmbeddingCommCodec(ABC):
     def wire_bytes_per_value(self) -> float:
         """Bytes one fp32 embedding value takes on the wire."""
         return 4.0
+
+    def launch_families(self, spec: DistSpec) -> tuple[str, ...] | None:
+        """None when `spec`'s dist is not two-level; else the `topology.LAUNCH_FAMILIES` it
+        launches on from a callback (its groups are made before any dist: `install.py`)."""
+        return None
 
     @abstractmethod
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:

@@ -9,11 +9,13 @@ Every TorchRec internal is reached through torchrec_hooks.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from dlrmtrain.comm import torchrec_hooks as hooks
@@ -28,7 +30,7 @@ from dlrmtrain.comm.registry import (
 )
 from dlrmtrain.comm.sequence.layout import sequence_layout_of
 from dlrmtrain.comm.stats import CountsCommBytes
-from dlrmtrain.comm.topology import Hierarchy
+from dlrmtrain.comm.topology import Hierarchy, make_node_groups, topology_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,35 +62,63 @@ def codec_choice(codec: str, table_codecs: Mapping[str, str], device_type: str, 
 
 
 def install_codec_dists(module: nn.Module, shardings: list[tuple[str, Any]], table_codecs: Mapping[str, str],
-                        hierarchy: Hierarchy, kind: CollectionKind) -> list[CountsCommBytes]:
+                        hierarchy: Hierarchy, kind: CollectionKind,
+                        device: torch.device | None = None) -> list[CountsCommBytes]:
     """Replace each output dist of `module` (one per (sharding type, TorchRec sharding), in dist order)
-    that a codec carries; returns the new dists."""
-    env = hooks.sharding_env(module)
+    that a codec carries; returns the new dists. Two-level dists get their process groups first,
+    all at once (`topology.make_node_groups`), on `device` (the module's)."""
+    specs = [(i, codec, spec) for i, (sharding_type, sharding) in enumerate(shardings)
+             for codec, spec in _spec_of(module, i, sharding_type, sharding, table_codecs, hierarchy, kind)]
+    specs = _with_node_groups(specs, device)
     installed: list[CountsCommBytes] = []
-    for i, (sharding_type, sharding) in enumerate(shardings):
-        layout = layout_for(sharding_type, sharding, env.world_size)
-        tables = hooks.sharding_tables(module, sharding_type) if kind == "pooled" else DistSpec.tables_of(layout)
-        chosen = _codec_of(sharding_type, tables, table_codecs)
-        if chosen is None:
-            continue
-        codec, coded = chosen
-        if not codec.supports(sharding_type, kind) or (layout is None and codec.needs_ids):
-            logger.warning("comm codec %r does not support %s %s sharding; tables %s use codec none",
-                           codec.name, kind, sharding_type, sorted(coded))
-            continue
-        if codec.needs_ids and kind == "pooled" and hooks.is_weighted(module):
-            raise ValueError(f"comm codec {codec.name!r}: weighted (per-id weight) features are not supported")
-        if kind == "sequence" and layout is not None and codec.needs_ids:
-            layout = sequence_layout_of(layout, env.rank)
-        stock = hooks.output_dists(module)[i]
-        new_dist = codec.make_output_dist(DistSpec(stock, layout, frozenset(coded), env.process_group,
-                                                   sharding_type, kind, hierarchy))
-        if new_dist is not stock:
+    for i, codec, spec in specs:
+        new_dist = codec.make_output_dist(spec)
+        if new_dist is not spec.stock_dist:
             hooks.replace_output_dist(module, i, new_dist)
             installed.append(new_dist)
             logger.info("comm codec %r%s carries %s %s tables %s", codec.name, "" if codec.lossless else " (LOSSY)",
-                        sharding_type, kind, sorted(coded))
+                        spec.sharding_type, kind, sorted(spec.tables))
     return installed
+
+
+def _spec_of(module: nn.Module, i: int, sharding_type: str, sharding: Any, table_codecs: Mapping[str, str],
+             hierarchy: Hierarchy, kind: CollectionKind) -> list[tuple[EmbeddingCommCodec, DistSpec]]:
+    """The codec and spec of output dist `i`, if a codec carries it (else [])."""
+    env = hooks.sharding_env(module)
+    layout = layout_for(sharding_type, sharding, env.world_size)
+    tables = hooks.sharding_tables(module, sharding_type) if kind == "pooled" else DistSpec.tables_of(layout)
+    chosen = _codec_of(sharding_type, tables, table_codecs)
+    if chosen is None:
+        return []
+    codec, coded = chosen
+    if not codec.supports(sharding_type, kind) or (layout is None and codec.needs_ids):
+        logger.warning("comm codec %r does not support %s %s sharding; tables %s use codec none",
+                       codec.name, kind, sharding_type, sorted(coded))
+        return []
+    if codec.needs_ids and kind == "pooled" and hooks.is_weighted(module):
+        raise ValueError(f"comm codec {codec.name!r}: weighted (per-id weight) features are not supported")
+    if kind == "sequence" and layout is not None and codec.needs_ids:
+        layout = sequence_layout_of(layout, env.rank)
+    stock = hooks.output_dists(module)[i]
+    return [(codec, DistSpec(stock, layout, frozenset(coded), env.process_group, sharding_type, kind, hierarchy))]
+
+
+def _with_node_groups(specs: list[tuple[int, EmbeddingCommCodec, DistSpec]], device: torch.device | None
+                      ) -> list[tuple[int, EmbeddingCommCodec, DistSpec]]:
+    """The specs, each two-level one with its groups, all made here before any dist, in dist order
+    (collective: the same order on every rank; see `make_node_groups` for why each has its own)."""
+    two_level = [(k, families) for k, (_, codec, spec) in enumerate(specs)
+                 if (families := codec.launch_families(spec)) is not None]
+    if not two_level:
+        return specs
+    spec = specs[two_level[0][0]][2]
+    topology = topology_of(spec.hierarchy, spec.pg)
+    groups = make_node_groups(topology, spec.pg, [f for _, f in two_level], device)
+    out = list(specs)
+    for (k, _), g in zip(two_level, groups):
+        i, codec, spec = out[k]
+        out[k] = (i, codec, dataclasses.replace(spec, node_groups=g))
+    return out
 
 
 def _codec_of(sharding_type: str, tables: set[str], table_codecs: Mapping[str, str]

@@ -32,7 +32,7 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
         super().__init__(*args, **kwargs)
         # the codec dists (`stats.COUNTERS_ATTR`; count_stock_dists appends none's counters)
         self.comm_counters: list[CountsCommBytes] = install_codec_dists(
-            self, hooks.shardings(self), table_codecs, hierarchy, "pooled")
+            self, hooks.shardings(self), table_codecs, hierarchy, "pooled", kwargs.get("device"))
 
 
 class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dlrmtrain.comm.timing import DeviceInterval, Elapsed
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 
 
@@ -82,9 +83,10 @@ class DistCommStats:
     steps: int = 0
     """forward passes through this dist: training steps and evaluation batches alike"""
     codec_seconds: float = 0.0
-    """unique + expand + segment-sum + index building, forward and backward"""
+    """unique + expand + segment-sum + index building, forward and backward (on CUDA the
+    transports' part is the stream's time, comm/timing.py)"""
     transfer_seconds: float = 0.0
-    """inside all_to_all_single, forward and backward"""
+    """waiting for all_to_all_single, forward and backward (on CUDA: the stream's wait)"""
     extra_syncs: int = 0
     """host syncs beyond the one per step: bags longer than the learned key width"""
     fallback_steps: int = 0
@@ -111,9 +113,38 @@ class DistCommStats:
     """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
     hop_seconds: dict[str, float] = field(default_factory=dict)
     """`node`: wall time per phase of the exchange (`HOPS`), forward and backward"""
+    unread_times: list[tuple[str | None, str | None, DeviceInterval]] = field(default_factory=list, repr=False)
+    """CUDA times not yet read: (`codec`, `transfer` or None, hop or None, interval); `settle` adds them"""
 
     def add_hop(self, hop: str, seconds: float) -> None:
         self.hop_seconds[hop] = self.hop_seconds.get(hop, 0.0) + seconds
+
+    def add_time(self, kind: str | None, seconds: Elapsed, hop: str | None = None) -> None:
+        """Count `seconds` as `kind` (`codec` or `transfer`; None: neither) time, and of `hop`: a host
+        time at once, a CUDA one when the stats are read (`settle`), so that no step waits for its events."""
+        if isinstance(seconds, DeviceInterval):
+            self.unread_times.append((kind, hop, seconds))
+            if len(self.unread_times) >= _UNREAD_LIMIT:  # bounded without a sync: drop in what is done
+                self._read_times(lambda t: t.done())
+            return
+        if kind is not None:
+            setattr(self, f"{kind}_seconds", getattr(self, f"{kind}_seconds") + seconds)
+        if hop is not None:
+            self.add_hop(hop, seconds)
+
+    def settle(self) -> DistCommStats:
+        """Read every CUDA time into the seconds (waits for their events: call where the host syncs
+        anyway, as the stats' read does); returns self."""
+        self._read_times(lambda t: True)
+        return self
+
+    def _read_times(self, ready) -> None:
+        unread, self.unread_times = self.unread_times, []
+        for kind, hop, interval in unread:
+            if ready(interval):
+                self.add_time(kind, float(interval), hop)
+            else:
+                self.unread_times.append((kind, hop, interval))
 
     def count_traffic(self, traffic: list[tuple[int, int, int]], rank: int, node_of, value_bytes: float) -> None:
         """Count one step's messages: (peer, elements sent, elements received) per forward pair.
@@ -153,6 +184,9 @@ class DistCommStats:
             else:
                 setattr(self, f.name, mine + theirs)
 
+
+_UNREAD_LIMIT = 256
+"""unread CUDA times a dist keeps before it adds in those whose events completed (`Event.query`)"""
 
 _DESCRIPTIVE = ("codec", "sharding_type", "lossy", "table_codecs", "hierarchy")
 """`DistCommStats` fields that describe the dist rather than count (`DistCommStats.add` keeps them)"""
@@ -226,6 +260,7 @@ class _Gathered:
     hops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(HOPS, 0.0))
 
     def add(self, d: DistCommStats) -> None:
+        d.settle()
         for hop, seconds in d.hop_seconds.items():
             self.hops[hop] += seconds
         for key in _TRAFFIC:

@@ -7,7 +7,7 @@ fabric) and the ranks of one local rank across nodes (a "rail": each rank
 talks between nodes only to its peer of every other node, rail-aligned as
 HugeCTR and NCCL's PXN do). `dist.new_group` is collective over the whole
 world and must be called in the same order everywhere, so every rank builds
-every group, once per process (`node_groups`).
+every group, at setup, in one order (`make_node_groups`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import get_args
 
+import torch
 import torch.distributed as dist
 
 from dlrmtrain.config.schema import CommConfig, HierarchyKind
@@ -100,7 +101,8 @@ def topology_of(hierarchy: Hierarchy, pg: dist.ProcessGroup) -> NodeTopology:
 
 @dataclass(frozen=True)
 class NodeGroups:
-    """This rank's groups: its node's ranks and its rail, and the same two again of one dist's own."""
+    """One two-level dist's groups: its node's ranks and its rail (shared by every dist), and a
+    rail and a node group of its own for what it launches from a callback."""
 
     intra: dist.ProcessGroup
     rail: dist.ProcessGroup
@@ -113,29 +115,51 @@ class NodeGroups:
     its counts are in (two_level/node_ids.py), for the same reason"""
 
 
-_GROUPS: dict[tuple[int, int], NodeGroups] = {}
+LAUNCH_FAMILIES = ("rail", "node")
+"""the groups a two-level dist may launch on from a callback: `NodeGroups.rail_grad`, `NodeGroups.ids`"""
+
+_FAMILIES: dict[tuple[int, int], tuple[dist.ProcessGroup, dist.ProcessGroup]] = {}
+"""(world group, L) → this rank's intra-node and rail groups, made once per process"""
 
 
-def _new_groups(members: list[list[int]], mine: int) -> dist.ProcessGroup:
+def group_device(device: torch.device | None) -> torch.device | None:
+    """`new_group`'s `device_id`: the GPU, so that NCCL creates each group at once (split from the
+    default communicator, `distributed/env.group_options`) rather than inside its first
+    collective; None on CPU, where torch refuses a CPU `device_id`."""
+    return device if device is not None and device.type == "cuda" else None
+
+
+def _new_groups(members: list[list[int]], mine: int, device: torch.device | None) -> dist.ProcessGroup:
     """Create one group per member list (every rank creates every group); return group `mine`."""
-    groups = [dist.new_group(ranks) for ranks in members]
+    groups = [dist.new_group(ranks, device_id=device) for ranks in members]
     return groups[mine]
 
 
-def node_groups(topology: NodeTopology, pg: dist.ProcessGroup) -> NodeGroups:
-    """This dist's groups: the intra-node and rail groups, built once per (world group, L), and a
-    rail and a node group of its own (`NodeGroups.rail_grad`, `NodeGroups.ids`).
+def make_node_groups(topology: NodeTopology, pg: dist.ProcessGroup, launches: list[tuple[str, ...]],
+                     device: torch.device | None = None) -> list[NodeGroups]:
+    """The groups of every two-level dist of one sharded module (`launches[k]`: the
+    `LAUNCH_FAMILIES` dist k launches on from a callback), made here at once, before any of
+    its dists, in one order: the intra-node then the rail family (once per process and
+    (world group, L)), then dist by dist (in dist order) its own rail, then its own node.
 
-    Collective: every rank creates every group, in the same order (dists are made in the
-    sharding plan's order, the same everywhere).
+    Collective: `new_group` must be called by every rank for every group in the same order,
+    and modules are sharded in the plan's order on every rank. The dists cannot share their
+    callback groups: a callback launches when its future completes, on the thread that
+    completes it, so two dists' launches on one group could meet in a different order on
+    different ranks (and pair the wrong collectives); one group per dist and family keeps
+    each group's launches in that dist's step order.
     """
     if dist.get_world_size(pg) != dist.get_world_size():
         raise ValueError("comm.hierarchy: node needs the sharding's process group to be the whole world")
-    key = (id(pg), topology.ranks_per_node)
+    device = group_device(device)
     rails = [topology.rail_ranks(local) for local in range(topology.ranks_per_node)]
     nodes = [topology.node_ranks(n) for n in range(topology.nodes)]
-    if key not in _GROUPS:
-        _GROUPS[key] = NodeGroups(_new_groups(nodes, topology.node), _new_groups(rails, topology.local_rank))
-    shared = _GROUPS[key]
-    return NodeGroups(shared.intra, shared.rail, _new_groups(rails, topology.local_rank),
-                      _new_groups(nodes, topology.node))
+    members = {"rail": (rails, topology.local_rank), "node": (nodes, topology.node)}
+    key = (id(pg), topology.ranks_per_node)
+    if launches and key not in _FAMILIES:
+        _FAMILIES[key] = (_new_groups(nodes, topology.node, device), _new_groups(rails, topology.local_rank, device))
+    made = []
+    for families in launches:
+        own = {f: _new_groups(*members[f], device) for f in LAUNCH_FAMILIES if f in families}
+        made.append(NodeGroups(*_FAMILIES[key], own.get("rail"), own.get("node")))
+    return made

@@ -13,6 +13,7 @@ receives are checked against brute force without ranks.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -143,15 +144,41 @@ def test_config_refuses_two_levels_for_sequence_embeddings():
 
 
 # ------------------------------------------------------------------ 4 ranks
+@contextlib.contextmanager
+def _recorded_new_groups():
+    """Every `dist.new_group` call: (its ranks, its device_id, made by install's one setup call)."""
+    import inspect
+
+    import torch.distributed as dist
+
+    calls, real = [], dist.new_group
+
+    def recording(ranks=None, *args, **kwargs):
+        at_setup = any(f.function == "_with_node_groups" for f in inspect.stack())
+        calls.append((list(ranks), kwargs.get("device_id"), at_setup))
+        return real(ranks, *args, **kwargs)
+
+    dist.new_group = recording
+    try:
+        yield calls
+    finally:
+        dist.new_group = real
+
+
 def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> dict:
-    with cuda_like_futures() as checked:  # every callback's value extracted as a CUDA future does
-        node = run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)
-    return to_numpy({"none": run_codec(sc, "none", rank, world_size),
-                     "node": node, "callbacks_checked": len(checked),
-                     "fallback_none": run_codec(fallback, "none", rank, world_size),
-                     "fallback_node": run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE),
-                     "syncs": count_host_syncs(rank, world_size, sc, "dedup", NODE),
-                     "auto": run_codec(sc, "auto", rank, world_size, hierarchy=NODE)})
+    out, made = {}, []
+    with _recorded_new_groups() as groups:
+        with cuda_like_futures() as checked:  # every callback's value extracted as a CUDA future does
+            out["node"] = run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)
+        made.append(len(groups))
+        for name, run in (("none", lambda: run_codec(sc, "none", rank, world_size)),
+                          ("fallback_none", lambda: run_codec(fallback, "none", rank, world_size)),
+                          ("fallback_node", lambda: run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE)),
+                          ("syncs", lambda: count_host_syncs(rank, world_size, sc, "dedup", NODE)),
+                          ("auto", lambda: run_codec(sc, "auto", rank, world_size, hierarchy=NODE))):
+            out[name] = run()
+            made.append(len(groups) - sum(made))
+    return to_numpy({**out, "callbacks_checked": len(checked), "new_groups": groups, "groups_per_run": made})
 
 
 def _owner_shards(t: Table) -> list[int]:
@@ -271,6 +298,19 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         assert np.array_equal(res["fallback_none"]["pooled"], res["fallback_node"]["pooled"])
         np.testing.assert_allclose(res["fallback_node"]["losses"], res["fallback_none"]["losses"], rtol=LOSS_RTOL)
         assert res["fallback_node"]["stats"]["fallback_steps"] == MULTI_ID_ROW_WISE.steps
+    # process groups: made at setup only (install's one call, before any dist), on every rank the
+    # same calls in the same order; the intra-node and rail families once per process, then each
+    # two-level dist's own callback groups: a rail (the backward rail hop), table-/column-wise
+    # also a node (the id exchange); no device_id on CPU (torch refuses one), the GPU's on CUDA
+    groups = results[0]["new_groups"]
+    assert all(res["new_groups"] == groups for res in results)
+    assert all(at_setup and device is None for _, device, at_setup in groups)
+    nodes, rails = [[0, 1], [2, 3]], [[0, 2], [1, 3]]
+    assert [g for g, _, _ in groups[:4]] == nodes + rails
+    own = [g for g, _, _ in groups[4:]]
+    assert [own[k:k + 2] for k in range(0, len(own), 2)].count(nodes) == 2 + 1 + 2 + 2  # tw, cw per SC run
+    # SC's run: families + tw and cw (rail + node each) + rw (rail); none: none; the fallback: rw + tw
+    assert results[0]["groups_per_run"] == [4 + 4 + 4 + 2, 0, 0, 2 + 4, 4 + 4 + 2, 4 + 4 + 2]
     between, rail_sent = _expected_rows(SC)
     everyone = results[0]["node"]["stats_all_ranks"]
     # between nodes: exactly the node-level distinct rows, forward and backward - none twice

@@ -30,6 +30,9 @@ class AutoCodec(EmbeddingCommCodec):
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return self._dedup.supports(sharding_type, kind)
 
+    def launch_families(self, spec: DistSpec) -> tuple[str, ...] | None:
+        return self._dedup.launch_families(spec)  # its dedup path's
+
     def make_output_dist(self, spec: DistSpec) -> nn.Module:
         dist_type = SequenceAutoDist if spec.kind == "sequence" else AutoDist
         return dist_type(spec, self._dedup.make_output_dist(spec), dataclasses.replace(self._policy))  # fresh state

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 import torch
 import torch.distributed as dist
@@ -29,6 +28,7 @@ import torch.nn as nn
 from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 
+from dlrmtrain.comm import timing
 from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.stats import DistCommStats, TableCommStats
@@ -52,7 +52,7 @@ class AutoDist(nn.Module):
         self.policy = policy
         self.table_choice = {t: "dedup" for t in sorted(self.tables)}
         self.none_stats = DistCommStats(codec="none", sharding_type=spec.sharding_type)
-        self._step_started: float | None = None  # perf_counter of the running training step
+        self._step_started: timing.Stamp | None = None  # when the running training step began
         self._untimed = False                    # something else ran inside the current period
         self._probe_base: dict[str, TableCommStats] | None = None  # dedup's counters when the probe began
         # settled on none (see the module's docstring)
@@ -76,12 +76,14 @@ class AutoDist(nn.Module):
         if self._untimed_periods:  # back from a settled run: count its steps
             self.policy.advance(self._untimed_periods)
             self._untimed_periods = 0
-        now = time.perf_counter()
+        # the period since the last training pass, on the device's clock (`comm.timing`: on CUDA
+        # events, read only when the policy agrees its samples, a host sync anyway)
+        now = timing.stamp(local_embs.device)
         if self._step_started is not None:
             if self._untimed:
                 self.policy.skip()
             else:
-                self.policy.observe(now - self._step_started)
+                self.policy.observe(timing.elapsed(self._step_started, now))
         self._step_started, self._untimed = now, False
         if self.policy.phase == "probe" and self._probe_base is None:
             self._probe_base = self._dedup_tables_snapshot()
@@ -257,6 +259,7 @@ class AutoDist(nn.Module):
         for src in (d.tables, self.none_stats.tables):
             for name, t in src.items():
                 tables.setdefault(name, TableCommStats()).add(t)
+        d.settle()  # its CUDA times read in (a copy below must not share the unread list)
         # the dedup path's counters (codec time, syncs, messages, hops), with both paths'
         # tables and steps and auto's own name, choices and decisions
         return dataclasses.replace(

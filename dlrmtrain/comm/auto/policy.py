@@ -30,6 +30,10 @@ between two training passes through one all-to-all) under each path:
    (`untimed_steps`): only the `drift_samples` steps before each check point
    that can see drift are timed again (`advance` accounts the skipped ones).
 
+A step time may be a float or anything `float()` reads (on CUDA a device interval,
+comm/timing.py): samples are read only where the caller agrees them over ranks
+(`local_extremes`, `local_medians`, `local_drift`), a host sync anyway.
+
 Per table, within a `dedup` decision: a table whose distinct fraction is at
 least `table_keep_fraction` saves almost no bytes yet pays its unique; it
 travels uncompressed (`table_choices`).
@@ -39,9 +43,15 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import SupportsFloat
 
 PATHS = ("dedup", "none")
 """alternation order while warming up and probing (dedup first: its key widths are learned early)"""
+
+
+def _read(samples: list[SupportsFloat]) -> list[float]:
+    """Step times as floats (a device interval is read here; a float stays itself)."""
+    return [float(s) for s in samples]
 
 
 @dataclass
@@ -91,7 +101,7 @@ class AutoPolicy:
             return PATHS[(self.step - self._phase_start) % 2]
         return self.choice
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: SupportsFloat) -> None:
         """The time of the step just finished (it used `path()`); then advance one step."""
         used = self.path()
         if self.phase == "probe":
@@ -126,7 +136,7 @@ class AutoPolicy:
 
     def local_extremes(self) -> list[float]:
         """[slowest none, -fastest none, slowest dedup, -fastest dedup]: a MAX over ranks gives the global ones."""
-        none, dedup = self._samples["none"], self._samples["dedup"]
+        none, dedup = _read(self._samples["none"]), _read(self._samples["dedup"])
         return [max(none), -min(none), max(dedup), -min(dedup)]
 
     def clear_cut(self, extremes: list[float]) -> bool:
@@ -135,7 +145,7 @@ class AutoPolicy:
         return dedup_max * (1 + self.clear_margin) < none_min or none_max * (1 + self.clear_margin) < dedup_min
 
     def local_medians(self) -> tuple[float, float]:
-        return statistics.median(self._samples["none"]), statistics.median(self._samples["dedup"])
+        return statistics.median(_read(self._samples["none"])), statistics.median(_read(self._samples["dedup"]))
 
     def decide(self, none_seconds: float, dedup_seconds: float, distinct_fraction: float | None = None) -> AutoDecision:
         """Choose from step times agreed over ranks (identical inputs give identical choices)."""
@@ -172,7 +182,7 @@ class AutoPolicy:
         if self.step - self._phase_start < self.min_dwell or self._reference is None:
             return False
         if len(self._recent) >= self.drift_samples:
-            now = statistics.median(self._recent)
+            now = statistics.median(_read(self._recent))
             if abs(now - self._reference) > self.drift * self._reference:
                 return True
         if distinct_fraction is not None and self._reference_fraction is not None:

@@ -36,7 +36,7 @@ from dlrmtrain.comm.dedup.two_level.table_wise import TwoLevelPlanner
 from dlrmtrain.comm.dedup.two_level.transport import two_level_route
 from dlrmtrain.comm.layout import DistLayout, RowWiseLayout
 from dlrmtrain.comm.sequence.planner import SequencePlanner
-from dlrmtrain.comm.topology import NodeTopology, node_groups, topology_of
+from dlrmtrain.comm.topology import NodeTopology, topology_of
 
 
 class DedupCodec(EmbeddingCommCodec):
@@ -68,8 +68,11 @@ class DedupCodec(EmbeddingCommCodec):
         topology = self._topology(spec)
         if spec.kind == "sequence":
             return flat_route(SequencePlanner(spec.layout, spec.rank), topology)
-        if spec.hierarchy.kind == "node" and topology.nodes > 1:
-            groups = node_groups(topology, spec.pg)
+        if self.launch_families(spec) is not None:
+            groups = spec.node_groups
+            if groups is None:
+                raise RuntimeError(f"two-level {spec.sharding_type} dist built without its groups: "
+                                   "install.install_codec_dists makes every dist's at setup")
             planner = (TwoLevelRowWisePlanner(spec.layout, topology, groups, spec.pg)
                        if isinstance(spec.layout, RowWiseLayout)
                        else TwoLevelPlanner(spec.layout, set(spec.tables), topology, groups))
@@ -77,6 +80,13 @@ class DedupCodec(EmbeddingCommCodec):
         if isinstance(spec.layout, RowWiseLayout):
             return flat_route(RowWisePlanner(spec.layout, spec.pg, spec.rank), topology)
         return flat_route(TableWisePlanner(spec.layout, set(spec.tables), spec.rank), topology)
+
+    def launch_families(self, spec: DistSpec) -> tuple[str, ...] | None:
+        """Two levels: the backward rail hop's rail, and table-/column-wise the id exchange's node
+        (row-wise exchanges its ids on the main thread)."""
+        if spec.kind != "pooled" or spec.hierarchy.kind != "node" or self._topology(spec).nodes <= 1:
+            return None
+        return ("rail",) if isinstance(spec.layout, RowWiseLayout) else ("rail", "node")
 
     def _check(self, spec: DistSpec) -> None:
         """Refuse what this codec cannot carry as `spec` asks (the errors name the config keys)."""

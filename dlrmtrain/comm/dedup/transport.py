@@ -17,7 +17,6 @@ Optionally the rows travel at a lower, LOSSY precision (`dedup+fp16`,
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,7 +31,7 @@ from fbgemm_gpu.quantize_utils import (
 from torchrec.distributed import comm_ops
 from torchrec.distributed.types import Awaitable
 
-from dlrmtrain.comm import streams
+from dlrmtrain.comm import streams, timing
 from dlrmtrain.comm.dedup.buffers import BufferPool
 from dlrmtrain.comm.dedup.kernels import expand_rows, gather_rows, segment_sum_rows
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupPlanner, Route
@@ -115,14 +114,21 @@ def _start_all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=pg, async_op=True)
 
 
-def timed_wait(work, stats: DistCommStats, hop: str | None = None) -> float:
-    """Wait for a transfer, counted as transfer time (and of `hop`, two levels); returns now."""
-    t0 = time.perf_counter()
+def timed_wait(work, stats: DistCommStats, device: torch.device, hop: str | None = None) -> timing.Stamp:
+    """Wait for a transfer, counted as transfer time (and of `hop`, two levels); returns now.
+    On CUDA `wait()` only holds the current stream, so the time is the stream's (`comm.timing`)."""
+    t0 = timing.stamp(device)
     work.wait()
-    t1 = time.perf_counter()
-    stats.transfer_seconds += t1 - t0
-    if hop is not None:
-        stats.add_hop(hop, t1 - t0)
+    seconds, t1 = timing.since(t0, device)
+    stats.add_time("transfer", seconds, hop)
+    return t1
+
+
+def count_codec(stats: DistCommStats, t0: timing.Stamp, device: torch.device, hop: str | None = None
+                ) -> timing.Stamp:
+    """Count the time since `t0` on `device` as codec time (and of `hop`, two levels); returns now."""
+    seconds, t1 = timing.since(t0, device)
+    stats.add_time("codec", seconds, hop)
     return t1
 
 
@@ -157,7 +163,7 @@ class _DedupStart(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
-        t0 = time.perf_counter()
+        t0 = timing.stamp(local_embs.device)
         send = _encode(gather_rows(local_embs.reshape(-1, plan.unit), plan.send_index), owner.wire_dtype)
         total = sum(plan.recv_splits)
         req.recv = send.new_empty(total + plan.pad_units * plan.unit)
@@ -166,7 +172,7 @@ class _DedupStart(torch.autograd.Function):
                                      owner.pg)
         req.send = send
         req.local_shape, req.dtype = local_embs.shape, local_embs.dtype
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        count_codec(owner.comm_stats, t0, local_embs.device)
         ctx.req = req
         return req.dummy
 
@@ -175,11 +181,11 @@ class _DedupStart(torch.autograd.Function):
         req = ctx.req
         read_here(req)
         plan, owner = req.plan, req.owner
-        timed_wait(req.grad_work, owner.comm_stats)
-        t0 = time.perf_counter()
+        device = req.dummy.device
+        t0 = timed_wait(req.grad_work, owner.comm_stats, device)
         grad_local = owner_gradient(owner, _decode(req.grad_send, req.dtype), plan.send_index,
                                     req.local_shape, plan.unit)
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        count_codec(owner.comm_stats, t0, device)
         ctx.req = None
         return grad_local, None
 
@@ -190,18 +196,17 @@ class _DedupWait(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dummy: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
-        timed_wait(req.work, owner.comm_stats)
-        t0 = time.perf_counter()
+        t0 = timed_wait(req.work, owner.comm_stats, dummy.device)
         recv = _decode(req.recv, req.dtype)  # only the U unique rows: decode before expanding
         out = expand_output(owner, recv, plan)
         req.recv = req.send = req.work = None
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        count_codec(owner.comm_stats, t0, dummy.device)
         ctx.req = req
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        t0 = time.perf_counter()
+        t0 = timing.stamp(grad_out.device)
         req = ctx.req
         plan, owner = req.plan, req.owner
         grad_recv = _encode(gradient_sums(grad_out, plan, sum(plan.recv_splits) // plan.unit), owner.wire_dtype)
@@ -209,7 +214,7 @@ class _DedupWait(torch.autograd.Function):
         req.grad_work = _start_all_to_all(req.grad_send, grad_recv.reshape(-1), plan.send_splits,
                                           plan.recv_splits, owner.pg)
         req.grad_recv = grad_recv
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
+        count_codec(owner.comm_stats, t0, grad_out.device)
         ctx.req = None
         return torch.zeros_like(req.dummy), None
 

@@ -52,6 +52,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from dlrmtrain.comm import timing
 from dlrmtrain.comm.dedup.kernels import BlockUnique
 from dlrmtrain.comm.dedup.plan import DedupStep
 from dlrmtrain.comm.dedup.two_level.node_ids import NodeIds, exchange_node_ids
@@ -142,7 +143,7 @@ class TwoLevelPlanner:
 
     def plan(self, step: DedupStep) -> TwoLevelPlan:
         topo = self.topology
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # the host's clock: the plan holds the step's host sync, which it times
         blocks = self._owner_blocks(step)
         owner_specs, owner, own_specs, own = self._uniques(step, blocks)
         for attempt in range(2):
@@ -257,10 +258,11 @@ class TwoLevelPlanner:
         topo, L, unit = self.topology, self.topology.ranks_per_node, self.unit
         node, mine = topo.node_ranks(topo.node), self.remote_features[topo.local_rank]
         NB = sum(step.sizes[r] for r in node)
-        t0 = time.perf_counter()
+        # no host sync from here on (stage 2's plan): timed on the device's clock (`comm.timing`)
+        t0 = timing.stamp(step.device)
         ex = ids.wait()
-        t1 = time.perf_counter()
-        step.stats.add_hop("ids", t1 - t0)
+        seconds, t1 = timing.since(t0, step.device)
+        step.stats.add_time(None, seconds, "ids")
         widths = [max(1, max(ex.longest_of[k][j] for k in range(L))) for j in mine]
         fwd_specs = [BagBlock(f * NB, NB, widths[f], self.all_entries[j], self.all_entries[j].table in
                               self.dedup_tables) for f, j in enumerate(mine)]
@@ -284,7 +286,7 @@ class TwoLevelPlanner:
         stats.id_exchange_bytes += ex.exchanged_bytes
         stats.messages += ex.messages
         recv_index = self._recv_index(own, own_counts, step.device)
-        stats.add_hop("plan", time.perf_counter() - t1)
+        stats.add_time(None, timing.since(t1, step.device)[0], "plan")
         return cat_or_empty(intra_send, step.device), recv_index
 
     def _recv_index(self, own: list[BlockUnique], own_counts: list[int], device: torch.device) -> torch.Tensor:

@@ -21,11 +21,12 @@ rounded wire would round twice.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from dlrmtrain.comm import timing
 from dlrmtrain.comm.dedup.kernels import gather_rows, segment_sum_rows
 from dlrmtrain.comm.dedup.plan import DedupPlanner, Route
 from dlrmtrain.comm.dedup.transport import (
@@ -33,6 +34,7 @@ from dlrmtrain.comm.dedup.transport import (
     DedupDistState,
     _start_all_to_all,
     autograd_dummy,
+    count_codec,
     expand_output,
     gradient_sums,
     owner_gradient,
@@ -40,20 +42,11 @@ from dlrmtrain.comm.dedup.transport import (
     timed_wait,
 )
 from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan
-from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import Hierarchy, NodeTopology
 
 
 TWO_LEVEL_PLAN_SYNCS = 2
 """host syncs of one two-level plan: the unique counts and the node's id exchange"""
-
-
-def count_codec(stats: DistCommStats, hop: str, t0: float) -> float:
-    """Count the time since t0 as codec time of `hop`; returns now."""
-    t1 = time.perf_counter()
-    stats.codec_seconds += t1 - t0
-    stats.add_hop(hop, t1 - t0)
-    return t1
 
 
 @dataclass
@@ -72,7 +65,7 @@ class _Request:
     grad_sends: tuple = ()                  # kept alive until their transfers are done
     grad_rail: Any = None                   # future of `sum_and_send`, which launches the rail hop back
     grad_rail_work: Any = None              # that launch
-    node_sum_seconds: float = 0.0
+    node_sum_seconds: timing.Elapsed = 0.0
     grad_local_work: Any = None
     dummy: torch.Tensor | None = None       # on the data's device (`transport.autograd_dummy`)
 
@@ -83,7 +76,7 @@ class _TwoLevelStart(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, req: _Request) -> torch.Tensor:
         plan, owner = req.plan, req.owner
-        t0 = time.perf_counter()
+        t0 = timing.stamp(local_embs.device)
         send = gather_rows(local_embs.reshape(-1, plan.unit), plan.send_index).view(-1)
         local = plan.local_elems
         req.rail_recv = send.new_empty(sum(plan.rail_recv_splits))
@@ -96,7 +89,7 @@ class _TwoLevelStart(torch.autograd.Function):
             req.local_work = _start_all_to_all(req.recv[:stage1], send[:local], plan.local_recv_splits,
                                                plan.local_send_splits, plan.groups.intra)
         req.send, req.local_shape = send, local_embs.shape
-        count_codec(owner.comm_stats, "gather", t0)
+        count_codec(owner.comm_stats, t0, local_embs.device, "gather")
         ctx.req = req
         return req.dummy
 
@@ -105,21 +98,20 @@ class _TwoLevelStart(torch.autograd.Function):
         req = ctx.req
         read_here(req)
         plan, owner = req.plan, req.owner
-        t0 = time.perf_counter()
+        device, stats = req.dummy.device, owner.comm_stats
+        t0 = timing.stamp(device)
         req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
         grad_work = req.grad_rail_work
-        t1 = time.perf_counter()
-        owner.comm_stats.transfer_seconds += t1 - t0 - req.node_sum_seconds
-        owner.comm_stats.add_hop("intra bwd", t1 - t0 - req.node_sum_seconds)
-        owner.comm_stats.codec_seconds += req.node_sum_seconds  # off this thread, but CPU all the same
-        owner.comm_stats.add_hop("node sum", req.node_sum_seconds)
-        t0 = timed_wait(grad_work, owner.comm_stats, "rail bwd")
+        t1 = timing.stamp(device)
+        stats.add_time("transfer", timing.elapsed(t0, t1, (req.node_sum_seconds,)), "intra bwd")
+        stats.add_time("codec", req.node_sum_seconds, "node sum")  # off this thread, but codec all the same
+        t0 = timed_wait(grad_work, stats, device, "rail bwd")
         if req.grad_local_work is not None:
-            t0 = timed_wait(req.grad_local_work, owner.comm_stats, "intra bwd")
+            t0 = timed_wait(req.grad_local_work, stats, device, "intra bwd")
         grad_local = owner_gradient(owner, req.grad_owner, plan.send_index, req.local_shape, plan.unit)
         req.grad_owner = req.grad_rail = req.grad_rail_work = req.grad_local_work = None
         req.grad_sends = ()
-        count_codec(owner.comm_stats, "scatter", t0)
+        count_codec(stats, t0, device, "scatter")
         ctx.req = None
         return grad_local, None
 
@@ -134,27 +126,29 @@ class _TwoLevelWait(torch.autograd.Function):
         # stage 2's plan while stage 1 travels: here rather than at launch, so that whatever runs
         # between the halves (the bottom MLP) runs first and the node's ranks meet later in the id
         # exchange (its hops: "ids", "plan")
-        t0 = time.perf_counter()
+        device = dummy.device
+        t0 = timing.stamp(device)
         plan.complete()
-        owner.comm_stats.codec_seconds += time.perf_counter() - t0
-        t0 = timed_wait(req.work, owner.comm_stats, "rail fwd")
+        count_codec(owner.comm_stats, t0, device)
+        t0 = timed_wait(req.work, owner.comm_stats, device, "rail fwd")
         stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
         intra_send = gather_rows(req.rail_recv.view(-1, plan.unit), plan.intra_send_index).view(-1)
         work = _start_all_to_all(req.recv[stage1:stage1 + stage2], intra_send, plan.intra_recv_splits,
                                  plan.intra_send_splits, plan.groups.intra)
-        count_codec(owner.comm_stats, "intra fwd", t0)
-        t0 = timed_wait(work, owner.comm_stats, "intra fwd")
+        count_codec(owner.comm_stats, t0, device, "intra fwd")
+        t0 = timed_wait(work, owner.comm_stats, device, "intra fwd")
         if req.local_work is not None:
-            t0 = timed_wait(req.local_work, owner.comm_stats, "intra fwd")
+            t0 = timed_wait(req.local_work, owner.comm_stats, device, "intra fwd")
         out = expand_output(owner, req.recv, plan)
         req.rail_recv = req.send = req.recv = req.work = req.local_work = None
-        count_codec(owner.comm_stats, "expand", t0)
+        count_codec(owner.comm_stats, t0, device, "expand")
         ctx.req = req
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        t0 = time.perf_counter()
+        device = grad_out.device
+        t0 = timing.stamp(device)
         req = ctx.req
         plan, owner = req.plan, req.owner
         stage1, stage2 = plan.local_recv_elems, sum(plan.intra_recv_splits)
@@ -169,7 +163,7 @@ class _TwoLevelWait(torch.autograd.Function):
             req.grad_local_work = _start_all_to_all(req.grad_owner[:local], grad_recv[:stage1],
                                                     plan.local_send_splits, plan.local_recv_splits,
                                                     plan.groups.intra)
-        count_codec(owner.comm_stats, "intra bwd", t0)
+        count_codec(owner.comm_stats, t0, device, "intra bwd")
         rail_units = sum(plan.rail_recv_splits) // plan.unit
 
         def sum_and_send(_stage2_done) -> None:
@@ -177,7 +171,7 @@ class _TwoLevelWait(torch.autograd.Function):
             # forwarder's one gradient per node-unique bag, summed over its node's ranks, launched
             # over the rail. This thread goes on with the backward meanwhile (the bottom MLP's),
             # so a rank whose node peer is slower waits for it off the critical path.
-            t = time.perf_counter()
+            t = timing.stamp(device)
             grad_rail = segment_sum_rows(grad_intra.view(-1, plan.unit), plan.intra_send_index,
                                          rail_units).view(-1)
             req.grad_sends = (grad_recv, grad_intra, grad_rail)
@@ -185,7 +179,7 @@ class _TwoLevelWait(torch.autograd.Function):
             # callback's value (torch._jit_internal._extract_tensors), which a Work cannot give
             req.grad_rail_work = _start_all_to_all(req.grad_owner[local:], grad_rail, plan.rail_send_splits,
                                                    plan.rail_recv_splits, plan.groups.rail_grad)
-            req.node_sum_seconds = time.perf_counter() - t
+            req.node_sum_seconds = timing.since(t, device)[0]
 
         req.grad_sends = (grad_recv, grad_intra)
         req.grad_rail = work.get_future().then(sum_and_send)
