@@ -64,7 +64,7 @@ def main() -> None:
         timed(transport, name, f"kernel.{name}")
     timed(buffers, "scatter_rows", "kernel.scatter_rows")
     timed(buffers.BufferPool, "scattered", "grad buffer (reset + scatter)")
-    timed(transport, "_timed_wait", "transfer wait")
+    timed(transport, "timed_wait", "transfer wait")
     timed(DedupDist, "forward", "dist.forward (plan + launch)")
 
     overrides = ["comm.codec=dedup", "eval.enabled=false", f"run.max_steps={args.steps}",
