@@ -92,6 +92,7 @@ class Trainer:
 
     def _build(self, claim: RunClaim) -> None:
         cfg, env = self.cfg, self.env
+        self._stops: Optional[StopAtLoggingSteps] = None  # the running train()'s (run/stop.py)
         self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
                                          env.rank, claim.run_id, self.math, log=self._print)
         if env.is_main:
@@ -382,9 +383,8 @@ class Trainer:
             return
         if self.env.world_size == 1:
             raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
-        stops = getattr(self, "_stops", None)
-        if stops is not None:
-            stops.during_pause(self.step, signum)
+        if self._stops is not None:
+            self._stops.during_pause(self.step, signum)
 
     def _stop_if_signalled(self, request: Optional[dict]) -> None:
         """Stop where every rank stops: at the step the job's stop request names (this rank's

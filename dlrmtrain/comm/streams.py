@@ -73,9 +73,8 @@ def _children(obj: Any) -> Iterator[Any]:
     elif isinstance(obj, types.MethodType):
         yield obj.__self__
         yield obj.__func__
-    elif isinstance(obj, functools.partial):  # deferred work as a named method with its arguments
-        yield obj.func
-        yield obj.args
+    elif isinstance(obj, functools.partial):  # deferred work: its arguments; its function is a
+        yield obj.args                         # planner's method (long-lived state, held anyway)
         yield obj.keywords
     elif isinstance(obj, types.CellType):
         if _filled(obj):

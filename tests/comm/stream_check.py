@@ -10,6 +10,7 @@ future's tensors by pickling, which cannot follow a closure), so a holder that
 
 from __future__ import annotations
 
+import functools
 import gc
 import types
 from contextlib import contextmanager
@@ -41,7 +42,8 @@ def observed_records() -> Iterator[list[tuple[torch.Tensor, Any]]]:
 
 def reachable_tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor the garbage collector sees reachable from `obj` (not through modules, process
-    groups, works, futures, types, or a function's globals)."""
+    groups, works, futures, types, a function's globals, or a partial's function: the planner
+    method a two-level plan defers to is long-lived state, which needs no record)."""
     seen, found, stack = set(), [], [obj]
     while stack:
         item = stack.pop()
@@ -52,6 +54,8 @@ def reachable_tensors(obj: Any) -> list[torch.Tensor]:
             found.append(item)
             continue
         referents = gc.get_referents(item)
+        if isinstance(item, functools.partial):  # deferred work: its arguments are the step's
+            referents = [*item.args, item.keywords]
         if isinstance(item, types.FunctionType):
             referents = [r for r in referents if r is not item.__globals__ and r is not item.__builtins__]
         stack.extend(referents)
