@@ -425,6 +425,18 @@ def _start_lookup_without_streams(module: nn.Module, context: Any) -> None:
                             stream_context=torch.cuda.stream)  # stream(None): a no-op context
 
 
+def hand_rate_to_fused_tables(optimizer: torch.optim.Optimizer) -> None:
+    """Give the fused (in-backward) table optimizers the rate now in `optimizer`'s param groups.
+
+    fbgemm's fused backward updates with the rate in effect when its lookup ran, and TorchRec's
+    `EmbeddingFusedOptimizer` hands the param groups' rate to fbgemm only in `zero_grad` and
+    `step`. TorchRec's fused pipeline looks batch i up before its `zero_grad`: without this, step
+    i's tables would be updated at step i-1's rate (a warmup or decay schedule leaves the plain
+    loop's numbers from the second step; a constant rate hides it). The dense gradients are
+    cleared early, which nothing reads between the previous step and this one."""
+    optimizer.zero_grad()
+
+
 class _LookupStartedForward(InSyncEmbeddingPipelinedForward):
     """The sharded EBC's forward in the pipeline: the lookup and its all-to-all were started
     before the step; hand back their awaitable unwaited (TorchRec's waits here), so a
@@ -453,6 +465,7 @@ class StreamlessFusedSparseDist(TrainPipelineFusedSparseDist):
     def start_embedding_lookup(self, batch: Any, context: Any) -> None:
         if batch is None:
             return
+        hand_rate_to_fused_tables(self._optimizer)
         for module in self._pipelined_modules:
             _start_lookup_without_streams(module, context)
 

@@ -33,13 +33,6 @@ class Dlrmv4Workload(Workload):
     def check_model(self, cfg: Config) -> None:
         checks.check_hstu_model(cfg)
 
-    def check_pipeline(self, cfg: Config) -> None:
-        if cfg.run.pipeline == "fused_sparse_dist":
-            raise ConfigError("run.pipeline: fused_sparse_dist is not available for model.arch "
-                              "dlrmv4_hstu: measured on the mini config, its losses leave the plain "
-                              "loop's from the second step (sparse_dist's are the plain loop's, "
-                              "bitwise); use run.pipeline=sparse_dist")
-
     def table_names(self, cfg: Config) -> list[str]:
         return list(TABLES)
 

@@ -115,8 +115,6 @@ def test_missing_config_file_is_named(tmp_path):
     (["data.source=synthetic_yambda"], 2, r"data\.source: 'synthetic_yambda' does not feed model\.arch 'dlrm_v1'"),
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "model.max_table_rows=1000"], 2,
      r"model\.max_table_rows: the Yambda sources size every table from the data"),
-    (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "run.pipeline=fused_sparse_dist"], 2,
-     r"run\.pipeline: fused_sparse_dist is not available for model\.arch dlrmv4_hstu: .* second step"),
     (["run.pipeline=fused_sparse_dist", "run.device=cuda"], 2,
      r"run\.pipeline: fused_sparse_dist runs on CPU only: .* side stream .* use run\.pipeline=sparse_dist"),
     (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "model.hstu.max_seq_len=64"], 2,

@@ -1,5 +1,7 @@
 """Every run.pipeline choice trains bitwise the plain loop's numbers (2 real Gloo ranks,
-one launch): codecs none and dedup, table- and row-wise tables, DLRM v1 and DCNv2."""
+one launch): codecs none and dedup, table- and row-wise tables, DLRM v1 and DCNv2, under a
+rate that changes every step (warmup, then decay: fbgemm's fused table update takes the rate
+set before its lookup, which the fused pipeline starts early)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ from tests.common import tiny_overrides, train_on_rank
 from tests.multiproc import run_ranks
 
 # 4096 samples / 256 per step = 16 steps per epoch: 20 steps cross an epoch end (the
-# pipeline drains and refills) and evals every 4 steps detach and re-attach it.
-RUN = ["run.max_steps=20", "run.epochs=2", "eval.evals_per_epoch=4",
+# pipeline drains and refills) and evals every 4 steps detach and re-attach it. The rate
+# warms up over 6 steps and decays from step 10 (MLPerf DLRM v1's schedule, scaled down).
+RUN = ["run.max_steps=20", "run.epochs=2", "eval.evals_per_epoch=4", "optim.warmup_steps=6",
+       "optim.decay_start_step=10", "optim.decay_steps=10",
        "sharding.tables={t_cat_2: row_wise, t_cat_9: row_wise}"]
 RUNS = {  # name: (pipeline, the run's other overrides)
     "none/off": ("off", []),
