@@ -204,3 +204,48 @@ def test_untimed_steps_end_drift_samples_before_the_next_useful_check():
     assert p.untimed_steps() == 30 - 4  # first check able to see drift: 30 steps on (>= min_dwell)
     p.advance(26)
     assert p.untimed_steps() == 0 and p.step == start + 26
+
+
+def test_next_paths_holds_the_next_steps_path_and_is_one_path_except_where_it_may_decide():
+    """What `AutoDist.plan_ahead` asks before a step's pass: the path that step takes is always
+    among `next_paths`; two paths only at steps that may decide (or re-probe from none)."""
+    p = AutoPolicy(warmup_steps=1, probe_steps=4, check_every=10, min_dwell=20, drift_samples=2)
+
+    def seconds(step: int, path: str) -> float:  # dedup pays, then (drift) stops paying, then pays
+        if path == "none":
+            base = 0.010 if step < 120 else 0.050
+        else:
+            base = 0.030 if 60 <= step < 120 else 0.005
+        return base * (1 + 0.01 * (step % 3))
+
+    predicted, unsure = None, []
+    for step in range(200):
+        decided = len(p.decisions)
+        if p.needs_decision() or (p.early_check_due() and p.clear_cut(p.local_extremes())):
+            p.decide(*p.local_medians())
+        elif p.check_due() and p.local_drift():
+            p.reprobe()
+        path = p.path()
+        if predicted is not None:
+            assert path in predicted, (step, path, predicted)
+            if len(predicted) > 1:
+                unsure.append(step)
+            else:
+                assert len(p.decisions) == decided or p.decisions[-1].choice == path, step
+        predicted = p.next_paths()
+        p.observe(seconds(step, path))
+    choices = [d.choice for d in p.decisions]
+    assert choices[0] == "dedup" and "none" in choices and choices[-1] == "dedup", choices
+    assert 0 < len(unsure) < 40, unsure  # only around decisions and checks
+
+
+def test_next_paths_after_an_untimed_period_or_settled_steps():
+    p = AutoPolicy(warmup_steps=1, probe_steps=2, check_every=10, min_dwell=10, drift_samples=2)
+    assert p.next_paths(timed=None) == {"dedup"}  # before the first pass: warm-up's first path
+    p.observe(0.01)
+    assert p.phase == "probe" and p.next_paths(timed=False) == {"none"}  # skip: no sample, next path
+    p.decide(0.010, 0.020)  # none kept
+    assert p.next_paths() == {"none"}
+    since = p.untimed_steps()  # settled: these steps run the stock dist untimed
+    assert p.next_paths(advanced=since, timed=None) == {"none"}
+    assert p.next_paths(advanced=10 - p.step + p._phase_start, timed=None) == {"none", "dedup"}  # a check

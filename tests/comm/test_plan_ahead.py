@@ -9,6 +9,13 @@ an eval every 2 steps (it detaches the pipelined model; the plans move over on r
   comm stats count the same;
 - bytes are counted once per pass run: the plan made ahead for the batch after the last
   step (never run) counts nothing.
+
+`auto` in the same launch (issue 27), its policy set so that it decides at step 4, the same
+way in both loops: dedup for the table- and column-wise all-to-alls (settled on dedup), none
+for the row-wise one. From the decision on, a pipelined step makes no codec host sync (its
+dedup dists plan the next pass ahead, as `dedup`'s do); the plan made ahead for the row-wise
+pass that took none is dropped, its counters never added and never left in a context the
+stock dist runs; the losses are bitwise the plain loop's.
 """
 
 from __future__ import annotations
@@ -23,6 +30,17 @@ from tests.multiproc import run_ranks
 
 STEPS = 3
 SHARDING = "sharding.tables={t_cat_2: row_wise, t_cat_9: row_wise, t_cat_15: column_wise}"
+AUTO_STEPS = 8  # decided at step 4 (below), an eval after it (detach, re-attach), 4 steps settled
+AUTO_DECIDES_AT = 4
+
+
+def forced_policy(choice: str):
+    """An `AutoPolicy` that decides `choice` at step `AUTO_DECIDES_AT` whatever the clock says
+    (one warm-up step, one timed step per path, no early end, no table left uncompressed)."""
+    from dlrmtrain.comm.auto.policy import AutoPolicy
+
+    return AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1,
+                      margin=-100.0 if choice == "dedup" else 100.0, table_keep_fraction=2.0)
 
 
 def _record_plans(planner, model, log: dict) -> None:
@@ -37,7 +55,7 @@ def _record_plans(planner, model, log: dict) -> None:
     planner.plan = plan
 
 
-def _counted(step_fn, syncs: list):
+def syncs_per_call(step_fn, syncs: list):
     """`step_fn` run under a HostSyncCounter; each call's (critical-path, ahead) syncs appended to `syncs`."""
     from tests.comm.sync_counter import HostSyncCounter
 
@@ -73,6 +91,51 @@ def _split_exchanges(step_fn, per_step: list):
     return counted
 
 
+def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
+    """`auto` under the plain loop, then the pipeline (see the module's docstring)."""
+    from dlrmtrain.comm.auto.dist import AutoDist
+    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.comm.torchrec_hooks import PLAN_AHEAD
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config, validate_config
+
+    results = {}
+    for mode in ("plain", "pipelined"):
+        cfg = resolve_config(tiny_config(out_dir, SHARDING, "comm.codec=auto", f"run.pipeline={mode == 'pipelined'}",
+                                         f"run.max_steps={AUTO_STEPS}", "eval.evals_per_epoch=4",
+                                         "data.synthetic.num_eval_samples=512", f"run.name=auto_{mode}"))
+        validate_config(cfg, world_size)
+        trainer = Trainer(cfg, env)
+        dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
+        stale = []  # per training pass the stock dist ran: a plan still in its context?
+
+        def look_for_a_plan(_module, args, kwargs) -> None:
+            if trainer.model.training:
+                ctx = args[1] if len(args) > 1 else kwargs.get("sharding_ctx")
+                stale.append(getattr(ctx, PLAN_AHEAD, None) is not None)
+        for d in dists:
+            d.policy = forced_policy("none" if d.sharding_type == "row_wise" else "dedup")
+            d.stock_dist.register_forward_pre_hook(look_for_a_plan, with_kwargs=True)
+        syncs: list = []
+        if mode == "pipelined":
+            trainer.pipeline.progress = syncs_per_call(trainer.pipeline.progress, syncs)
+        else:
+            trainer.train_step = syncs_per_call(trainer.train_step, syncs)
+        summary = trainer.train()
+        stats = collect_comm_stats(trainer.model)
+        results[mode] = {
+            "losses": summary.losses, "syncs": syncs, "stale": stale,
+            "dists": {d.sharding_type: {
+                "decisions": [(x.step, x.choice) for x in d.policy.decisions],
+                "planned_ahead": d.dedup_dist.comm_stats.planned_ahead,
+                "tables": {t: (c.bags, c.unique_bags, c.payload_fwd_sent_bytes, c.payload_fwd_recv_bytes)
+                           for t, c in d.comm_stats.tables.items()}} for d in dists},
+            "stats": {k: stats[k] for k in ("steps", "total")}}
+        trainer.close()
+        del trainer, dists
+    return results
+
+
 def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
     from dlrmtrain.comm.dedup.dist import DedupDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
@@ -96,9 +159,9 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
         syncs: list = []
         splits: list = []
         if mode == "pipelined":
-            trainer.pipeline.progress = _split_exchanges(_counted(trainer.pipeline.progress, syncs), splits)
+            trainer.pipeline.progress = _split_exchanges(syncs_per_call(trainer.pipeline.progress, syncs), splits)
         else:
-            trainer.train_step = _split_exchanges(_counted(trainer.train_step, syncs), splits)
+            trainer.train_step = _split_exchanges(syncs_per_call(trainer.train_step, syncs), splits)
         summary = trainer.train()
         stats = collect_comm_stats(trainer.model)
         results[mode] = to_numpy({
@@ -107,12 +170,14 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
             "stats": {k: stats[k] for k in ("steps", "host_syncs_per_step", "planned_ahead_steps", "total")}})
         trainer.close()
         del trainer, dists
+    results["auto"] = to_numpy(_auto_plain_then_pipelined(env, world_size, out_dir))
     return results
 
 
 @pytest.mark.timeout(300)
 def test_plans_made_ahead_equal_the_steps_and_leave_no_host_sync_on_the_critical_path(tmp_path):
     for res in run_ranks(_plain_then_pipelined, 2, str(tmp_path), timeout=280):
+        _check_auto(res["auto"])
         plain, piped = res["plain"], res["pipelined"]
         dists = plain["dists"]
         assert plain["sharding_types"] == ["column_wise", "row_wise", "table_wise"]
@@ -158,6 +223,41 @@ def test_plans_made_ahead_equal_the_steps_and_leave_no_host_sync_on_the_critical
         # their batch's input dist before it takes over the dists' forwards: one per sharding more
         assert plain["splits"] == [dists] * STEPS
         assert piped["splits"] == [dists + 1, 1, dists + 1]
+
+
+def _check_auto(runs: dict) -> None:
+    """`auto` settled on dedup plans ahead as `dedup` does (the module's docstring)."""
+    plain, piped = runs["plain"], runs["pipelined"]
+    assert [s for s, _ in piped["losses"]] == list(range(1, AUTO_STEPS + 1))
+    assert piped["losses"] == plain["losses"]  # bitwise
+    decided = {"table_wise": "dedup", "column_wise": "dedup", "row_wise": "none"}
+    for run in (plain, piped):
+        for kind, d in run["dists"].items():
+            assert d["decisions"] == [(AUTO_DECIDES_AT - 1, decided[kind])], (kind, d["decisions"])
+    # the pipeline's steps: the first plans in its forward (it fills the pipeline); step 2 has
+    # its plans made ahead; step 3 takes none (nothing planned for it); step 4 may decide either
+    # way (planned for, the row-wise plan then dropped) and agrees its decision (auto's own
+    # all-reduce, read on the host); from step 5 on, settled: no codec host sync on the critical
+    # path, one per dedup dist ahead (the row-wise one runs the stock dist, auto out of the way)
+    dists, coded = len(decided), 2
+    syncs = piped["syncs"]
+    assert syncs[0] == (["tolist"] * dists, ["tolist"] * dists)
+    assert syncs[1] == ([], [])
+    # (step 3's only ones: TorchRec's stock dist building its split tensors, as under codec none;
+    # counted because auto's none path calls it)
+    assert set(syncs[2][0]) == {"tensor"} and syncs[2][1] == ["tolist"] * dists
+    assert sorted(syncs[3][0]) == ["tensor"] * dists + ["tolist"] * dists  # the decision's agreement
+    assert syncs[3][1] == ["tolist"] * coded
+    assert syncs[AUTO_DECIDES_AT:] == [([], ["tolist"] * coded)] * (AUTO_STEPS - AUTO_DECIDES_AT)
+    # plans made ahead and used: steps 2, 4 and 5-8 (dedup dists), step 2 only (row-wise)
+    planned = {k: d["planned_ahead"] for k, d in piped["dists"].items()}
+    assert planned == {"table_wise": 6, "column_wise": 6, "row_wise": 1}
+    assert all(d["planned_ahead"] == 0 for d in plain["dists"].values())
+    # what was not used left nothing behind: counters as the plain loop's, no plan in a none pass
+    for kind in decided:
+        assert piped["dists"][kind]["tables"] == plain["dists"][kind]["tables"], kind
+    assert piped["stats"] == plain["stats"]
+    assert piped["stale"] and not any(piped["stale"])
 
 
 def test_a_plans_counters_add_to_the_dists():

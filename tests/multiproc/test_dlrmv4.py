@@ -5,8 +5,10 @@ ranks draw no random masks, every history equally long): the row-wise sharded
 EmbeddingCollection on 2 ranks trains as a single process does on the same global
 batches; the `dedup` sequence all-to-all gives the same loss as `none` (bitwise at
 step 1: same weights, lossless forward); a checkpoint of the sharded tables and both
-optimizers (Adam, RowWiseAdagrad) resumes the same trajectory; TorchRec's sparse_dist
-pipeline trains the plain loop's numbers bitwise, evaluations in between. (The end-to-end command-line run, with dedup, the
+optimizers (Adam, RowWiseAdagrad) resumes the same trajectory; TorchRec's sparse_dist and
+fused_sparse_dist pipelines train the plain loop's numbers bitwise under the warmup's changing
+rate, evaluations in between; `auto` settled on dedup plans its sequence all-to-all ahead
+under sparse_dist (no codec host sync in a step after its decision), bitwise the plain loop. (The end-to-end command-line run, with dedup, the
 MLPerf log and a checkpoint, is in tests/mlperf/test_trainer_mlperf_log.py.)
 
 Equal history lengths: the STU attention divides by the batch's longest sequence (as
@@ -40,6 +42,42 @@ def _losses(summary: dict) -> list[float]:
     return [loss for _step, loss in summary["losses"]]
 
 
+AUTO_STEPS = 7
+
+
+def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str) -> dict:
+    """`auto` decided dedup at step 4 whatever the clock says (tests/comm/test_plan_ahead.py's
+    policy), each step's codec host syncs counted."""
+    from dlrmtrain.comm.auto.dist import AutoDist
+    from dlrmtrain.comm.stats import comm_counters
+    from dlrmtrain.config import load_config
+    from dlrmtrain.distributed.env import init_distributed
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config, validate_config
+    from tests.comm.test_plan_ahead import forced_policy, syncs_per_call
+
+    cfg = resolve_config(load_config(MINI, [
+        *TINY, "eval.enabled=false", f"run.max_steps={AUTO_STEPS}", f"run.output_dir={out_dir}",
+        f"run.name=auto_{pipeline}", "comm.codec=auto", f"run.pipeline={pipeline}"]))
+    validate_config(cfg, world_size)
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
+    for d in dists:
+        d.policy = forced_policy("dedup")
+    syncs: list = []
+    if trainer.pipeline is not None:
+        trainer.pipeline.progress = syncs_per_call(trainer.pipeline.progress, syncs)
+    else:
+        trainer.train_step = syncs_per_call(trainer.train_step, syncs)
+    summary = trainer.train().as_dict()
+    out = {"losses": summary["losses"], "syncs": syncs,
+           "decisions": [[(x.step, x.choice) for x in d.policy.decisions] for d in dists],
+           "planned_ahead": [d.dedup_dist.comm_stats.planned_ahead for d in dists]}
+    trainer.close()
+    del trainer, dists
+    return out
+
+
 def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     def train(name: str, *overrides: str) -> dict:
         return train_on_rank(rank, world_size, MINI, [*TINY, *NO_EVAL, f"run.output_dir={out_dir}",
@@ -51,7 +89,7 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     runs["none"] = train("full", "comm.codec=none")
     # TorchRec's sparse_dist pipeline against the plain loop, evals every 2 steps (each one
     # detaches and re-attaches the pipeline with the next batch's ids in flight)
-    for pipeline in ("off", "sparse_dist"):
+    for pipeline in ("off", "sparse_dist", "fused_sparse_dist"):
         runs[f"pipeline {pipeline}"] = train(f"pipe_{pipeline}", f"run.pipeline={pipeline}",
                                              "eval.enabled=true", "eval.evals_per_epoch=8")
     runs["pipeline dedup"] = train("pipe_dedup", "run.pipeline=sparse_dist", "comm.codec=dedup")
@@ -59,6 +97,8 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
         runs["pipeline dedup"]["comm_stats"] = json.loads(
             (Path(out_dir) / "pipe_dedup" / "comm_stats.json").read_text())
     runs["dedup"] = train("dedup", "comm.codec=dedup")
+    for pipeline in ("off", "sparse_dist"):
+        runs[f"auto {pipeline}"] = _train_auto(rank, world_size, out_dir, pipeline)
     train("split", f"run.max_steps={STEPS // 2}", "checkpoint.at_end=true")
     runs["resumed"] = train("split", "checkpoint.resume=true")
     return runs
@@ -86,17 +126,35 @@ def test_dedup_sequence_all_to_all_gives_the_loss_of_none(two_ranks):
     assert two_ranks[0]["dedup"]["codec"] == "dedup"
 
 
-def test_sparse_dist_pipeline_trains_the_plain_loops_numbers(two_ranks):
-    plain, piped = two_ranks[0]["pipeline off"], two_ranks[0]["pipeline sparse_dist"]
-    assert len(_losses(piped)) == STEPS and _losses(piped) == _losses(plain)  # bitwise
-    assert [e["auc"] for e in piped["evals"]] == [e["auc"] for e in plain["evals"]]
-    assert len(piped["evals"]) == 2  # steps 2 and 4
+def test_sparse_dist_pipelines_train_the_plain_loops_numbers(two_ranks):
+    plain = two_ranks[0]["pipeline off"]
+    for pipeline in ("sparse_dist", "fused_sparse_dist"):
+        piped = two_ranks[0][f"pipeline {pipeline}"]
+        assert len(_losses(piped)) == STEPS and _losses(piped) == _losses(plain), pipeline  # bitwise
+        assert [e["auc"] for e in piped["evals"]] == [e["auc"] for e in plain["evals"]], pipeline
+        assert len(piped["evals"]) == 2  # steps 2 and 4
     # sequence dedup plans batch i+1 during step i: after the first step, which fills the
     # pipeline and plans in its forward, no codec host sync is left on a step's critical path
     stats = two_ranks[0]["pipeline dedup"]["comm_stats"]
     assert stats["steps"] == STEPS and stats["planned_ahead_steps"] == STEPS - 1
     assert stats["host_syncs_per_step"] == pytest.approx(1 / STEPS)
     assert _losses(two_ranks[0]["pipeline dedup"]) == _losses(two_ranks[0]["dedup"])
+
+
+def test_auto_settled_on_dedup_plans_the_sequence_all_to_all_ahead(two_ranks):
+    from tests.comm.test_plan_ahead import AUTO_DECIDES_AT
+
+    for rank, runs in enumerate(two_ranks):
+        plain, piped = runs["auto off"], runs["auto sparse_dist"]
+        assert len(_losses(piped)) == AUTO_STEPS and _losses(piped) == _losses(plain), rank  # bitwise
+        assert piped["decisions"] == plain["decisions"] == [[(AUTO_DECIDES_AT - 1, "dedup")]]
+        # after the decision's step (its agreement is auto's own host sync) no codec host sync
+        # is left on a step's critical path: the next pass's plan is made ahead
+        for critical, ahead in piped["syncs"][AUTO_DECIDES_AT:]:
+            assert critical == [] and ahead == ["tolist"], (rank, piped["syncs"])
+        assert all(critical for critical, _ in plain["syncs"][AUTO_DECIDES_AT:])  # plain: planned in-step
+        # plans made ahead and used: step 2, the decision's step 4, and every later one
+        assert piped["planned_ahead"] == [AUTO_STEPS - 2] and plain["planned_ahead"] == [0]
 
 
 def test_resume_from_a_sharded_checkpoint_continues_the_trajectory(two_ranks):

@@ -15,6 +15,14 @@ tallies the step (its bytes are counted in bulk when the counters are read)
 and counts down to the next drift check. There auto steps back in for the
 `drift_samples` timed steps that check needs (policy.py, `untimed_steps`),
 checks, and settles again unless something drifted.
+
+Planned ahead: under the pipeline (torchrec_hooks.`PlanAheadPipeline`) `plan_ahead`
+has dedup's dist plan the next training pass while this step runs, as under
+`codec: dedup`, whenever that pass may take dedup (`AutoPolicy.next_paths`: the
+next path is known except at a step that may decide). Settled on dedup, a
+pipelined step makes no codec host sync; a plan whose pass takes none after all
+(or whose tables a decision changed) is dropped in `forward`, its counters never
+added.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.stats import DistCommStats, TableCommStats
 from dlrmtrain.comm.stock_bytes import add_tallied_passes, count_stock_step, pass_key
+from dlrmtrain.comm.torchrec_hooks import take_plan_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +94,7 @@ class AutoDist(nn.Module):
             else:
                 self.policy.observe(timing.elapsed(self._step_started, now))
         self._step_started, self._untimed = now, False
+        tables = self._dedup_tables()  # what a plan made ahead for this pass deduplicates
         if self.policy.phase == "probe" and self._probe_base is None:
             self._probe_base = self._dedup_tables_snapshot()
             self._set_dedup_tables(self.tables)
@@ -94,7 +104,12 @@ class AutoDist(nn.Module):
             self._decide(local_embs.device)
         elif self.policy.check_due():
             self._check_drift(local_embs.device)
-        awaitable = self._run(self.policy.path(), local_embs, sharding_ctx)
+        path = self.policy.path()
+        if path != "dedup" or self._dedup_tables() != tables:
+            # made ahead for a pass that takes none, or for other tables: dropped with its
+            # counters (a plan's are added only when its pass runs)
+            take_plan_ahead(sharding_ctx)
+        awaitable = self._run(path, local_embs, sharding_ctx)
         untimed = self.policy.untimed_steps() if self.policy.choice == "none" else 0
         if untimed >= 2:  # this step and at least one more need no auto
             self._settle(untimed)
@@ -104,6 +119,16 @@ class AutoDist(nn.Module):
         """`hooks.StartsWithIds`: what dedup launches with the ids (row-wise: its flags), whichever
         path the step then takes, so every rank launches the same collectives."""
         self.dedup_dist.start_with_ids(sharding_ctx)
+
+    def plan_ahead(self, sharding_ctx) -> None:
+        """`hooks.PlansAhead`: dedup's plan for the next training pass, made now (under the
+        pipeline, while this step runs) wherever that pass may take dedup; `forward` drops it
+        when the pass takes none after all (a decision at that step)."""
+        if self.settled:
+            return  # the stock dist runs the next pass, auto out of the way
+        timed = None if self._step_started is None else not self._untimed  # as forward will count
+        if "dedup" in self.policy.next_paths(self._untimed_periods, timed):
+            self.dedup_dist.plan_ahead(sharding_ctx)
 
     def _run(self, path: str, local_embs: torch.Tensor, sharding_ctx) -> Awaitable[torch.Tensor]:
         if path == "dedup":
@@ -234,6 +259,11 @@ class AutoDist(nn.Module):
 
     def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:
         return {t: dataclasses.replace(s) for t, s in self.dedup_dist.comm_stats.tables.items()}
+
+    def _dedup_tables(self) -> set[str] | None:
+        """The tables dedup's planner deduplicates (None: it always takes all)."""
+        tables = getattr(self.dedup_dist.planner, "dedup_tables", None)
+        return None if tables is None else set(tables)
 
     def _set_dedup_tables(self, tables: set[str]) -> None:
         planner = self.dedup_dist.planner

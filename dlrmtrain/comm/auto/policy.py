@@ -41,6 +41,7 @@ travels uncompressed (`table_choices`).
 
 from __future__ import annotations
 
+import copy
 import statistics
 from dataclasses import dataclass, field
 from typing import SupportsFloat
@@ -117,6 +118,26 @@ class AutoPolicy:
         self.step += 1
         if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
             self._start("probe")
+
+    def next_paths(self, advanced: int = 0, timed: bool | None = True) -> set[str]:
+        """The paths the next training step may take, known before it starts (to plan its pass
+        ahead). The caller says what it will count first: `advanced` untimed steps, then one
+        step `observe`d (`timed` True), `skip`ped (False) or neither (None). Both paths where
+        that step may decide (an agreement over ranks settles it then); a drift check may
+        re-probe, which starts with PATHS[0]."""
+        ahead = copy.copy(self)
+        ahead._samples = {p: list(s) for p, s in self._samples.items()}  # the only state mutated in place
+        if advanced:
+            ahead.advance(advanced)
+        if timed is True:
+            ahead.observe(0.0)
+        elif timed is False:
+            ahead.skip()
+        if ahead.needs_decision() or ahead.early_check_due():
+            return set(PATHS)
+        if ahead.check_due():
+            return {ahead.path(), PATHS[0]}
+        return {ahead.path()}
 
     def _start(self, phase: str) -> None:
         self.phase, self._phase_start = phase, self.step
