@@ -55,8 +55,8 @@ USED_BY_DLRMV4 = (
     "data.source", "data.yambda.", "sharding.", "comm.", "optim.", "precision.", "eval.",
     "checkpoint.", "logging.", "mlperf.",
 )
-"""Key prefixes the DLRMv4 path acts on (two with refused values: run.pipeline other than
-off and comm.hierarchy node, below; eval.evals_per_epoch is replaced by the benchmark's
+"""Key prefixes the DLRMv4 path acts on (one with a refused value: comm.hierarchy node,
+below; eval.evals_per_epoch is replaced by the benchmark's
 eval grid under mlperf.enabled, as its docstring says)."""
 
 
@@ -101,8 +101,7 @@ def test_every_config_key_is_used_by_dlrmv4_or_refused():
             workload_of(cfg).check_model(cfg)  # DLRMv4's own model checks (config/checks.check_hstu_model)
 
 
-@pytest.mark.parametrize("override, key", [("run.pipeline=fused_sparse_dist", "run.pipeline"),
-                                           ("comm.hierarchy=node", "comm.hierarchy")])
+@pytest.mark.parametrize("override, key", [("comm.hierarchy=node", "comm.hierarchy")])
 def test_settings_the_dlrmv4_path_cannot_honour_are_refused_naming_the_key(override, key):
     from dlrmtrain.validation import validate_config
 
