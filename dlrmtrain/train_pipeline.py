@@ -9,7 +9,9 @@ the losses bitwise): batch i+1 is always looked up after batch i's embedding upd
   embedding all-to-all start at the top of its step, before the pipeline starts
   batch i+1's input dist and loads batch i+2, so the rows travel meanwhile (and, the
   model being sparse first, during the bottom MLP). Sound because the tables are
-  updated inside the backward (fused optimizer), so nothing after it changes them.
+  updated inside the backward (fused optimizer), so nothing after it changes them,
+  and the step's rate is handed to that update before the lookup (fbgemm takes the
+  rate in effect at the lookup: comm.torchrec_hooks.hand_rate_to_fused_tables).
   On CPU only (dlrmtrain.validation says why): TorchRec's class needs device streams,
   so dlrmtrain runs it through comm.torchrec_hooks.StreamlessFusedSparseDist.
 
