@@ -91,21 +91,35 @@ def _split_exchanges(step_fn, per_step: list):
     return counted
 
 
+def _trainer(env, world_size: int, out_dir: str, mode: str, *overrides: str):
+    """The trainer on the tiny config, `mode` "plain" or "pipelined" (run.pipeline=true)."""
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config, validate_config
+
+    cfg = resolve_config(tiny_config(out_dir, SHARDING, f"run.pipeline={mode == 'pipelined'}",
+                                     "data.synthetic.num_eval_samples=512", *overrides))
+    validate_config(cfg, world_size)
+    return Trainer(cfg, env)
+
+
+def _wrap_steps(trainer, wrap) -> None:
+    """Wrap what each training step runs: the pipeline's `progress`, else `train_step`."""
+    if trainer.pipeline is not None:
+        trainer.pipeline.progress = wrap(trainer.pipeline.progress)
+    else:
+        trainer.train_step = wrap(trainer.train_step)
+
+
 def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
     """`auto` under the plain loop, then the pipeline (see the module's docstring)."""
     from dlrmtrain.comm.auto.dist import AutoDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
     from dlrmtrain.comm.torchrec_hooks import PLAN_AHEAD
-    from dlrmtrain.trainer import Trainer
-    from dlrmtrain.validation import resolve_config, validate_config
 
     results = {}
     for mode in ("plain", "pipelined"):
-        cfg = resolve_config(tiny_config(out_dir, SHARDING, "comm.codec=auto", f"run.pipeline={mode == 'pipelined'}",
-                                         f"run.max_steps={AUTO_STEPS}", "eval.evals_per_epoch=4",
-                                         "data.synthetic.num_eval_samples=512", f"run.name=auto_{mode}"))
-        validate_config(cfg, world_size)
-        trainer = Trainer(cfg, env)
+        trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=auto", f"run.max_steps={AUTO_STEPS}",
+                           "eval.evals_per_epoch=4", f"run.name=auto_{mode}")
         dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
         stale = []  # per training pass the stock dist ran: a plan still in its context?
 
@@ -117,10 +131,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
             d.policy = forced_policy("none" if d.sharding_type == "row_wise" else "dedup")
             d.stock_dist.register_forward_pre_hook(look_for_a_plan, with_kwargs=True)
         syncs: list = []
-        if mode == "pipelined":
-            trainer.pipeline.progress = syncs_per_call(trainer.pipeline.progress, syncs)
-        else:
-            trainer.train_step = syncs_per_call(trainer.train_step, syncs)
+        _wrap_steps(trainer, lambda step_fn: syncs_per_call(step_fn, syncs))
         summary = trainer.train()
         stats = collect_comm_stats(trainer.model)
         results[mode] = {
@@ -140,28 +151,20 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
     from dlrmtrain.comm.dedup.dist import DedupDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
     from dlrmtrain.distributed.env import init_distributed
-    from dlrmtrain.trainer import Trainer
-    from dlrmtrain.validation import resolve_config, validate_config
     from tests.comm.ranks import to_numpy
 
     env = init_distributed("cpu")
     results = {}
     for mode in ("plain", "pipelined"):
-        cfg = resolve_config(tiny_config(out_dir, SHARDING, "comm.codec=dedup", f"run.pipeline={mode == 'pipelined'}",
-                                         f"run.max_steps={STEPS}", "eval.evals_per_epoch=8",
-                                         "data.synthetic.num_eval_samples=512", f"run.name={mode}"))
-        validate_config(cfg, world_size)
-        trainer = Trainer(cfg, env)
+        trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=dedup", f"run.max_steps={STEPS}",
+                           "eval.evals_per_epoch=8", f"run.name={mode}")
         dists = [d for d in comm_counters(trainer.model) if isinstance(d, DedupDist)]
         plans = [{"train": [], "eval": []} for _ in dists]
         for d, log in zip(dists, plans):
             _record_plans(d.planner, trainer.model, log)
         syncs: list = []
         splits: list = []
-        if mode == "pipelined":
-            trainer.pipeline.progress = _split_exchanges(syncs_per_call(trainer.pipeline.progress, syncs), splits)
-        else:
-            trainer.train_step = _split_exchanges(syncs_per_call(trainer.train_step, syncs), splits)
+        _wrap_steps(trainer, lambda step_fn: _split_exchanges(syncs_per_call(step_fn, syncs), splits))
         summary = trainer.train()
         stats = collect_comm_stats(trainer.model)
         results[mode] = to_numpy({
