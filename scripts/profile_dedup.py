@@ -4,7 +4,9 @@
 
 Runs dlrmtrain's own training loop (configs/quickstart.yaml or --config, plus overrides,
 codec dedup unless overridden) with timers wrapped around the functions
-training calls: the table-wise planner's stages and the four row kernels.
+training calls: the table-wise planner's stages, the sequence planner
+(`--config configs/mini_dlrmv4.yaml`), the transport's gradient sums and the
+four row kernels.
 Rank 0 prints ms per step for each, after the first 5 steps (warm-up).
 """
 
@@ -51,6 +53,7 @@ def main() -> None:
     args = p.parse_args()
     from dlrmtrain.comm.dedup import buffers, table_wise, transport
     from dlrmtrain.comm.dedup.dist import DedupDist
+    from dlrmtrain.comm.sequence.planner import SequencePlanner
     from dlrmtrain.config import load_config
     from dlrmtrain.validation import resolve_config
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
@@ -60,6 +63,8 @@ def main() -> None:
     for name in ("_uniques", "_read_counts", "_build_plan", "_account"):
         timed(P, name, f"plan.{name}")
     timed(P, "plan", "plan (total)")
+    timed(SequencePlanner, "plan", "sequence plan (total)")
+    timed(transport, "gradient_sums", "gradient sums (backward encode)")
     for name in ("gather_rows", "expand_rows", "segment_sum_rows"):
         timed(transport, name, f"kernel.{name}")
     timed(buffers, "scatter_rows", "kernel.scatter_rows")

@@ -97,10 +97,11 @@ class RunConfig:
     TrainPipelineSparseDist); `fused_sparse_dist`: that, and this batch's lookup and
     embedding all-to-all start before its step, in flight during the data loading and
     input dist of the batches after it (TorchRec TrainPipelineFusedSparseDist; CPU only)."""
-    ddp_bucket_mb: int = 25
+    ddp_bucket_mb: float = 25
     """Size of the dense gradients' all-reduce buckets (DDP `bucket_cap_mb`; TorchRec's
     default 25). A bucket is reduced as soon as its gradients are ready, so smaller
-    buckets start the all-reduce earlier in the backward pass."""
+    buckets start the all-reduce earlier in the backward pass; fractions serve a dense
+    part smaller than a megabyte (the mini DLRMv4's 0.5 MB)."""
     overwrite: bool = False
     """A new run refuses a run directory (or checkpoint dir) that holds another run;
     true: delete that run's records and checkpoints first."""

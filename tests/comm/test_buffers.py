@@ -61,6 +61,27 @@ def test_scattered_clears_what_the_last_scatter_wrote() -> None:
     assert pool.scattered(shape, index, rows).data_ptr() == ptr  # it did reuse the storage
 
 
+def test_scattered_with_another_row_count_clears_only_the_last_rows() -> None:
+    """A sequence owner's gradient has another row count every step: the buffer is still
+    reused and reset at the last scatter's rows only, and reads as fresh zeros plus the rows."""
+    pool = BufferPool(slots=1)
+    g = torch.Generator().manual_seed(1)
+    for step, n in enumerate([40, 30, 45, 10, 45]):
+        index = torch.randperm(n, generator=g)[: n // 3]
+        rows = torch.randn(index.numel(), 4, generator=g)
+        fills = []
+        original = torch.Tensor.zero_
+        torch.Tensor.zero_ = lambda t: fills.append(t.numel()) or original(t)
+        try:
+            out = pool.scattered((n, 4), index, rows)
+        finally:
+            torch.Tensor.zero_ = original
+        assert torch.equal(out, _scatter_into_zeros((n, 4), index, rows)), step
+        if step in (1, 3):  # smaller than the buffer: no whole memset
+            assert fills == [], (step, fills)
+        del out
+
+
 def test_scattered_while_the_last_one_is_held_gives_fresh_zeros() -> None:
     pool = BufferPool(slots=1)
     held = pool.scattered((6, 2), torch.tensor([0, 5]), torch.ones(2, 2))

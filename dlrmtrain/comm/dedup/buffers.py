@@ -22,8 +22,9 @@ class BufferPool:
         self._slots = slots
         self._buffers: list[torch.Tensor] = []
         self._idle_users = 0  # use count of a buffer nobody else holds
-        # slot -> (shape, index) of the rows `scattered` last wrote there
-        self._written: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
+        # slot -> (row width, index) of the rows `scattered` last wrote there: the slot's
+        # whole buffer is zero but for those rows
+        self._written: dict[int, tuple[int, torch.Tensor]] = {}
 
     def get(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
             zero: bool = False) -> torch.Tensor:
@@ -34,18 +35,25 @@ class BufferPool:
     def scattered(self, shape: tuple[int, int], index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """A `shape` buffer that is zero except row index[u] = rows[u] (`scatter_rows` into zeros).
 
-        A buffer reused with the same shape is cleared only at the rows its
-        last scatter wrote (the rest are still zero), not whole: at MLPerf's
-        shape that is ~1/4 of a 50 MB memset per step.
+        A buffer reused with the same row width is cleared only at the rows its
+        last scatter wrote (the rest are still zero), not whole, even when the
+        row count changed (a sequence owner's values differ every step): at
+        MLPerf's shape that is ~1/4 of a 50 MB memset per step. Otherwise the
+        slot's whole buffer is zeroed, so that it holds nothing but this
+        scatter's rows afterwards.
         """
         out, slot = self._take(shape, rows.dtype, rows.device, zero=False)
         last = self._written.get(slot) if slot is not None else None
-        if last is not None and last[0] == shape:
-            out.index_fill_(0, last[1], 0)
+        width = shape[1]
+        if last is not None and last[0] == width:
+            buf = self._buffers[slot]
+            buf[:buf.numel() // width * width].view(-1, width).index_fill_(0, last[1], 0)
+        elif slot is not None:
+            self._buffers[slot].zero_()
         else:
             out.zero_()
         if slot is not None:
-            self._written[slot] = (shape, index)
+            self._written[slot] = (width, index)
         return scatter_rows(out, index, rows)
 
     def _take(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,

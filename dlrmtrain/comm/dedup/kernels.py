@@ -122,7 +122,30 @@ def expand_rows(unique_rows: torch.Tensor, index: torch.Tensor,
         else torch.index_select(unique_rows, 0, index)
 
 
-def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+@dataclass
+class Segments:
+    """Which rows each segment sums, in the order it adds them: `order` lists row indices
+    segment by segment (ascending within a segment), segment u's starting at `offsets[u]`.
+
+    A planner that sorted the rows by segment anyway (sequence dedup) keeps this
+    from its sort, so the backward's sum needs no sort of its own.
+    """
+
+    order: torch.Tensor
+    offsets: torch.Tensor
+
+
+def segments_of(index: torch.Tensor, num_segments: int) -> Segments:
+    """The `Segments` of `index` (row i in segment index[i]): a stable sort and a count, no host sync."""
+    order = torch.sort(index, stable=True).indices
+    # counted by scatter, not bincount: bincount reads the max back to the host (a CUDA sync)
+    sizes = torch.zeros(num_segments, dtype=torch.int64, device=index.device).scatter_add_(
+        0, index.long(), torch.ones_like(index, dtype=torch.int64))
+    return Segments(order, torch.cumsum(sizes, 0) - sizes)
+
+
+def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int,
+                     segments: Segments | None = None) -> torch.Tensor:
     """out[u] = sum of rows[i] with index[i] == u — the receiver's backward encode.
 
     Sums accumulate in float32 whatever the rows' dtype and are cast to it once
@@ -135,18 +158,18 @@ def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int)
     stably sorted by segment: each segment still adds its rows in ascending i
     from zero, so the result is bitwise `index_add_`'s, at a third of the time
     on CPU (index_add_ costs ~100 ns per row there) and without CUDA atomics.
+    `segments` (`segments_of(index, num_segments)`, or what a planner kept from
+    its own sort) saves that sort.
     """
     if rows.dtype in (torch.float16, torch.bfloat16):
-        return segment_sum_rows(rows.float(), index, num_segments).to(rows.dtype)
+        return segment_sum_rows(rows.float(), index, num_segments, segments).to(rows.dtype)
     if rows.dtype != torch.float32 or rows.numel() == 0:
         out = rows.new_zeros((num_segments, rows.shape[1]))
         out.index_add_(0, index, rows)
         return out
-    order = torch.sort(index, stable=True).indices
-    # counted by scatter, not bincount: bincount reads the max back to the host (a CUDA sync)
-    sizes = torch.zeros(num_segments, dtype=torch.int64, device=index.device).scatter_add_(
-        0, index.long(), torch.ones_like(index, dtype=torch.int64))
-    return torch.nn.functional.embedding_bag(order, rows, torch.cumsum(sizes, 0) - sizes, mode="sum")
+    if segments is None:
+        segments = segments_of(index, num_segments)
+    return torch.nn.functional.embedding_bag(segments.order, rows, segments.offsets, mode="sum")
 
 
 def scatter_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

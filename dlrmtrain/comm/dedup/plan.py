@@ -20,6 +20,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Multistreamable
 
 from dlrmtrain.comm import streams
+from dlrmtrain.comm.dedup.kernels import Segments
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology
 
@@ -84,6 +85,9 @@ class DedupPlan(Multistreamable):
     recv_splits: list[int]     # elements per source rank
     out_shape: tuple[int, int]
     pad_units: int = 0         # zero unit rows after the message (row-wise: what empty bags read)
+    recv_segments: Segments | None = None
+    """`recv_index` grouped by receive row, when the planner kept it from its sort (sequence
+    dedup): the backward's gradient sums then sort nothing"""
 
     def traffic(self, topology: NodeTopology | None = None) -> list[tuple[int, int, int]]:
         """(peer rank, elements sent, elements received) of each forward message pair; backward mirrors."""

@@ -154,7 +154,7 @@ def expand_output(owner: DedupDistState, recv: torch.Tensor, plan: Any) -> torch
 def gradient_sums(grad_out: torch.Tensor, plan: Any, received_units: int) -> torch.Tensor:
     """The expand's backward: the output gradient summed per received unit row (pad rows dropped)."""
     return segment_sum_rows(grad_out.contiguous().view(-1, plan.unit), plan.recv_index,
-                            received_units + plan.pad_units)[:received_units]
+                            received_units + plan.pad_units, plan.recv_segments)[:received_units]
 
 
 class _DedupStart(torch.autograd.Function):

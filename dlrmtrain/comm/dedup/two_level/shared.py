@@ -11,7 +11,7 @@ import torch
 from torchrec.streamable import Multistreamable
 
 from dlrmtrain.comm import streams
-from dlrmtrain.comm.dedup.kernels import BlockUnique, host_to_device
+from dlrmtrain.comm.dedup.kernels import BlockUnique, Segments, host_to_device
 from dlrmtrain.comm.dedup.kernels import blocks_unique as keyed_blocks_unique
 from dlrmtrain.comm.layout import FeatureEntry
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
@@ -44,6 +44,8 @@ class TwoLevelPlan(Multistreamable):
     groups: NodeGroups
     pad_units: int = 0
     """zero unit rows after the receive buffer (row-wise: what empty bags read)"""
+    recv_segments: Segments | None = None
+    """as `DedupPlan.recv_segments` (two-level planners keep none: the backward sorts)"""
     local_send_splits: list[int] | None = None
     """stage 1 inside the node: elements to each local rank (None: no such stage)"""
     local_recv_splits: list[int] | None = None
