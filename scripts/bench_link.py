@@ -114,7 +114,8 @@ def plot(sweep: dict, codecs: list[str], path: Path, xlabel: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(sweep), figsize=(6 * len(sweep), 4.2), squeeze=False)
+    outside = len(codecs) > 4  # many lines: the legend beside the plot, not over it
+    fig, axes = plt.subplots(1, len(sweep), figsize=((10 if outside else 6) * len(sweep), 4.2), squeeze=False)
     for ax, (shape, points) in zip(axes[0], sweep.items()):
         labels = [p["link"] for p in points]
         xs = range(len(points))
@@ -131,7 +132,10 @@ def plot(sweep: dict, codecs: list[str], path: Path, xlabel: str) -> None:
         ax.set_ylabel("step-time ratio (lower is faster)")
         ax.set_title(f"{shape}: {points[0]['shape_text']}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if outside:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        else:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
