@@ -135,7 +135,7 @@ class Segments:
     offsets: torch.Tensor
 
 
-def segments_of(index: torch.Tensor, num_segments: int) -> Segments:
+def _segments_of(index: torch.Tensor, num_segments: int) -> Segments:
     """The `Segments` of `index` (row i in segment index[i]): a stable sort and a count, no host sync."""
     order = torch.sort(index, stable=True).indices
     # counted by scatter, not bincount: bincount reads the max back to the host (a CUDA sync)
@@ -158,8 +158,8 @@ def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int,
     stably sorted by segment: each segment still adds its rows in ascending i
     from zero, so the result is bitwise `index_add_`'s, at a third of the time
     on CPU (index_add_ costs ~100 ns per row there) and without CUDA atomics.
-    `segments` (`segments_of(index, num_segments)`, or what a planner kept from
-    its own sort) saves that sort.
+    `segments` (what a planner kept from its own sort, e.g. sequence dedup; else
+    `_segments_of` sorts here) saves that sort.
     """
     if rows.dtype in (torch.float16, torch.bfloat16):
         return segment_sum_rows(rows.float(), index, num_segments, segments).to(rows.dtype)
@@ -168,7 +168,7 @@ def segment_sum_rows(rows: torch.Tensor, index: torch.Tensor, num_segments: int,
         out.index_add_(0, index, rows)
         return out
     if segments is None:
-        segments = segments_of(index, num_segments)
+        segments = _segments_of(index, num_segments)
     return torch.nn.functional.embedding_bag(segments.order, rows, segments.offsets, mode="sum")
 
 
