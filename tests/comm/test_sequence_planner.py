@@ -144,9 +144,9 @@ def test_plan_keeps_its_sort_for_the_gradient_sums() -> None:
             DedupStep(owners[rank][0], _kjt(batches[rank]), sizes, rank, CPU, 4, 4,
                       DistCommStats(codec="dedup", sharding_type="row_wise")))
         units = sum(plan.recv_splits) // plan.unit
-        sizes = torch.bincount(plan.recv_index, minlength=units)
+        lengths = torch.bincount(plan.recv_index, minlength=units)
         assert torch.equal(plan.recv_segments.order, torch.sort(plan.recv_index, stable=True).indices)
-        assert torch.equal(plan.recv_segments.offsets, torch.cumsum(sizes, 0) - sizes)
+        assert torch.equal(plan.recv_segments.offsets, torch.cumsum(lengths, 0) - lengths)
         grad = torch.randn(plan.recv_index.numel(), 3) * torch.logspace(-5, 5, plan.recv_index.numel()).unsqueeze(1)
         assert torch.equal(segment_sum_rows(grad, plan.recv_index, units, plan.recv_segments),
                            torch.zeros(units, 3).index_add_(0, plan.recv_index, grad))
