@@ -162,3 +162,28 @@ def test_an_id_outside_its_table_is_refused() -> None:
     step = DedupStep(owner, sample, sizes, 0, CPU, 4, 4, DistCommStats(codec="dedup", sharding_type="row_wise"))
     with pytest.raises(ValueError, match="ids outside their table"):
         SequencePlanner(layouts[0], 0).plan(step)
+
+
+def test_cached_key_constants_are_recorded_on_the_stream_that_reads_them(monkeypatch) -> None:
+    """The per-bag constants outlive a plan (cached per batch layout) and, under the pipeline, are
+    read on the data-dist stream: every plan records them on the current stream, so a constant
+    dropped from the cache waits for that stream's reads. CPU has no streams; a stand-in stream
+    makes the records observable."""
+    from dlrmtrain.comm import streams
+
+    recorded = []
+    stream = object()
+    monkeypatch.setattr(streams, "current_stream", lambda device: stream)
+    monkeypatch.setattr(streams, "record_tensor", lambda t, s: recorded.append((t, s)))
+    world, sizes = 2, [3, 3]
+    batches = _batches(world, sizes, seed=5)
+    layouts = _layouts(world, True)
+    owner = _owner_kjts(batches, world, True, layouts)[0][0]
+    planner = SequencePlanner(layouts[0], 0)
+    for _ in range(2):  # the second plan reads the cached constants again
+        recorded.clear()
+        planner.plan(DedupStep(owner, _kjt(batches[0]), sizes, 0, CPU, 4, 4,
+                               DistCommStats(codec="dedup", sharding_type="row_wise")))
+        constants = [*planner._bag_keys.values(), *planner._bounds.values()]
+        assert len(constants) == 2
+        assert all(any(t is c and s is stream for t, s in recorded) for c in constants)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.kernels import Segments, host_to_device
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
 from dlrmtrain.comm.sequence.layout import SequenceLayout
@@ -111,7 +112,7 @@ class SequencePlanner:
             if len(self._bag_keys) >= 8:  # a few layouts in a run (train, eval, a last partial batch)
                 self._bag_keys.clear()
             bags = self._bag_keys[cache_key] = host_to_device(self._bag_key_lists(step), step.device).view(4, -1)
-        return bags
+        return _used_here(bags)
 
     def _bag_key_lists(self, step: DedupStep) -> list[int]:
         lay, T, radix = self.layout, self.num_tables, self.radix
@@ -140,7 +141,7 @@ class SequencePlanner:
         if bounds is None:
             n = 2 * self.world_size * self.num_tables + 1
             bounds = self._bounds[device] = host_to_device([g * self.radix for g in range(n)], device)
-        return bounds
+        return _used_here(bounds)
 
     def _account(self, step: DedupStep, send_counts: list[int], recv_counts: list[int],
                  send_stock: list[int], recv_stock: list[int]) -> None:
@@ -166,3 +167,10 @@ class SequencePlanner:
                                     + length_copies * step.batch * sample_features * length_bytes)
             stats.id_recv_bytes += (sum(send_stock[r * T + t] for r in range(W)) * owner.values().element_size()
                                     + step.global_batch * owner_features * owner.lengths().element_size())
+
+
+def _used_here(constant: torch.Tensor) -> torch.Tensor:
+    """A cached constant read on the current stream (under the pipeline, the data-dist one): once
+    dropped from the cache, its memory must wait for this stream (`comm.streams`)."""
+    streams.record_tensor(constant, streams.current_stream(constant.device))
+    return constant
