@@ -68,7 +68,7 @@ class SequencePlanner:
         owner, sample = step.owner_kjt, step.sample_kjt
         n_owner, n_sample = owner.values().numel(), sample.values().numel()  # host integers: tensor sizes
         ids = torch.cat([owner.values(), sample.values()]).to(torch.int64)
-        bags = self.bag_keys(step, owner, sample)
+        bags = self._key_constants(step, owner, sample)
         block, coef, base, rows = torch.repeat_interleave(
             bags, torch.cat([owner.lengths(), sample.lengths()]), dim=1, output_size=ids.numel())
         key = torch.div(ids, block, rounding_mode="floor") * coef + ids + base
@@ -103,9 +103,11 @@ class SequencePlanner:
         self._account(step, send_counts, recv_counts, stock[:groups], stock[groups:])
         return plan
 
-    def bag_keys(self, step: DedupStep, owner: KeyedJaggedTensor, sample: KeyedJaggedTensor) -> torch.Tensor:
+    def _key_constants(self, step: DedupStep, owner: KeyedJaggedTensor, sample: KeyedJaggedTensor) -> torch.Tensor:
         """(block, coef, base, rows) per bag of the owner's KJT, then of the sample rank's: the key
-        constants of its ids and the bound they must lie below. Made once per batch layout."""
+        constants of its ids and the bound they must lie below. Made once per batch layout; its
+        non-blocking copy has finished before any other stream reads it, since the plan that makes
+        it reads its counts back to the host."""
         cache_key = (tuple(step.sizes), owner.lengths().numel(), sample.lengths().numel(), step.device)
         bags = self._bag_keys.get(cache_key)
         if bags is None:
