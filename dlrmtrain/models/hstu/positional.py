@@ -12,7 +12,9 @@ table's width − 1 instead, i.e. the transducer dim − 1: 511 at dim 512, a bu
 query_time is the sample's last row (its candidate's timestamp). The gap is an int64
 difference computed in fp32 from there on, as both of the reference's kernels do: a
 float64 sqrt gives another bucket for some gaps (the first on the 5 s grid at
-63,160,550 s: 1025, not fp32's 1026).
+63,160,550 s: 1025, not fp32's 1026). torch's CPU fp32 sqrt is not correctly rounded
+everywhere (an AMD AVX2 CPU gives 1025.99988 for that gap's 1052675.875): there it too
+buckets 1025, as the reference's PyTorch kernel does on that CPU.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Not part of the test suite: it needs a checkout of the reference (see README.md here)
 and `triton` importable (its modules import it even on the PyTorch kernel path).
 
-    PYTHONPATH=.:<reference>/recommendation_v4 python tests/models/golden/make_reference_golden.py
+    PYTHONPATH=.:<reference>/recommendation_v4 python tests/models/golden/make_reference_golden.py [--out FILE]
+
+--out writes elsewhere than the committed file: the live check of README.md.
 
 Builds the reference `DlrmHSTU` for the golden configuration (tests/models/hstu_golden.py)
 in fp32 on CPU with its PyTorch kernels, gives it the golden weights under its own
@@ -12,6 +14,9 @@ parameter names, and for each golden batch records the loss, the listen_plus log
 """
 
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,7 +76,7 @@ def reference_model() -> DlrmHSTU:
     return model.train()
 
 
-def main() -> None:
+def main(out: Path) -> None:
     torch.manual_seed(0)
     model = reference_model()
     logits_seen: list[torch.Tensor] = []
@@ -90,9 +95,12 @@ def main() -> None:
         for ref_name, p in model.named_parameters():
             record.update(golden_record(f"{name}/grad/{by_reference[ref_name]}", p.grad))
         print(f"{name}: loss {loss.item():.9g}, logits {record[f'{name}/logits']}")
-    np.savez_compressed(GOLDEN_FILE, **record)
-    print(f"wrote {GOLDEN_FILE} ({GOLDEN_FILE.stat().st_size} bytes)")
+    np.savez_compressed(out, **record)
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=GOLDEN_FILE,
+                        help="where to write the figures (default: the committed file)")
+    main(parser.parse_args().out)
