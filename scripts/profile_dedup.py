@@ -53,7 +53,7 @@ def main() -> None:
     args = p.parse_args()
     from dlrmtrain.comm.dedup import buffers, table_wise, transport
     from dlrmtrain.comm.dedup.dist import DedupDist
-    from dlrmtrain.comm.sequence.planner import SequencePlanner
+    from dlrmtrain.comm.dedup.sequence import SequencePlanner
     from dlrmtrain.config import load_config
     from dlrmtrain.validation import resolve_config
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed

@@ -4,8 +4,8 @@ A codec decides, per sharding type, whether it can carry an all-to-all and, if
 so, builds the output dist that replaces TorchRec's, from one `DistSpec`:
 the stock dist (for its process group and callbacks), the wire layout, the
 tables it is asked to encode, whether the all-to-all carries pooled or
-sequence embeddings, and the run's hierarchy. Both sharders (sharder.py,
-sequence/sharder.py) ask it through `install.py`, so a codec is the only
+sequence embeddings, and the run's hierarchy. Both sharders (embeddingbag.py,
+embedding.py) ask it through `install.py`, so a codec is the only
 builder of its dists. TorchRec's own `QuantizedCommCodec` hook cannot express
 a lossless, data-dependent codec (its message size must be a function of the
 shape, and it never sees the ids), hence this interface of our own; codecs
@@ -21,14 +21,12 @@ from typing import TYPE_CHECKING, Literal
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout
+from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout, SequenceLayout
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeGroups
 
 if TYPE_CHECKING:
     from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig
     from torchrec.distributed.types import QuantizedCommCodecs
-
-    from dlrmtrain.comm.sequence.layout import SequenceLayout
 
 CollectionKind = Literal["pooled", "sequence"]
 """what an all-to-all carries: pooled rows (EmbeddingBagCollection) or one row per id (EmbeddingCollection)"""

@@ -1,4 +1,4 @@
-"""What both codec sharders (sharder.py, sequence/sharder.py) share: the run's checked choice
+"""What both codec sharders (embeddingbag.py, embedding.py) share: the run's checked choice
 (`codec_choice`) and the one loop that puts codec dists onto a sharded module's all-to-alls.
 
 For each sharding (one output dist), the tables' codec (one non-`none` codec per
@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
-from dlrmtrain.comm.layout import layout_for
+from dlrmtrain.comm.layout import layout_for, sequence_layout_of
 from dlrmtrain.comm.registry import (
     codecs_per_table,
     get_codec,
@@ -28,7 +28,6 @@ from dlrmtrain.comm.registry import (
     validate_hierarchy,
     warn_if_lossy,
 )
-from dlrmtrain.comm.sequence.layout import sequence_layout_of
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import Hierarchy, make_node_groups, topology_of
 

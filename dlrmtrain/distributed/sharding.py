@@ -14,9 +14,9 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm.sequence.sharder import make_ec_sharder
-from dlrmtrain.comm.sequence.stock_bytes import count_sequence_stock_dists
-from dlrmtrain.comm.sharder import make_ebc_sharder
+from dlrmtrain.comm.embedding import make_ec_sharder
+from dlrmtrain.comm.stock_bytes import count_sequence_stock_dists
+from dlrmtrain.comm.embeddingbag import make_ebc_sharder
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
 from dlrmtrain.config.schema import CommConfig, OptimConfig, ShardingConfig
@@ -75,7 +75,7 @@ def rowwise_adagrad_fused_params(lr: float, eps: float, output_dtype=None) -> di
 
 def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingCollection sharder: TorchRec's own when every table's codec is `none`, else
-    the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/sequence)."""
+    the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/embedding.py)."""
     return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
 
 

@@ -29,7 +29,7 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrmtrain.comm.sharder import make_ebc_sharder
+from dlrmtrain.comm.embeddingbag import make_ebc_sharder
 from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
 from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists

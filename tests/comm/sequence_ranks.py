@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
-from dlrmtrain.comm.sequence.stock_bytes import SequenceStockCounter
+from dlrmtrain.comm.stock_bytes import SequenceStockCounter
 from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.sharding import rowwise_adagrad_fused_params, shard_sequence_model

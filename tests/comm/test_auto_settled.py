@@ -109,7 +109,7 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
     import torch
 
     from dlrmtrain.comm.auto.policy import AutoPolicy
-    from dlrmtrain.comm.sequence.auto import SequenceAutoDist
+    from dlrmtrain.comm.auto.sequence import SequenceAutoDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
     from tests.comm.sequence_ranks import SeqScenario, kjt_of, loss_of, probe_vectors, sequences_for, shard
 

@@ -17,7 +17,7 @@ import pytest
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from dlrmtrain.comm.registry import available_codecs, lossy_codecs
-from dlrmtrain.comm.sharder import make_ebc_sharder
+from dlrmtrain.comm.embeddingbag import make_ebc_sharder
 from dlrmtrain.config import ConfigError, load_config
 from dlrmtrain.validation import validate_config
 from tests.comm.ranks import Scenario, Table, compare_codecs

@@ -7,7 +7,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from dlrmtrain.comm.registry import available_codecs, codecs_per_table
-from dlrmtrain.comm.sharder import CodecEmbeddingBagCollectionSharder, make_ebc_sharder
+from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder, make_ebc_sharder
 
 FUSED = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
 
@@ -64,7 +64,7 @@ def test_codec_labels_round_trip_and_refuse_other_shapes() -> None:
 
 def test_the_builders_refuse_what_the_hierarchy_cannot_carry() -> None:
     """Each sharder builder checks the hierarchy itself, not only config validation before it."""
-    from dlrmtrain.comm.sequence.sharder import make_ec_sharder
+    from dlrmtrain.comm.embedding import make_ec_sharder
     from dlrmtrain.comm.topology import Hierarchy
 
     node = Hierarchy("node", 2)

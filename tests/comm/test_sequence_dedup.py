@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 import pytest
 
-from dlrmtrain.comm.sequence.sharder import make_ec_sharder
+from dlrmtrain.comm.embedding import make_ec_sharder
 from tests.comm.sequence_ranks import (
     DIM,
     SeqScenario,

@@ -17,8 +17,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.dedup.kernels import segment_sum_rows
 from dlrmtrain.comm.dedup.plan import DedupStep
-from dlrmtrain.comm.sequence.layout import SequenceLayout
-from dlrmtrain.comm.sequence.planner import SequencePlanner
+from dlrmtrain.comm.layout import SequenceLayout
+from dlrmtrain.comm.dedup.sequence import SequencePlanner
 from dlrmtrain.comm.stats import DistCommStats
 
 TABLES = {"items": 23, "users": 9}

@@ -2,7 +2,7 @@
 
 The registry entry: it builds the dedup dist of the same spec (two levels under
 `comm.hierarchy: node`) and puts an `AutoDist` (dist.py; sequence all-to-alls:
-`SequenceAutoDist`, sequence/auto.py) over it and the stock dist.
+`SequenceAutoDist`, sequence.py) over it and the stock dist.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
-from dlrmtrain.comm.sequence.auto import SequenceAutoDist
+from dlrmtrain.comm.auto.sequence import SequenceAutoDist
 
 
 class AutoCodec(EmbeddingCommCodec):

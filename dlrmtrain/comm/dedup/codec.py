@@ -5,7 +5,7 @@ with the `Route` (plan.py) the codec picks from the `DistSpec`: pooled
 table- and column-wise (`TableWisePlanner`, table_wise.py, replacing
 TorchRec's all-to-all), row-wise (`RowWisePlanner`, row_wise.py, replacing
 its reduce-scatter), sequence table- and row-wise (`SequencePlanner`,
-sequence/planner.py), each with the flat transport (transport.py).
+sequence.py), each with the flat transport (transport.py).
 Table-row-wise is not supported (the sharder falls back to `none`).
 
 With `comm.hierarchy: node` and more than one node, a pooled all-to-all
@@ -35,7 +35,7 @@ from dlrmtrain.comm.dedup.two_level.row_wise import TwoLevelRowWisePlanner
 from dlrmtrain.comm.dedup.two_level.table_wise import TwoLevelPlanner
 from dlrmtrain.comm.dedup.two_level.transport import two_level_route
 from dlrmtrain.comm.layout import DistLayout, RowWiseLayout
-from dlrmtrain.comm.sequence.planner import SequencePlanner
+from dlrmtrain.comm.dedup.sequence import SequencePlanner
 from dlrmtrain.comm.topology import NodeTopology, topology_of
 
 

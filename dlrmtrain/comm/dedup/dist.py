@@ -6,7 +6,7 @@ present, no variable batch per feature), the plan loop (time it, count the
 step, or fall back to TorchRec's stock dist when the planner declines) and the
 launch of the route's transport. The `Route` (plan.py), built by the codec,
 pairs a planner that knows its sharding's wire layout (table_wise.py,
-row_wise.py, sequence/planner.py, two_level/) with the transport that carries
+row_wise.py, sequence.py, two_level/) with the transport that carries
 out its plans (transport.py, two_level/transport.py): given the step's
 `DedupStep`, the planner deduplicates the ids of both ends, reads their counts
 in the step's host sync, builds the plan and counts the step's bytes with

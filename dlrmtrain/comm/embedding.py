@@ -1,11 +1,11 @@
 """The EmbeddingCollection sharder that installs codecs on TorchRec's sequence-embedding dists.
 
-The sequence counterpart of comm/sharder.py's EBC sharder: TorchRec's
+The sequence counterpart of embeddingbag.py's EBC sharder: TorchRec's
 `ShardedEmbeddingCollection` builds one sequence output dist per sharding type
 (`TwSequenceEmbeddingDist`, `RwSequenceEmbeddingDist`, both around
 `SequenceEmbeddingsAllToAll`); ours asks each sharding's codec for its dist
 (install.py) after TorchRec built them: `dedup` a `DedupDist` run by a
-`SequencePlanner` (planner.py), `auto` a `SequenceAutoDist` (auto.py); `none`
+`SequencePlanner` (dedup/sequence.py), `auto` a `SequenceAutoDist` (auto/sequence.py); `none`
 and TorchRec's lossy qcomms (`fp16`, `bf16`, `int8`, quantizing inside the stock
 dist through the sharder's `qcomm_codecs_registry`) keep the stock dist. Both
 ends' ids are recorded by `IdRecordingShardedEC` (torchrec_hooks.py). Lookups,
@@ -61,7 +61,7 @@ def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict
                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT) -> ModuleSharder:
     """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, else ours.
 
-    Same arguments as `make_ebc_sharder` (comm/sharder.py); `comm.hierarchy: node` is refused
+    Same arguments as `make_ebc_sharder` (embeddingbag.py); `comm.hierarchy: node` is refused
     (two levels carry pooled embeddings only).
     """
     choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence")

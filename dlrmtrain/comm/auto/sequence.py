@@ -16,7 +16,7 @@ from torchrec.distributed.types import Awaitable
 from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import DistSpec
-from dlrmtrain.comm.sequence.stock_bytes import SequenceStockCounter
+from dlrmtrain.comm.stock_bytes import SequenceStockCounter
 from dlrmtrain.comm.stats import DistCommStats
 
 

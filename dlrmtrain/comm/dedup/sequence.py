@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.kernels import Segments, host_to_device
 from dlrmtrain.comm.dedup.plan import DedupPlan, DedupStep
-from dlrmtrain.comm.sequence.layout import SequenceLayout
+from dlrmtrain.comm.layout import SequenceLayout
 
 
 class SequencePlanner:
