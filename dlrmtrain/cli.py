@@ -3,6 +3,7 @@
     dlrmtrain train --config C [--nproc N] [--nnodes M --node-rank R --rdzv HOST:PORT]
                     [--link-gbit G [--link-latency-ms L]] [--sim-nodes M] [key=value ...]
     dlrmtrain preprocess --out DIR [--mode ...] RAW_FILES...
+    dlrmtrain preprocess-yambda --events E --artists A --albums B --out DIR [--train-days N ...]
     dlrmtrain mlperf --config C --out DIR [--nproc N] [--rules official] [--link-gbit G] [key=value ...]
     dlrmtrain report RUN_DIR [RUN_DIR ...] [--out DIR]
 
@@ -18,7 +19,7 @@ import argparse
 import sys
 
 EXIT_CONFIG_ERROR = 2
-SUBCOMMANDS = ("train", "preprocess", "mlperf", "report")
+SUBCOMMANDS = ("train", "preprocess", "preprocess-yambda", "mlperf", "report")
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -165,6 +166,12 @@ def preprocess(argv: list[str]) -> int:
     return main(argv, prog="dlrmtrain preprocess")
 
 
+def preprocess_yambda(argv: list[str]) -> int:
+    from dlrmtrain.data.yambda.preprocess import main
+
+    return main(argv, prog="dlrmtrain preprocess-yambda")
+
+
 def mlperf(argv: list[str]) -> int:
     from dlrmtrain.mlperf.runner import main
 
@@ -189,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_CONFIG_ERROR
     try:
-        return {"train": train, "preprocess": preprocess, "mlperf": mlperf,
-                "report": report}[command](rest)
+        return {"train": train, "preprocess": preprocess, "preprocess-yambda": preprocess_yambda,
+                "mlperf": mlperf, "report": report}[command](rest)
     except KeyboardInterrupt:  # Ctrl-C before the ranks start (torchrun handles it after)
         print(f"dlrmtrain {command}: interrupted by SIGINT", file=sys.stderr)
         return 130

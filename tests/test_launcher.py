@@ -58,7 +58,7 @@ def test_impossible_launch_options_exit_2(args, message):
 
 def test_unknown_subcommand_exits_2():
     proc = dlrmtrain("fly")
-    assert proc.returncode == 2 and "train, preprocess, mlperf, report" in proc.stderr
+    assert proc.returncode == 2 and "train, preprocess, preprocess-yambda, mlperf, report" in proc.stderr
 
 
 def test_torchrun_arguments_single_and_multi_node():

@@ -174,7 +174,7 @@ class YambdaDataConfig:
     """Sources `yambda` and `synthetic_yambda` (DLRMv4): the reference's sample settings."""
 
     path: Optional[str] = None
-    """Source `yambda`: the prepared dataset (`python -m dlrmtrain.data.yambda.preprocess`)."""
+    """Source `yambda`: the prepared dataset (`dlrmtrain preprocess-yambda`)."""
     history_length: int = 4086
     """History cap: per pool 3 x (history_length // 3) for `interleaved`, total for `last_n`."""
     history_strategy: YambdaHistoryStrategy = "interleaved"

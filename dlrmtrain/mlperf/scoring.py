@@ -14,31 +14,37 @@ The summarizer's rules (``_compute_strong_score_standalone``, mlperf-logging 4.1
 - the number of runs an official submission needs per benchmark comes from
   ``benchmark_meta`` (dlrm 5, dlrm_dcnv2 10, dlrmv4 10; dlrmv4 is scored like the others).
 
-The package's own functions do the arithmetic (`_compute_olympic_average`)
-and read the times (`_query_run_start_stop`); what is replaced here is only
-the compliance step, so that derived (unofficial) rules can decide
-convergence for small runs. With official rules, `score_result_folder` calls
-the summarizer itself.
+The package offers these rules only through private functions or a whole
+submission tree (``summarize_results``), so the arithmetic and the reading of
+the times are this module's own; the compliance step is ours too, so that
+derived (unofficial) rules can decide convergence for small runs.
+tests/mlperf/test_scoring.py checks the scores against ``summarize_results``
+on a submission tree under official rules.
 """
 
 from __future__ import annotations
 
 import glob
-import io
-from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.compliance_checker.mlp_parser import parse_file
-from mlperf_logging.result_summarizer import result_summarizer as summarizer
 
-from dlrmtrain.mlperf.compliance import USAGE, ComplianceResult, check_log, checker_logging_silenced
+from dlrmtrain.mlperf.compliance import USAGE, ComplianceResult, check_log
 
 
 def max_non_converged(benchmark: str) -> int:
     """Non-converged runs the summarizer tolerates (hard-coded there, mirrored here)."""
     return 4 if benchmark == "unet3d" else 1
+
+
+def olympic_mean(converged: list[float], dropped: int, max_dropped: int) -> float | None:
+    """Mean of the converged times less the `max_dropped` fastest and as many slowest, the
+    `dropped` (non-converged) runs standing in for that many of the slowest; None when
+    nothing is left to average."""
+    kept = sorted(converged)[max_dropped:len(converged) - (max_dropped - dropped)]
+    return sum(kept) / len(kept) if kept else None
 
 
 def required_runs(benchmark: str) -> int:
@@ -92,8 +98,7 @@ def olympic_score(benchmark: str, runs: list[RunTime] | tuple[RunTime, ...]) -> 
     dropped = len(runs) - len(converged)
     minutes = None
     if dropped <= limit:
-        # The package sorts its argument in place: hand it a copy.
-        minutes = summarizer._compute_olympic_average(list(converged), dropped, limit)
+        minutes = olympic_mean(converged, dropped, limit)
     return BenchmarkScore(benchmark, minutes, tuple(runs), required_runs(benchmark), limit)
 
 
@@ -102,8 +107,17 @@ def run_time_minutes(log_path: Path | str, ruleset: str) -> float:
     loglines, errors = parse_file(str(log_path), ruleset=ruleset)
     if errors:
         raise ValueError(f"{log_path}: {len(errors)} unparsable MLPerf lines, first: {errors[0]}")
-    start, stop = summarizer._query_run_start_stop(loglines)
-    return (stop - start) / 60 / 1000
+    # Read as the summarizer does: each key's latest value until both are seen (ms).
+    times: dict[str, float] = {}
+    for line in loglines:
+        if line.key in ("run_start", "run_stop"):
+            times[line.key] = float(line.timestamp)
+            if len(times) == 2:
+                break
+    for key in ("run_start", "run_stop"):
+        if key not in times:
+            raise ValueError(f"{log_path}: {key} not recorded")
+    return (times["run_stop"] - times["run_start"]) / 60 / 1000
 
 
 def score_result_folder(folder: Path | str, benchmark: str, ruleset: str,
@@ -117,15 +131,6 @@ def score_result_folder(folder: Path | str, benchmark: str, ruleset: str,
     runs = [RunTime(c.log_path.name, run_time_minutes(c.log_path, ruleset) if c.passed else None)
             for c in checks]
     return olympic_score(benchmark, runs), checks
-
-
-def official_summarizer_score(folder: Path | str, benchmark: str, ruleset: str) -> float | None:
-    """The result summarizer's own score for `folder` (official rules), for cross-checks."""
-    # It prints a notice per dropped run and logs the checker's messages.
-    with redirect_stdout(io.StringIO()), checker_logging_silenced():
-        score, _, _ = summarizer._compute_strong_score_standalone(
-            benchmark, None, False, str(folder), USAGE, ruleset)
-    return score
 
 
 def eval_time_share(log_path: Path | str, ruleset: str) -> float | None:

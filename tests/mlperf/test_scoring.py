@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import io
+from contextlib import redirect_stdout
+
 import pytest
 
+from dlrmtrain.mlperf.compliance import USAGE, checker_logging_silenced
 from dlrmtrain.mlperf.rules import DerivedRulesSpec
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
 from dlrmtrain.mlperf.scoring import (
     RunTime,
-    official_summarizer_score,
     olympic_score,
     max_non_converged,
     required_runs,
     score_result_folder,
 )
+from dlrmtrain.mlperf.submission import SubmissionLayout, describe_system, write_system_description
 from tests.mlperf.simulated_run import EVAL_SAMPLES, OFFICIAL_DLRMV4, SimulatedRun
 
 
@@ -92,21 +96,41 @@ def test_result_folder_with_derived_rules_reads_times_and_convergence(tmp_path):
     assert score.minutes == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize("benchmark,ruleset,official_auc,eval_samples", [
-    ("dlrm", "2.1.0", 0.8030, EVAL_SAMPLES),
-    ("dlrm_dcnv2", "6.0.0", 0.8030, 89137319),
-    ("dlrmv4", "6.1.0", 0.7512, 2058204),
+def summarizer_score(layout: SubmissionLayout, ruleset: str) -> float | None:
+    """The package's own score of `layout`'s results, through its public `summarize_results`."""
+    from mlperf_logging.result_summarizer.result_summarizer import summarize_results
+
+    desc = describe_system(layout.system, submitter="dlrmtrain", division="open", nodes=1,
+                           processes_per_node=2, backend="gloo", codec="none", notes="test")
+    write_system_description(layout, desc, ruleset)
+    # It prints a notice per dropped run and logs the checker's messages.
+    with redirect_stdout(io.StringIO()), checker_logging_silenced():
+        strong, *_ = summarize_results(str(layout.root), USAGE, ruleset)
+    score = strong.loc[0, layout.benchmark]
+    return None if score is None or score != score else float(score)  # NaN: no score
+
+
+@pytest.mark.parametrize("benchmark,ruleset,official_auc,eval_samples,failed", [
+    ("dlrm", "2.1.0", 0.8030, EVAL_SAMPLES, 1),
+    ("dlrm", "2.1.0", 0.8030, EVAL_SAMPLES, 0),
+    ("dlrm", "2.1.0", 0.8030, EVAL_SAMPLES, 2),
+    ("dlrm_dcnv2", "6.0.0", 0.8030, 89137319, 1),
+    ("dlrmv4", "6.1.0", 0.7512, 2058204, 1),
 ])
 def test_folder_score_matches_the_result_summarizer_under_official_rules(
-        tmp_path, benchmark, ruleset, official_auc, eval_samples):
-    # Logs that meet the official target: our scoring and the package's own
-    # summarizer must agree, including one non-converged run.
-    runs = [(m, (0.74, official_auc)) for m in (6.0, 5.0, 7.5, 5.5)] + [(4.0, (0.70, 0.72))]
-    runs += [(m, (0.74, official_auc)) for m in (6.5, 7.0, 5.2, 6.1, 5.9)][:required_runs(benchmark) - 5]
-    _write_folder(tmp_path / "r", benchmark, runs, eval_samples=eval_samples)
+        tmp_path, benchmark, ruleset, official_auc, eval_samples, failed):
+    # Logs that meet the official target but `failed` of them: our scoring and the
+    # package's own summarizer must agree (two failures: neither gives a score).
+    minutes = [6.0, 5.0, 7.5, 5.5, 4.0, 6.5, 7.0, 5.2, 6.1, 5.9][:required_runs(benchmark)]
+    runs = [(m, (0.74, official_auc) if i >= failed else (0.70, 0.72)) for i, m in enumerate(minutes)]
+    layout = SubmissionLayout(tmp_path, "cpu2_gloo_codec-none", benchmark)
+    _write_folder(layout.result_dir, benchmark, runs, eval_samples=eval_samples)
 
-    ours, checks = score_result_folder(tmp_path / "r", benchmark, ruleset)
-    theirs = official_summarizer_score(tmp_path / "r", benchmark, ruleset)
+    ours, checks = score_result_folder(layout.result_dir, benchmark, ruleset)
+    theirs = summarizer_score(layout, ruleset)
 
-    assert sum(not c.passed for c in checks) == 1
-    assert ours.minutes == pytest.approx(theirs)
+    assert sum(not c.passed for c in checks) == failed
+    if failed > max_non_converged(benchmark):
+        assert ours.minutes is None and theirs is None
+    else:
+        assert theirs is not None and ours.minutes == pytest.approx(theirs, rel=1e-12)

@@ -5,7 +5,7 @@ One concept per module:
 
 - events.py       event encoding, the three pools, the temporal split, sessions
 - parquet.py      Yambda's parquet files (pyarrow, the optional `yambda` extra)
-- preprocess.py   parquet → the prepared flat store (streaming; a CLI)
+- preprocess.py   parquet → the prepared flat store (streaming; `dlrmtrain preprocess-yambda`)
 - store.py        the prepared store on disk, memory-mapped
 - history.py      LISTEN anchors and the three-pool / last_n history
 - cross_hash.py   the hashed crosses (the reference's xxh64, vectorised) and the uid hash

@@ -16,8 +16,10 @@ bucket:
    deterministic, where the reference's polars sort leaves ties unordered), number
    sessions, append to the flat columns.
 
-    python -m dlrmtrain.data.yambda.preprocess --events flat/5b/multi_event.parquet \
+    dlrmtrain preprocess-yambda --events flat/5b/multi_event.parquet \
         --artists artist_item_mapping.parquet --albums album_item_mapping.parquet --out data/yambda_5b
+
+(`python -m dlrmtrain.data.yambda.preprocess ...`, the older form, runs the same command.)
 """
 
 from __future__ import annotations
@@ -25,13 +27,21 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 from numpy.lib.format import open_memmap
 
 from dlrmtrain.data.yambda.events import TemporalSplit, session_ids
-from dlrmtrain.data.yambda.parquet import iter_event_batches, open_parquet, read_mapping
+from dlrmtrain.data.yambda.parquet import (
+    ALBUM_MAPPING_COLUMNS,
+    ARTIST_MAPPING_COLUMNS,
+    EVENT_COLUMNS,
+    iter_event_batches,
+    open_parquet,
+    read_mapping,
+)
 from dlrmtrain.data.yambda.store import EVENT_DTYPES, FORMAT
 
 RAW_COLUMNS = ("uid", "item_id", "timestamp", "event_type", "played_ratio_pct", "is_organic")
@@ -174,8 +184,8 @@ def preprocess_yambda(events: str | Path, artists: str | Path, albums: str | Pat
     return meta
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", required=True, help="flat/<size>/multi_event.parquet")
     p.add_argument("--artists", required=True, help="artist_item_mapping.parquet")
@@ -188,10 +198,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bucket-events", type=int, default=200_000_000,
                    help="events sorted at once in pass 3 (about 60 bytes each of RAM)")
     a = p.parse_args(argv)
-    meta = preprocess_yambda(a.events, a.artists, a.albums, a.out, a.train_days, a.gap_minutes, a.test_days,
-                             a.session_gap_seconds, a.bucket_events)
+    try:
+        # A mistyped catalog path fails now, not after the hours of passes 1-3 on 5b.
+        for path, columns in ((a.events, EVENT_COLUMNS), (a.artists, ARTIST_MAPPING_COLUMNS),
+                              (a.albums, ALBUM_MAPPING_COLUMNS)):
+            open_parquet(Path(path), columns)
+        meta = preprocess_yambda(a.events, a.artists, a.albums, a.out, a.train_days, a.gap_minutes,
+                                 a.test_days, a.session_gap_seconds, a.bucket_events)
+    except (ValueError, OSError, ImportError) as e:  # bad or missing input (the message names
+        print(f"error: {e}", file=sys.stderr)         # the file), or no pyarrow
+        return 2
     print(json.dumps(meta, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    print("note: this is `dlrmtrain preprocess-yambda` now; the same command runs here",
+          file=sys.stderr)
+    sys.exit(main(prog="python -m dlrmtrain.data.yambda.preprocess"))

@@ -38,7 +38,7 @@ class EventStore:
         meta_path = self.dir / "store.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"{meta_path}: not a prepared Yambda dataset "
-                                    "(run `python -m dlrmtrain.data.yambda.preprocess` first)")
+                                    "(run `dlrmtrain preprocess-yambda` first)")
         self.meta = json.loads(meta_path.read_text())
         if self.meta.get("format") != FORMAT:
             raise ValueError(f"{meta_path}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
