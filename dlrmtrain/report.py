@@ -1,6 +1,6 @@
 """Pictures and a short markdown summary of finished runs.
 
-    dlrmtrain report RUN_DIR [RUN_DIR ...] [--out DIR]
+    dlrmtrain report RUN_DIR [RUN_DIR ...] [--out DIR] [--mixed]
 
 Reads what a run directory holds (config.yaml, metrics.jsonl, summary.json,
 and comm_stats.json / step_breakdown.json where present) and writes to --out
@@ -15,6 +15,13 @@ and comm_stats.json / step_breakdown.json where present) and writes to --out
 
 Runs are coloured by codec, so codec on and off read side by side; with many
 runs (e.g. MLPerf's seeded repeats) each codec's runs share its colour.
+
+Runs of different model families (DLRM and DLRMv4: other tables, data and wire) are
+refused on one chart unless `--mixed` is given; then each family gets its own
+all-to-all chart (comm_bytes_<family>.png). A torn last line of metrics.jsonl (a
+run killed mid-write) is skipped, and so is the torn start an older resume glued
+onto the next record; the report says what it skipped, on the console and in
+report.md.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -39,6 +46,21 @@ OTHER_COLOUR = "#333333"
 
 class ReportError(ValueError):
     """A run directory that cannot be reported on, with the file named."""
+
+
+class MixedFamilies(ReportError):
+    """Runs of different model families given without --mixed."""
+
+
+_FAMILY_OF_ARCH = {"dlrm_v1": "DLRM", "dlrm_dcnv2": "DLRM", "dlrmv4_hstu": "DLRMv4"}
+
+
+def model_family(arch: str) -> str:
+    """The model family of a `model.arch`: runs of one family share data, tables and the
+    shapes on the wire, so one chart compares them. The families are dlrmtrain/workloads'
+    (a Workload per family); kept here, torch-free, until a Workload names its family
+    (tests/report/test_report.py holds the two together). An unknown arch is its own."""
+    return _FAMILY_OF_ARCH.get(arch, arch)
 
 
 @dataclass
@@ -58,6 +80,14 @@ class RunData:
 
     benchmark: str = ""
     """The MLPerf benchmark of its model.arch (names the reference's own wire)."""
+    arch: str = ""
+    """Its model.arch."""
+    skipped: list[str] = field(default_factory=list)
+    """What of its records was not read, and why (torn lines)."""
+
+    @property
+    def family(self) -> str:
+        return model_family(self.arch)
 
     @property
     def label(self) -> str:
@@ -87,13 +117,12 @@ def load_run(path: str | Path) -> RunData:
     run = RunData(path=path, name=cfg["run"]["name"], codec=_contender(cfg["comm"]),
                   global_batch_size=cfg["run"]["global_batch_size"],
                   target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"),
-                  benchmark=benchmark_for_arch(cfg["model"]["arch"]))
-    for number, line in enumerate((path / "metrics.jsonl").read_text().splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{path / 'metrics.jsonl'}:{number}: not valid JSON ({e})") from None
+                  benchmark=benchmark_for_arch(cfg["model"]["arch"]), arch=cfg["model"]["arch"])
+    for record in _read_records(path / "metrics.jsonl", run.skipped):
         {"train": run.train, "eval": run.evals}.get(record.get("kind"), []).append(record)
+    for aside in sorted(path.glob("metrics.jsonl.torn-*")):
+        run.skipped.append(f"{aside}: {aside.stat().st_size} bytes of a torn line, set aside "
+                           f"when the run resumed (not read)")
     if not run.train:
         raise ReportError(f"{path / 'metrics.jsonl'}: no training steps logged")
     if (path / "comm_stats.json").is_file():
@@ -101,6 +130,50 @@ def load_run(path: str | Path) -> RunData:
     if (path / "step_breakdown.json").is_file():
         run.breakdown = _read_json(path / "step_breakdown.json")
     return run
+
+
+_RECORD_START = '{"kind": '
+"""How every record of metrics.jsonl begins (records.RunRecords.log)."""
+
+
+def _read_records(metrics: Path, skipped: list[str]) -> list[dict[str, Any]]:
+    """Every record of `metrics`, less a torn last line (one without its newline: the
+    run stopped mid-write) and the torn start of a line an older resume glued its first
+    record onto; each skip is said in `skipped`. Any other bad line is a ReportError."""
+    data = metrics.read_bytes()
+    torn_bytes = len(data) - (data.rfind(b"\n") + 1)  # 0 when the file ends with its newline
+    lines = data.decode("utf-8", errors="replace").split("\n")[:-1]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+            continue
+        except json.JSONDecodeError as e:
+            error = e
+        glued = _glued_record(line)
+        if glued is None:
+            raise ReportError(f"{metrics}:{number}: not valid JSON ({error})") from None
+        start, record = glued
+        skipped.append(f"{metrics}:{number}: skipped its first {start} bytes, a torn line "
+                       f"an older resume appended its record to")
+        records.append(record)
+    if torn_bytes:
+        skipped.append(f"{metrics}:{len(lines) + 1}: skipped a torn last line ({torn_bytes} "
+                       f"bytes; the run stopped while writing it)")
+    return records
+
+
+def _glued_record(line: str) -> tuple[int, dict[str, Any]] | None:
+    """(where it starts, the record) of a whole record that ends `line` after a torn one."""
+    start = line.find(_RECORD_START, 1)
+    while start > 0:
+        try:
+            record = json.loads(line[start:])
+        except json.JSONDecodeError:
+            start = line.find(_RECORD_START, start + 1)
+            continue
+        return (start, record) if isinstance(record, dict) else None
+    return None
 
 
 def _contender(comm: dict[str, Any]) -> str:
@@ -200,7 +273,7 @@ def plot_throughput(runs: list[RunData], out: Path) -> Path:
     return _save(fig, out / "throughput.png")
 
 
-def plot_comm_bytes(runs: list[RunData], out: Path) -> Path | None:
+def plot_comm_bytes(runs: list[RunData], out: Path, filename: str = "comm_bytes.png") -> Path | None:
     """Forward all-to-all MiB per pass per table: each run's codec, and the stock
     all-to-all (what codec `none` sends, counted by the codec dists themselves)."""
     import matplotlib.pyplot as plt
@@ -259,7 +332,7 @@ def plot_comm_bytes(runs: list[RunData], out: Path) -> Path | None:
     tot.set(ylabel="MiB per forward pass", title="all tables, per pass", ylim=(0, stock_total * 1.25))
     tot.legend(fontsize=7, loc="upper right")
     tot.grid(axis="y", alpha=0.3)
-    return _save(fig, out / "comm_bytes.png")
+    return _save(fig, out / filename)
 
 
 def plot_step_time(runs: list[RunData], out: Path) -> Path | None:
@@ -318,22 +391,61 @@ def render_markdown(runs: list[RunData], images: list[Path]) -> str:
                      f"| {s['samples_per_second']:,.0f} | {_fmt(s.get('final_auc'), '.4f')} "
                      f"| {target} | {_fmt(ratio, '.2f')}{'x' if ratio else ''} |")
     lines += ["", "Run directories: " + ", ".join(f"`{r.path}`" for r in runs), ""]
+    families = _by_family(runs)
+    if len(families) > 1:
+        lines += ["Model families drawn together (--mixed): " + "; ".join(
+            f"{f}: {', '.join(r.name for r in members)}" for f, members in families.items()), ""]
+    skipped = [note for r in runs for note in r.skipped]
+    if skipped:
+        lines += ["Not read:", "", *[f"- {note}" for note in skipped], ""]
     lines += [f"![{p.stem}]({p.name})" for p in images]
     return "\n".join(lines) + "\n"
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
-    """Read the runs, write the images and report.md into `out`; return what was written."""
+def _by_family(runs: list[RunData]) -> dict[str, list[RunData]]:
+    families: dict[str, list[RunData]] = {}
+    for r in runs:
+        families.setdefault(r.family, []).append(r)
+    return families
+
+
+def check_one_family(runs: list[RunData]) -> None:
+    """MixedFamilies, naming which runs are which family, when they are not all one."""
+    families = _by_family(runs)
+    if len(families) < 2:
+        return
+    which = "; ".join(f"{f}: " + ", ".join(f"{r.path} ({r.arch})" for r in members)
+                      for f, members in families.items())
+    raise MixedFamilies(
+        f"runs of different model families ({which}): they train other tables on other data, "
+        f"so one chart would compare what is not comparable (the all-to-all chart's \"x less\" "
+        f"against another family's baseline); report each family on its own, or pass "
+        f"--mixed to draw them together")
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path, mixed: bool = False,
+                 log: Callable[[str], None] = print) -> list[Path]:
+    """Read the runs, write the images and report.md into `out`; return what was written.
+    Runs of different model families are refused (MixedFamilies) unless `mixed`; what of
+    a run's records was skipped is said through `log`."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     runs = [load_run(p) for p in run_dirs]
     if not runs:
         raise ReportError("no run directories given")
+    if not mixed:
+        check_one_family(runs)
+    for note in (note for r in runs for note in r.skipped):
+        log(f"report: {note}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    families = _by_family(runs)
+    comm = ([plot_comm_bytes(runs, out)] if len(families) == 1 else
+            [plot_comm_bytes(members, out, f"comm_bytes_{family}.png")
+             for family, members in families.items()])
     images = [p for p in (plot_auc(runs, out), plot_loss(runs, out), plot_throughput(runs, out),
-                          plot_comm_bytes(runs, out), plot_step_time(runs, out)) if p]
+                          *comm, plot_step_time(runs, out)) if p]
     md = out / "report.md"
     md.write_text(render_markdown(runs, images))
     return [*images, md]
@@ -343,9 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dlrmtrain report", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="run directories (each holds metrics.jsonl, summary.json)")
     p.add_argument("--out", default="report", help="folder for the images and report.md (default: report)")
+    p.add_argument("--mixed", action="store_true",
+                   help="draw runs of different model families (DLRM, DLRMv4) on the same charts")
     args = p.parse_args(argv)
     try:
-        written = write_report(args.runs, args.out)
+        written = write_report(args.runs, args.out, mixed=args.mixed)
     except ReportError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

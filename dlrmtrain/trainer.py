@@ -44,7 +44,8 @@ from dlrmtrain.run.lock import RunLock
 from dlrmtrain.run.machine import FLAT_TABLE_ARCHS, check_tables_fit
 from dlrmtrain.run.parent import PARENT_DEATH_SIGNAL, parent_gone
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
-from dlrmtrain.run.records import open_run_records
+from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
+from dlrmtrain.run.resume import refuse_resume_without_checkpoint
 from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import StopAtLoggingSteps, announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
@@ -102,11 +103,13 @@ class Trainer:
         with data_errors(SetupError):
             self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
         self._check_data_fills_a_step()
-        self._check_not_finished(resume_from)
+        self._check_not_finished(resume_from, claim)
         if cfg.model.arch in FLAT_TABLE_ARCHS:
             check_tables_fit(self.data.table_rows, cfg.model.embedding_dim, env.world_size,
                              env.device)
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
+        if claim.resuming and env.is_main:  # a torn last line must not take the next record
+            set_aside_torn_lines(run_dir_of(cfg), log=self._print)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
@@ -155,10 +158,15 @@ class Trainer:
                         f"{self.cfg.checkpoint.keep + 1} checkpoints of about "
                         f"{human_bytes(size)} ({human_bytes(needed)})")
 
-    def _check_not_finished(self, resume_from: Optional[Path]) -> None:
+    def _check_not_finished(self, resume_from: Optional[Path], claim: RunClaim) -> None:
         """A resume whose checkpoint already is at the planned last step stops here, before
-        any record is opened: a second summary of zero steps would replace the first."""
+        any record is opened: a second summary of zero steps would replace the first. So
+        does one that found no checkpoint to load in a directory holding records (resume.py)."""
         if resume_from is None:
+            if self.cfg.checkpoint.resume and claim.resuming:
+                decide_on_rank0(lambda: refuse_resume_without_checkpoint(
+                    run_dir_of(self.cfg), self.checkpointer.root, self.checkpointer.rejected,
+                    self.planned_steps()), self.env.rank)
             return
         step = json.loads((resume_from / TRAINER_STATE).read_text())["step"]
         planned = self.planned_steps()

@@ -5,6 +5,7 @@
   lock.py        one run per directory: rank 0 holds an fcntl lock for the run's life
   records.py     metrics.jsonl, summary.json and the other files a run writes
   checkpoint.py  atomic, verified checkpoints; retention; size against free space
+  resume.py      a resume with no checkpoint to load: refused, or the no-op of a finished run
   leftovers.py   temporary folders of writers that died
   signals.py     SIGTERM / SIGINT: stop at a step boundary, say where, exit 128+signal
   stop.py        a rank that stops the job on purpose tells the others why

@@ -214,6 +214,7 @@ class Checkpointer:
         self.expected_bytes: Optional[int] = None  # estimate_checkpoint_bytes, then the last save's size
         self.last_step: Optional[int] = None       # step of the newest checkpoint written or loaded
         self._verified: set[Path] = set()  # checked (or written) by this process: valid
+        self.rejected: list[str] = []  # why latest_valid passed over each newer one (rank 0)
 
     def _barrier(self) -> None:
         if dist.is_initialized():
@@ -339,16 +340,19 @@ class Checkpointer:
         return Path(choice[0]) if choice[0] else None
 
     def _choose_latest(self, any_run: bool) -> list[Optional[str]]:
+        self.rejected = []
         for _, path in _step_dirs(self.root):
             problem = verify_checkpoint(path)
             if problem is not None:
                 self.log(f"checkpoint rejected: {problem}; trying an older one")
+                self.rejected.append(problem)
                 continue
             manifest = read_manifest(path) or {}
             owner = manifest.get("run_id")
             if not any_run and owner != self.run_id:
                 self.log(f"checkpoint skipped: {path} belongs to run {owner}, "
                          f"not this run {self.run_id}")
+                self.rejected.append(f"{path}: belongs to run {owner}, not this run {self.run_id}")
                 continue
             saved = manifest.get("math_config")
             if saved is None:

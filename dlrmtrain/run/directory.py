@@ -30,6 +30,8 @@ RUN_FILE = "run.json"  # {"run_id", "config_fingerprint", "started"}
 # Everything a run writes into its directory (removed by run.overwrite=true).
 RECORD_FILES = (RUN_FILE, "config.yaml", "metrics.jsonl", "mlperf.log", "summary.json",
                 "plan.txt", "comm_stats.json", "step_breakdown.json")
+TORN_LINES = "*.torn-*"
+"""Torn last lines a resume set aside (records.set_aside_torn_line): the run's too."""
 _CHECKPOINT_ENTRY = re.compile(r"^step_\d+(\.partial)?$")
 
 
@@ -74,6 +76,7 @@ def claim_run_dir(cfg: Config, lock: RunLock) -> RunClaim:
 def _claim_locked(cfg: Config, run_dir: Path, ckpt_dir: Path) -> RunClaim:
     _check_writable(ckpt_dir, "checkpoint.dir")
     records = [run_dir / n for n in RECORD_FILES if (run_dir / n).exists()]
+    records += sorted(run_dir.glob(TORN_LINES))
     checkpoints = sorted(p for p in ckpt_dir.iterdir() if _CHECKPOINT_ENTRY.match(p.name))
     if cfg.checkpoint.resume:
         identity = read_identity(run_dir)

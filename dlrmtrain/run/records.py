@@ -6,6 +6,11 @@ A record that cannot be written (a full disk, an I/O error) raises
 `RecordWriteError` naming the file: a run never goes on with a silent gap in its
 records. metrics.jsonl is line-buffered, so every record is on disk (in the OS's
 hands) as soon as it is logged, and an interrupted run loses none.
+
+A run killed in the middle of a write can leave a last line without its newline (a
+torn line). Before a resumed run appends, `set_aside_torn_lines` moves such a line
+into `<file>.torn-<n>` next to it (its bytes kept), so the next record starts a line
+of its own instead of being glued onto the torn one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from dlrmtrain.run.errors import RecordWriteError
 from dlrmtrain.run.identity import fingerprint
 
 METRICS_FILE = "metrics.jsonl"
+APPENDED_FILES = (METRICS_FILE, "mlperf.log")
+"""The records a resumed run appends to (the others it writes whole)."""
 
 
 @contextmanager
@@ -35,6 +42,59 @@ def _writing(path: Path) -> Iterator[None]:
     except OSError as e:
         raise RecordWriteError(f"cannot write the run's record {path}: "
                                f"{e.strerror or e}") from None
+
+
+def _last_newline_end(f, size: int) -> int:
+    """The offset just past the last b"\\n" of the open binary file `f` (0 if none)."""
+    block = 1 << 16
+    end = size
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        found = f.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        end = start
+    return 0
+
+
+def set_aside_torn_line(path: Path) -> Optional[Path]:
+    """Move a last line of `path` that lacks its newline into `<name>.torn-<n>` (the
+    first free n) and cut it from `path`; the new file, or None when there was none.
+    The bytes are written to their own file before `path` is cut, so a crash in
+    between loses nothing (the next call sets the same line aside again)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    with _writing(path), open(path, "r+b") as f:
+        if size == 0:
+            return None
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        keep = _last_newline_end(f, size)
+        f.seek(keep)
+        torn = f.read()
+        n = 1
+        while (aside := path.with_name(f"{path.name}.torn-{n}")).exists():
+            n += 1
+        with _writing(aside):
+            aside.write_bytes(torn)
+        f.truncate(keep)
+    return aside
+
+
+def set_aside_torn_lines(run_dir: Path, log=print) -> list[Path]:
+    """`set_aside_torn_line` for every record a resumed run appends to, saying so."""
+    moved = []
+    for name in APPENDED_FILES:
+        aside = set_aside_torn_line(run_dir / name)
+        if aside is not None:
+            log(f"resume: the last line of {run_dir / name} was torn (a run stopped mid-write): "
+                f"its {aside.stat().st_size} bytes set aside in {aside.name}, before appending")
+            moved.append(aside)
+    return moved
 
 
 class StrictFileHandler(logging.FileHandler):

@@ -29,6 +29,24 @@ def copy_as_corrupt_checkpoint(out_dir: str, src: int, dst: int) -> None:
     state.write_text(state.read_text().replace(str(src), str(src + 1), 1))  # same size
 
 
+def corrupt_every_checkpoint(out_dir: str) -> None:
+    """One flipped byte in a shard of each of the run's checkpoints."""
+    for ckpt in sorted((Path(out_dir) / "own" / "checkpoints").glob("step_*")):
+        shard = next(p for p in sorted(ckpt.iterdir()) if p.suffix == ".distcp")
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+
+
+TORN = b'{"kind": "train", "time": 17.5, "step": 3, "lo'
+
+
+def tear_metrics(out_dir: str) -> None:
+    """The start of a record without its end, as a run killed mid-write leaves it."""
+    with open(Path(out_dir) / "own" / "metrics.jsonl", "ab") as f:
+        f.write(TORN)
+
+
 def write_stale_record(out_dir: str) -> None:
     """A comm_stats.json left by an earlier run (that one used a codec)."""
     (Path(out_dir) / "own" / "comm_stats.json").write_text("{}")
@@ -68,8 +86,9 @@ def _runs(out_dir, runs):
         validate_config(cfg, 1)
         try:
             trainer = Trainer(cfg, init_distributed("cpu"))
-        except SetupError as e:
-            results.append(f"SetupError: {e}")
+        except SetupError as e:  # exit 2, or its own code (RunAlreadyFinished: 0)
+            code = getattr(e, "exit_code", 2)
+            results.append(f"SetupError{'' if code == 2 else f' (exit {code})'}: {e}")
             continue
         results.append(trainer.train().as_dict())
         trainer.close()
@@ -101,6 +120,15 @@ SCENARIOS = {
                  ["run.max_steps=2", "eval.enabled=true", "checkpoint.resume=true"],
                  (compare_records,),
                  ["run.max_steps=3", "checkpoint.resume=true"]],
+    "no_usable_checkpoint": [["run.max_steps=4"], (corrupt_every_checkpoint,), (snapshot_records,),
+                             ["run.max_steps=6", "checkpoint.resume=true"], (compare_records,)],
+    "finished_without_checkpoint": [["run.max_steps=2", "checkpoint.every_steps=0"],
+                                    (snapshot_records,),
+                                    ["run.max_steps=2", "checkpoint.resume=true"],
+                                    ["run.max_steps=3", "checkpoint.resume=true"],
+                                    (compare_records,)],
+    "torn_line": [["run.max_steps=2"], (tear_metrics,),
+                  ["run.max_steps=3", "checkpoint.resume=true"]],
     "codec_change": [["run.max_steps=2", "comm.codec=none"],
                      ["run.max_steps=4", "checkpoint.resume=true", "comm.codec=dedup"],
                      ["run.max_steps=6", "checkpoint.resume=true", "comm.codec=auto",
@@ -191,6 +219,64 @@ def test_resuming_a_finished_run_says_so_and_leaves_every_record_as_it_was(outco
     assert sum(r["kind"] == "resumed" for r in records) == 1  # only the run that trained on
     assert more["steps"] == 3 and [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
     assert not list((run_root / "own").glob(".*.tmp-*"))  # records are written whole
+
+
+def test_a_resume_without_a_usable_checkpoint_is_refused_and_writes_nothing(outcomes):
+    """Issue 34, 1: with every checkpoint damaged, the resume started again from step 0
+    in the same folder, a second trajectory appended to metrics.jsonl and mlperf.log and
+    summary.json replaced. Now it is refused (exit 2) naming each checkpoint and why."""
+    run_root, (first, refused) = _outcome(outcomes, "no_usable_checkpoint")
+    assert first["steps"] == 4
+    assert refused.startswith("SetupError: cannot resume") and "no usable checkpoint" in refused
+    for step in (2, 4):
+        assert f"step_{step}/" in refused  # the damaged shard of each, named
+    assert refused.count("checksum differs from the manifest") == 2
+    assert "second trajectory" in refused and "run.overwrite=true" in refused
+    assert "another run.name" in refused
+    assert json.loads((run_root / "records_changed.json").read_text()) == []
+
+
+def test_a_finished_run_without_checkpoints_resumes_as_a_no_op(outcomes):
+    """Issue 34, 1: a finished run that kept no checkpoint trained again from step 0 on
+    resume. Resumed as it was it is finished (exit 0, nothing written); asked for more
+    steps it is refused, since there is nothing to train on from."""
+    run_root, (first, again, more) = _outcome(outcomes, "finished_without_checkpoint")
+    assert first["steps"] == 2
+    assert again.startswith("SetupError (exit 0):") and "already finished" in again
+    assert "summary.json records 2 steps" in again and "holds no checkpoint" in again
+    assert more.startswith("SetupError: cannot resume") and "it finished at step 2" in more
+    assert "the planned last step is 3" in more
+    assert json.loads((run_root / "records_changed.json").read_text()) == []
+
+
+def test_a_torn_last_line_is_set_aside_before_the_resumed_run_appends(outcomes):
+    """Issue 34, 4: the `resumed` record was glued onto a torn last line, and the report
+    refused the run for good. The torn bytes are kept in metrics.jsonl.torn-1."""
+    from dlrmtrain.report import load_run
+
+    run_root, (_, resumed) = _outcome(outcomes, "torn_line")
+    assert resumed["steps"] == 3
+    records = _metrics(run_root)  # every line is one whole record
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
+    assert [r["kind"] for r in records].count("resumed") == 1
+    assert (run_root / "own" / "metrics.jsonl.torn-1").read_bytes() == TORN
+    assert [r["step"] for r in load_run(run_root / "own").train] == [1, 2, 3]
+
+
+def test_set_aside_torn_lines_keeps_the_bytes_and_says_so(tmp_path):
+    from dlrmtrain.run.records import set_aside_torn_lines
+
+    whole = b'{"kind": "train", "step": 1}\n'
+    (tmp_path / "metrics.jsonl").write_bytes(whole + TORN)
+    (tmp_path / "metrics.jsonl.torn-1").write_bytes(b"an earlier one")
+    (tmp_path / "mlperf.log").write_bytes(b":::MLLOG {}\n")  # whole: left alone
+    said: list[str] = []
+    assert set_aside_torn_lines(tmp_path, log=said.append) == [tmp_path / "metrics.jsonl.torn-2"]
+    assert (tmp_path / "metrics.jsonl").read_bytes() == whole
+    assert (tmp_path / "metrics.jsonl.torn-2").read_bytes() == TORN
+    assert (tmp_path / "metrics.jsonl.torn-1").read_bytes() == b"an earlier one"
+    assert len(said) == 1 and f"{len(TORN)} bytes set aside in metrics.jsonl.torn-2" in said[0]
+    assert set_aside_torn_lines(tmp_path, log=said.append) == [] and len(said) == 1
 
 
 def test_lossless_codec_changes_are_allowed_on_resume_and_recorded(outcomes):
