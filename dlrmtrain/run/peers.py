@@ -296,9 +296,12 @@ def backend_failure(error: BaseException) -> Optional[tuple[str, str]]:
         text = str(e)
         low = text.lower()
         backend = isinstance(e, dist.DistError) or any(w in low for w in _BACKEND_WORDS)
+        # NCCL's abort after its watchdog's timeout says both: the timeout is the news
+        if any(w in low for w in _TIMEOUT_OWN):
+            return "timeout", _backend_words(text)
         if any(w in low for w in _LOST_OWN) or backend and any(w in low for w in _LOST_PLAIN):
             return "lost connection", _backend_words(text)
-        if any(w in low for w in _TIMEOUT_OWN) or backend and any(w in low for w in _TIMEOUT_PLAIN):
+        if backend and any(w in low for w in _TIMEOUT_PLAIN):
             return "timeout", _backend_words(text)
     return None
 
@@ -308,7 +311,7 @@ def _backend_words(text: str) -> str:
     `Read error [127.0.0.1]:24483: Connection reset by peer`."""
     first = text.strip().splitlines()[0] if text.strip() else text
     first = re.sub(r"^\[[^\]]*\.(cc|cpp|hpp|h):\d+\]\s*", "", first)
-    return first.split(". This is typically")[0].strip()
+    return first.split(". This is typically")[0].strip()[:200]
 
 
 def peer_failure(error: BaseException, step: int, last_checkpoint: Optional[int]
