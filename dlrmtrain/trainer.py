@@ -502,8 +502,7 @@ class Trainer:
         if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
             return
         mean_loss = self._global_mean(run.window_loss / run.window_steps)
-        rate = (run.window_steps * self.cfg.run.global_batch_size
-                / (time.perf_counter() - run.window_start))
+        rate = run.window_steps * self.cfg.run.global_batch_size / run.window_seconds()
         lr = self.optimizer.param_groups[0]["lr"]
         run.summary.losses.append((self.step, mean_loss))
         self.records.log("train", step=self.step, loss=mean_loss, lr=lr, samples_per_s=rate)

@@ -323,6 +323,9 @@ def peer_failure(error: BaseException, step: int, last_checkpoint: Optional[int]
         return None
     kind, words = found
     silent = _heartbeat.silent_peers(2 * _heartbeat.interval + 1) if _heartbeat else {}
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if not silent and world == 2:  # a world of two has one peer to lose
+        silent = {1 - rank: ""}
     checkpoint = f"step {last_checkpoint}" if last_checkpoint is not None else "none"
     backend = "NCCL" if "nccl" in words.lower() or "nccl" in str(error).lower() else "Gloo"
     what = (f"a collective timed out ({backend}: {words})" if kind == "timeout"

@@ -106,6 +106,11 @@ class RunProgress:
         if self.window_steps == 0:  # a new metrics window starts after the pause
             self.window_start = time.perf_counter()
 
+    def window_seconds(self) -> float:
+        """Seconds since the metrics window began, less a stall in it (the rate's divisor)."""
+        now = time.perf_counter()
+        return max(now - self.window_start - stalled_seconds(self.window_start, now), 1e-9)
+
     def stalled_seconds(self) -> float:
         """Seconds since the run's start in which a rank was silent (run/peers.py)."""
         return stalled_seconds(self.start, time.perf_counter())
