@@ -138,7 +138,9 @@ def launch(spec: LaunchSpec) -> int:
         if code in (EXIT_USER_ERROR, EXIT_RUN_FAILED) or code - 128 in STOP_SIGNALS:
             return code  # refused or stopped on purpose: rank 0 said why, in one line
         if failure.exitcode < 0:  # killed: the ranks left named it and closed the records
-            print(f"dlrmtrain: rank {rank} was killed by {signal_name(-failure.exitcode)}",
+            signum = -failure.exitcode  # a SIGKILL leaves no words; a crash (SIGSEGV) may
+            said = "" if signum == signal.SIGKILL else "; its output is above"
+            print(f"dlrmtrain: rank {rank} was killed by {signal_name(signum)}{said}",
                   file=sys.stderr)
             return EXIT_RUN_FAILED
         print(f"dlrmtrain: rank {rank} failed (exit code {failure.exitcode}); its output is "
