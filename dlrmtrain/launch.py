@@ -3,7 +3,8 @@
 `torchrun_argv(spec)` builds the argument list torchrun would get on its
 command line (one place to add an option: a new `LaunchSpec` field and one
 line here); `launch(spec)` hands it to `torch.distributed.run` and turns a
-failed rank into its exit code and one line, instead of torchrun's traceback.
+failed rank into its exit code and one line, instead of torchrun's traceback
+(a rank killed by a signal: exit 3, as the ranks left end, naming it: run/peers.py).
 SIGTERM or SIGINT to the launcher reaches every rank (torchrun forwards it); the
 ranks stop at a step boundary and rank 0 says where, so the launcher only exits
 with 128 + the signal, quietly.
@@ -17,9 +18,16 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR
+from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR, signal_name
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+RANK_CPP_LOG_LEVEL = "ERROR"
+"""The ranks' C++ log level (TORCH_CPP_LOG_LEVEL; one set in the environment wins). Its
+warnings are not errors: the one a user sees is a TCPStore client's, ~25 lines of C++
+frames per call, each time a rank asks the job's store in the instant its launcher dies
+(after that no rank asks it: run/stop.py). Errors stay: C++ ERROR lines (NCCL's watchdog
+among them) and every exception, which reaches Python with its message."""
 
 # Hosts that mean "this machine": a rendezvous there needs no real network.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -113,6 +121,7 @@ def launch(spec: LaunchSpec) -> int:
     """Run `spec` to completion; 0 on success, else the first failed rank's exit code."""
     spec.check()
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.omp_threads or default_omp_threads(spec.nproc)))
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", RANK_CPP_LOG_LEVEL)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -128,8 +137,13 @@ def launch(spec: LaunchSpec) -> int:
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
         if code in (EXIT_USER_ERROR, EXIT_RUN_FAILED) or code - 128 in STOP_SIGNALS:
             return code  # refused or stopped on purpose: rank 0 said why, in one line
-        how = f"exit code {failure.exitcode}" if failure.exitcode >= 0 else \
-            f"signal {-failure.exitcode}"
-        print(f"dlrmtrain: rank {rank} failed ({how}); its output is above", file=sys.stderr)
+        if failure.exitcode < 0:  # killed: the ranks left named it and closed the records
+            signum = -failure.exitcode  # a SIGKILL leaves no words; a crash (SIGSEGV) may
+            said = "" if signum == signal.SIGKILL else "; its output is above"
+            print(f"dlrmtrain: rank {rank} was killed by {signal_name(signum)}{said}",
+                  file=sys.stderr)
+            return EXIT_RUN_FAILED
+        print(f"dlrmtrain: rank {rank} failed (exit code {failure.exitcode}); its output is "
+              f"above", file=sys.stderr)
         return code
     return 0

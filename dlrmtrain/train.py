@@ -24,15 +24,20 @@ from dlrmtrain.run.signals import install_stop_handlers
 from dlrmtrain.validation import resolve_config, validate_config
 
 
-def _print_once(message: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
+def _print_once(message: str, by_rank: int = 0) -> None:
+    if os.environ.get("RANK", "0") == str(by_rank):
         print(message, file=sys.stderr, flush=True)
 
 
 def _stopped(error: RunError) -> None:
     """End a rank whose run stopped: its records are closed and its peers may be gone,
-    so no teardown collective and no exit-time process-group teardown."""
-    _print_once(str(error) if isinstance(error, RunInterrupted) else f"error: {error}")
+    so no teardown collective and no exit-time process-group teardown. A lost peer is
+    named by the lowest rank left (rank 0 may be the one lost)."""
+    from dlrmtrain.run.peers import stop_heartbeat
+
+    stop_heartbeat()
+    _print_once(str(error) if isinstance(error, RunInterrupted) else f"error: {error}",
+                getattr(error, "reporting_rank", 0))
     sys.stdout.flush()
     os._exit(error.exit_code)
 
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.run.machine import check_device
+    from dlrmtrain.run.peers import start_heartbeat, stop_heartbeat
     from dlrmtrain.trainer import Trainer  # heavy imports only after the config is good
 
     try:
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_once(f"error: {e}")
         return EXIT_USER_ERROR
     env = init_distributed(cfg.run.device, timeout_s=cfg.run.collective_timeout_s)
+    start_heartbeat(cfg.run.stall_warn_s)  # names a rank that goes silent (run/peers.py)
     try:
         trainer = Trainer(cfg, env)
     except RunAlreadyFinished as e:  # nothing to do: not an error
@@ -78,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as e:
         _stopped(e)
     trainer.close()
+    stop_heartbeat()  # a rank that is done is not silent
     del trainer  # drop the sharded model before the process group goes away
     shutdown_distributed()
     return 0

@@ -43,6 +43,7 @@ from dlrmtrain.run.leftovers import remove_dead_partials
 from dlrmtrain.run.lock import RunLock
 from dlrmtrain.run.machine import FLAT_TABLE_ARCHS, check_tables_fit
 from dlrmtrain.run.parent import PARENT_DEATH_SIGNAL, parent_gone
+from dlrmtrain.run.peers import note_step, peer_failure
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
 from dlrmtrain.run.resume import refuse_resume_without_checkpoint
@@ -411,8 +412,10 @@ class Trainer:
         """The error this rank ends with, the same on every rank. A rank that decided
         (a SetupError or RunError of its own) leaves it in the job's store for the
         others; a rank whose collective then broke reads it there and ends the same
-        way. An error after a stop signal is the interruption. Anything else is a bug
-        and is returned as it is (it keeps its traceback)."""
+        way. A collective that broke because a peer is gone or does not answer is a
+        PeerFailure naming it (run/peers.py), also after the stop signal torchrun sends
+        when it sees a rank die. An error after a stop signal is the interruption.
+        Anything else is a bug and is returned as it is (it keeps its traceback)."""
         # the job's store lives in the launcher: once that is dead, asking it only waits
         store_alive = not parent_gone()
         if not store_alive and not isinstance(error, RunInterrupted):  # whatever broke after
@@ -431,6 +434,11 @@ class Trainer:
                     else RunError(announced["message"]))
             stop.exit_code = code
             return stop
+        checkpoint = self.checkpointer.last_step if hasattr(self, "checkpointer") else None
+        lost = peer_failure(error, step, checkpoint)
+        if lost is not None:  # a peer died, froze or timed out: named, and told to the others
+            announce_stop(str(lost), lost.exit_code)
+            return lost
         signum = stop_signal()
         if signum is not None:
             return RunInterrupted(signum, self._interrupted_message(signum, step))
@@ -496,13 +504,13 @@ class Trainer:
         run.window_loss += loss
         run.window_steps += 1
         run.completed = self.step
+        note_step(self.step)  # for the heartbeat's thread (run/peers.py)
         run.bar.update(1)
         run.last = self.step >= run.total
         if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
             return
         mean_loss = self._global_mean(run.window_loss / run.window_steps)
-        rate = (run.window_steps * self.cfg.run.global_batch_size
-                / (time.perf_counter() - run.window_start))
+        rate = run.window_steps * self.cfg.run.global_batch_size / run.window_seconds()
         lr = self.optimizer.param_groups[0]["lr"]
         run.summary.losses.append((self.step, mean_loss))
         self.records.log("train", step=self.step, loss=mean_loss, lr=lr, samples_per_s=rate)
@@ -542,7 +550,8 @@ class Trainer:
         summary.steps = self.step
         summary.samples = (self.step - run.first_step) * self.cfg.run.global_batch_size
         summary.wall_seconds = time.perf_counter() - run.start
-        summary.train_seconds = summary.wall_seconds - run.paused
+        summary.stalled_seconds = run.stalled_seconds()
+        summary.train_seconds = summary.wall_seconds - run.paused - summary.stalled_seconds
         if self.step > run.first_step or summary.evals:  # a run that did nothing keeps the last
             self.records.write_json("summary.json", summary.as_dict())
         self._print(summary.render())

@@ -31,6 +31,9 @@ def check_run(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"run.max_steps: must be positive or null, got {run.max_steps}")
     if run.collective_timeout_s <= 0:
         raise ConfigError(f"run.collective_timeout_s: must be positive, got {run.collective_timeout_s}")
+    if run.stall_warn_s < 0:
+        raise ConfigError(f"run.stall_warn_s: must be positive, or 0 for no heartbeat; got "
+                          f"{run.stall_warn_s}")
     if run.ddp_bucket_mb <= 0:
         raise ConfigError(f"run.ddp_bucket_mb: must be positive, got {run.ddp_bucket_mb}")
 

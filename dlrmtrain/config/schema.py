@@ -108,6 +108,12 @@ class RunConfig:
     collective_timeout_s: float = 300.0
     """A collective that does not complete within this many seconds (e.g. a frozen
     rank) fails the job instead of waiting; keep it above the longest eval/checkpoint."""
+    stall_warn_s: float = 30.0
+    """A rank whose heartbeat (written every few seconds by a thread, through the job's
+    store) is silent this long is named in a warning while the silence lasts, and its
+    stalled seconds are kept out of the throughput; 0: no heartbeat. 30 s: a tenth of the
+    default collective timeout, so a frozen rank is named minutes before the timeout ends
+    the job, yet six heartbeats long, so a rank slowed by a busy machine is not named."""
 
 
 @dataclass

@@ -75,6 +75,28 @@ def group_options(device: torch.device) -> dict[str, Any]:
     return options
 
 
+NCCL_ERROR_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "120",
+}
+"""How a CUDA rank learns that a peer died or a collective timed out (each one set in the
+environment wins). 2 (CleanUpOnly): NCCL's watchdog aborts the communicators of a
+failed or timed-out collective and the error reaches the training thread at its next
+collective ("NCCL communicator was aborted"), so it ends as a Gloo failure does, named,
+exit 3, a `stopped` record (run/peers.py); torch's default 3 (SkipCleanUp) and 1
+(TearDown) take the process down from the watchdog thread instead (SIGABRT, no record).
+An abort that hangs is what the watchdog's own heartbeat monitor is for: it ends the
+process once the watchdog has been stuck for 120 s (torch's default: 480)."""
+
+
+def nccl_error_env(backend: str) -> dict[str, str]:
+    """The settings NCCL_ERROR_ENV adds for a group of `backend`: none without NCCL."""
+    if "nccl" not in backend:
+        return {}
+    return {k: v for k, v in NCCL_ERROR_ENV.items() if k not in os.environ}
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
     """Join the process group torchrun prepared (or create a world of one).
     A collective that has not completed after `timeout_s` raises on the ranks
@@ -84,6 +106,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
     options = group_options(dev)
+    os.environ.update(nccl_error_env(options["backend"]))  # read when NCCL's group is made
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         if world_size == 1 and "MASTER_PORT" not in os.environ:

@@ -9,6 +9,7 @@
   leftovers.py   temporary folders of writers that died
   signals.py     SIGTERM / SIGINT: stop at a step boundary, say where, exit 128+signal
   stop.py        a rank that stops the job on purpose tells the others why
+  peers.py       a heartbeat through the job's store; a peer that died, froze or stalls, named
   progress.py    the per-step state of Trainer.train and the closing summary
   console.py     what a person reads: the compact plan and comm summary, errors on their own line
   errors.py      the errors a user can act on, and the exit codes they map to

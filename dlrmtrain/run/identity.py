@@ -20,7 +20,7 @@ from dlrmtrain.config.schema import Config
 # model, sharding, codec, optimizer, precision) is part of the fingerprint.
 _NOT_MATH = {
     "run.name", "run.output_dir", "run.device", "run.epochs", "run.max_steps", "run.pipeline",
-    "run.overwrite", "run.collective_timeout_s", "run.ddp_bucket_mb",
+    "run.overwrite", "run.collective_timeout_s", "run.stall_warn_s", "run.ddp_bucket_mb",
     "data.path", "data.prefetch_batches", "data.multi_hot_cache_dir", "data.verify",
     "data.verify_max_gb",
 }

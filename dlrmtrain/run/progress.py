@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import torch
 
+from dlrmtrain.run.peers import stalled_seconds
+
 
 @dataclass
 class EvalResult:
@@ -28,7 +30,10 @@ class Summary:
     steps: int = 0
     samples: int = 0
     train_seconds: float = 0.0
+    """Wall time less evaluations, checkpoints and stalls: what the throughput divides by."""
     wall_seconds: float = 0.0
+    stalled_seconds: float = 0.0
+    """Time in which a rank was silent past run.stall_warn_s (run/peers.py): the job waited."""
     target_auc: Optional[float] = None
     time_to_target_s: Optional[float] = None
     losses: list[tuple[int, float]] = field(default_factory=list)
@@ -47,6 +52,7 @@ class Summary:
             "world_size": self.world_size, "codec": self.codec, "steps": self.steps,
             "samples": self.samples,
             "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds,
+            "stalled_seconds": self.stalled_seconds,
             "samples_per_second": self.samples_per_second, "final_auc": self.final_auc,
             "target_auc": self.target_auc, "reached_target": self.time_to_target_s is not None,
             "time_to_target_s": self.time_to_target_s,
@@ -70,6 +76,8 @@ class Summary:
             f"  steps            {self.steps}  ({self.samples:,} samples)",
             f"  throughput       {self.samples_per_second:,.0f} samples/s "
             f"(training time {self.train_seconds:.1f} s, wall {self.wall_seconds:.1f} s)",
+            *([f"  stalled          {self.stalled_seconds:.1f} s with a rank silent "
+               f"(not in the training time)"] if self.stalled_seconds else []),
             f"  final eval AUC   {auc}",
             f"  target AUC       {target}",
             "=" * 60,
@@ -93,9 +101,19 @@ class RunProgress:
     last: bool = False       # this step is the planned last one
 
     def end_pause(self, pause_start: float) -> None:
-        self.paused += time.perf_counter() - pause_start
+        now = time.perf_counter()  # a stall within the pause is counted once, as a stall
+        self.paused += now - pause_start - stalled_seconds(pause_start, now)
         if self.window_steps == 0:  # a new metrics window starts after the pause
             self.window_start = time.perf_counter()
+
+    def window_seconds(self) -> float:
+        """Seconds since the metrics window began, less a stall in it (the rate's divisor)."""
+        now = time.perf_counter()
+        return max(now - self.window_start - stalled_seconds(self.window_start, now), 1e-9)
+
+    def stalled_seconds(self) -> float:
+        """Seconds since the run's start in which a rank was silent (run/peers.py)."""
+        return stalled_seconds(self.start, time.perf_counter())
 
     @property
     def finished(self) -> bool:

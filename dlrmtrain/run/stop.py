@@ -25,9 +25,11 @@ from typing import Optional
 
 import torch.distributed as dist
 
+from dlrmtrain.run.parent import parent_gone
+
 _STOPPED = "dlrmtrain/stopped"
 _REQUEST = "dlrmtrain/stop_request"
-_stores: dict[tuple[str, str], dist.Store] = {}
+_stores: dict[tuple[str, int], dist.Store] = {}
 
 
 def _key(name: str) -> str:
@@ -35,16 +37,31 @@ def _key(name: str) -> str:
     return f"{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def _job_store() -> Optional[dist.Store]:
-    """The job's store (one client per process: each logging step reads it), or None for a
-    world of one."""
+def job_store_address() -> Optional[tuple[str, int]]:
+    """(host, port) of the job's store, or None for a world of one or when the store is
+    known to be gone: under torchrun it lives in the rank's launcher (its agent), and a
+    client that talks to a dead store prints ~25 lines of C++ frames per call before it
+    raises, so nothing asks it once the launcher has died."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if not addr or not port or int(os.environ.get("WORLD_SIZE", "1")) <= 1 or parent_gone():
         return None
-    if (addr, port) not in _stores:
-        _stores[addr, port] = dist.TCPStore(addr, int(port), is_master=False, wait_for_workers=False,
-                                            timeout=datetime.timedelta(seconds=5))
-    return _stores[addr, port]
+    return addr, int(port)
+
+
+def new_store_client(address: tuple[str, int]) -> dist.Store:
+    """A client of the job's store that waits at most 5 s for an answer."""
+    return dist.TCPStore(address[0], address[1], is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=5))
+
+
+def _job_store() -> Optional[dist.Store]:
+    """The job's store (one client per process: each logging step reads it), or None."""
+    address = job_store_address()
+    if address is None:
+        return None
+    if address not in _stores:
+        _stores[address] = new_store_client(address)
+    return _stores[address]
 
 
 def announce_stop(message: str, exit_code: int) -> None:

@@ -79,6 +79,8 @@ def test_kill_9_of_the_launcher_leaves_no_rank_and_the_next_start_works(tmp_path
         _kill_all(ranks)
         kill_job(job)
     assert not orphans, f"ranks {orphans} outlived their launcher by {GONE_BOUND} s"
+    out = "\n".join(p.read_text() for p in tmp_path.glob("job-*.out"))
+    assert "frame #" not in out and "TCPStore" not in out, out[-3000:]  # no C++ frames
     stopped = metrics(run_dir)[-1]
     assert stopped["kind"] == "stopped" and "(its launcher died)" in stopped["reason"], stopped
     lock = RunLock(run_dir)

@@ -1,0 +1,131 @@
+"""A peer that dies, freezes or stalls, on real `dlrmtrain train --nproc 2` jobs (Gloo).
+
+The rank left ends with one line naming the peer and what it saw, exit 3, a `stopped`
+record and no traceback; a stall shorter than the collective timeout is named while
+it lasts (run/peers.py's heartbeat) and kept out of the throughput. Bounds are
+generous for a loaded 2-core machine; what they guard against is a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.reliability.jobs import (finish, kill_job, metrics, output_of, start_cli_job,
+                                    wait_until, worker_pid)
+
+LONG = ["run.name=f", "run.epochs=1000", "eval.enabled=false", "checkpoint.every_steps=2",
+        "comm.codec=none"]
+START_TIMEOUT = 150  # launcher + imports + model build on a busy 2-core machine
+END_BOUND = 30       # a job whose rank died must be gone within this
+
+
+def _trained_past(run_dir: Path, step: int):
+    return lambda: any(r["kind"] == "train" and r["step"] >= step for r in metrics(run_dir))
+
+
+def _stopped_record(run_dir: Path) -> dict:
+    last = metrics(run_dir)[-1]
+    assert last["kind"] == "stopped", last
+    return last
+
+
+def _error_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("error: ")]
+
+
+def test_a_killed_rank_is_named_by_the_rank_left(tmp_path):
+    """kill -9 of rank 1: rank 0's collective breaks with Gloo's "Connection reset by
+    peer"; it says so in one line naming rank 1 (no traceback), exit 3, and the records
+    end with a `stopped` record giving the same reason."""
+    job = start_cli_job(tmp_path, *LONG)
+    try:
+        wait_until(_trained_past(tmp_path / "f", 3), START_TIMEOUT, job)
+        os.kill(worker_pid(job, 1), signal.SIGKILL)
+        rc, _ = finish(job, END_BOUND)
+    finally:
+        kill_job(job)
+    out = output_of(tmp_path)
+    assert rc == 3, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    (line,) = _error_lines(out)
+    assert line.startswith("error: rank 1 (its process is gone) was lost at step "), line
+    assert "Gloo" in line and "last checkpoint step" in line, line
+    assert "rank 1 was killed by SIGKILL" in out
+    assert _stopped_record(tmp_path / "f")["reason"] == line.removeprefix("error: ")
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def _sigterm_pending(pid: int) -> bool:
+    """A SIGTERM sent to `pid` and not yet acted on (a stopped process keeps it pending)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return bool(pending & (1 << (signal.SIGTERM - 1)))
+
+
+def test_frozen_rank_is_named_at_the_collective_timeout(tmp_path):
+    """Rank 1 stopped (SIGSTOP) for good: rank 0's collective fails after
+    run.collective_timeout_s (not torch's default 300 s) and rank 0 ends with one line
+    naming rank 1 as stopped, exit 3, a `stopped` record. torchrun then sends the frozen
+    rank SIGTERM, which a stopped process leaves pending; its SIGKILL would follow after
+    a fixed 30 s grace: the test gives that SIGKILL itself once the SIGTERM is pending."""
+    timeout_s, slack = 10, 20
+    job = start_cli_job(tmp_path, *LONG, f"run.collective_timeout_s={timeout_s}")
+    try:
+        wait_until(_trained_past(tmp_path / "f", 2), START_TIMEOUT, job)
+        alive, frozen = worker_pid(job, 0), worker_pid(job, 1)
+        os.kill(frozen, signal.SIGSTOP)  # alive, but never answers again
+        start = time.monotonic()
+        while not _ended(alive) and time.monotonic() - start < timeout_s + slack:
+            time.sleep(0.1)
+        assert _ended(alive), "rank 0 still waiting on the frozen rank"
+        wait_until(lambda: _sigterm_pending(frozen), slack, job)  # torchrun is ending the job
+        os.kill(frozen, signal.SIGKILL)  # torchrun's own, 30 s later
+        rc, _ = finish(job, slack)
+    finally:
+        kill_job(job)
+    out = output_of(tmp_path)
+    assert rc == 3 and "Traceback" not in out, out[-3000:]
+    (line,) = _error_lines(out)
+    # gloo's words depend on the collective rank 0 waits in
+    assert line.startswith("error: rank 1 (its process is stopped) stopped answering at step "), line
+    assert "a collective timed out (Gloo: " in line, line
+    assert _stopped_record(tmp_path / "f")["reason"] == line.removeprefix("error: ")
+
+
+def test_a_stalled_rank_is_named_while_it_lasts_and_kept_out_of_the_throughput(tmp_path):
+    """Rank 1 stopped (SIGSTOP) past run.stall_warn_s, then continued: a warning names it
+    within stall_warn_s + 10 s, a line says when it answers again, and the run finishes
+    with the stall in summary.json's stalled_seconds, outside the training time."""
+    stall_warn_s = 2
+    job = start_cli_job(tmp_path, *LONG, "run.max_steps=60", "checkpoint.every_steps=0",
+                        f"run.stall_warn_s={stall_warn_s}")
+    try:
+        wait_until(_trained_past(tmp_path / "f", 3), START_TIMEOUT, job)
+        stalled = worker_pid(job, 1)
+        os.kill(stalled, signal.SIGSTOP)
+        try:
+            wait_until(lambda: "warning: rank 1 has been silent" in output_of(tmp_path),
+                       stall_warn_s + 10, job)
+        finally:
+            os.kill(stalled, signal.SIGCONT)
+        rc, _ = finish(job, START_TIMEOUT)
+    finally:
+        kill_job(job)
+    out = output_of(tmp_path)
+    assert rc == 0, out[-3000:]
+    assert "rank 1 answered again after" in out, out[-3000:]
+    summary = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert summary["stalled_seconds"] >= stall_warn_s  # named only once silent that long
+    assert summary["train_seconds"] + summary["stalled_seconds"] <= summary["wall_seconds"]
+    assert "stalled" in out and "not in the training time" in out
