@@ -1,12 +1,14 @@
-"""How much state the embedding tables' optimizer keeps, in fp32 values per row and per
-element: what the memory check (run/machine.py) adds to the tables' weights.
+"""How much state the optimizers keep, in fp32 values: the embedding tables' fused
+optimizer per row and per element, the dense optimizer per parameter; what the memory
+check (run/machine.py) adds to the weights.
 
 The tables are updated by fbgemm's fused kernel inside the backward pass; which kernel an
 `optim` section gets is distributed/sharding.fused_params's choice, so the size is read
 from that kernel, not from `optim.name` a second time: EXACT_SGD keeps nothing,
 EXACT_ADAGRAD one accumulator per element (a table's size again), EXACT_ROWWISE_ADAGRAD
 (`optim.name: adam`'s tables, as the DLRMv4 reference) one accumulator per row.
-tests/optim/test_state_size.py checks each against the state fbgemm allocates.
+tests/optim/test_state_size.py checks each against the state fbgemm allocates. The dense
+optimizer's is counted on the optimizer itself (optimizers.dense_state_per_parameter).
 """
 
 from __future__ import annotations
@@ -53,3 +55,20 @@ def table_optimizer_state(optim: OptimConfig) -> TableOptimizerState:
         raise ValueError(f"optim.name {optim.name!r}: the memory check does not know the state "
                          f"of fbgemm's {kernel} kernel") from None
     return TableOptimizerState(optim.name, kernel, per_row, per_element)
+
+
+@dataclass(frozen=True)
+class DenseOptimizerState:
+    """fp32 values the dense optimizer keeps per parameter value."""
+
+    optim_name: str
+    per_parameter: int
+
+    def describe(self) -> str:
+        return f"optim.name {self.optim_name}: {self.per_parameter} fp32 per parameter"
+
+
+def dense_optimizer_state(optim: OptimConfig) -> DenseOptimizerState:
+    from dlrmtrain.optim.optimizers import dense_state_per_parameter
+
+    return DenseOptimizerState(optim.name, dense_state_per_parameter(optim))

@@ -96,14 +96,26 @@ class Workload(ABC):
         shipped families' tables are)."""
         return {name: cfg.model.embedding_dim for name in rows}
 
+    def dense_parameters(self, cfg: Config, rows: Mapping[str, int]) -> int:
+        """Parameters outside the embedding tables (every rank holds them all): the model
+        built on the meta device (nothing allocated), less its tables."""
+        import torch
+
+        with torch.random.fork_rng(devices=[]):  # the builder seeds; the run's own build seeds again
+            model = self.build_model(cfg, rows, torch.device("meta"))
+        widths = self.table_widths(cfg, rows)
+        return (sum(p.numel() for p in model.parameters())
+                - sum(n * widths[name] for name, n in rows.items()))
+
     def check_memory(self, cfg: Config, rows: Mapping[str, int], world_size: int,
                      device: torch.device) -> None:
-        """Refuse tables whose fp32 weights and embedding optimizer state cannot fit in
-        this rank's memory even spread evenly over every rank (run/machine.py)."""
-        from dlrmtrain.optim.state_size import table_optimizer_state
-        from dlrmtrain.run.machine import check_tables_fit
+        """Refuse a model whose fp32 weights and optimizer state cannot fit in this rank's
+        memory, the tables even spread evenly over every rank (run/machine.py)."""
+        from dlrmtrain.optim.state_size import dense_optimizer_state, table_optimizer_state
+        from dlrmtrain.run.machine import check_model_fits
 
-        check_tables_fit(rows, self.table_widths(cfg, rows), table_optimizer_state(cfg.optim),
+        check_model_fits(rows, self.table_widths(cfg, rows), table_optimizer_state(cfg.optim),
+                         self.dense_parameters(cfg, rows), dense_optimizer_state(cfg.optim),
                          world_size, device, self.shrink_tables)
 
     @abstractmethod

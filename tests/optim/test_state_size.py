@@ -35,3 +35,11 @@ def test_the_state_is_described_as_the_kernel_keeps_it():
     assert describe == {"sgd": "optim.name sgd: fbgemm's exact_sgd, none",
                         "adagrad": "optim.name adagrad: fbgemm's exact_adagrad, one fp32 per weight",
                         "adam": "optim.name adam: fbgemm's exact_row_wise_adagrad, one fp32 per row"}
+
+
+def test_the_dense_state_is_read_off_the_dense_optimizer():
+    """sgd keeps nothing, adagrad its sum, adam its two moments, per dense parameter value."""
+    from dlrmtrain.optim.state_size import dense_optimizer_state
+
+    assert {name: dense_optimizer_state(load_config(None, [f"optim.name={name}"]).optim).per_parameter
+            for name in ("sgd", "adagrad", "adam")} == {"sgd": 0, "adagrad": 1, "adam": 2}
