@@ -46,13 +46,10 @@ import contextlib
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 
-MODEL_SCOPES_ITS_OWN_AUTOCAST = frozenset({"dlrmv4_hstu"})
-"""Model families whose bf16 scope is set inside the model (not the whole forward)."""
-
-
-def autocast(mode: str, device: torch.device, arch: str = "dlrm_dcnv2"):
-    """The context the trainer runs a forward (training and evaluation) in."""
-    if mode == "bf16" and arch not in MODEL_SCOPES_ITS_OWN_AUTOCAST:
+def autocast(mode: str, device: torch.device, model_scopes_its_own: bool = False):
+    """The context the trainer runs a forward (training and evaluation) in;
+    `model_scopes_its_own`: the family's (Workload.model_scopes_its_own_autocast)."""
+    if mode == "bf16" and not model_scopes_its_own:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

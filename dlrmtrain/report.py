@@ -36,7 +36,8 @@ from typing import Any, Callable
 import yaml
 
 from dlrmtrain.comm.labels import contender_label
-from dlrmtrain.mlperf.benchmarks import benchmark_for_arch, display_label
+from dlrmtrain.mlperf.benchmarks import display_label
+from dlrmtrain.workloads import workload_named, workload_of_saved
 
 CODEC_COLOURS = {"none": "#4c72b0", "dedup": "#dd8452", "fp16": "#55a868", "bf16": "#c44e52",
                  "int8": "#8172b3", "fp8": "#937860", "dedup+fp16": "#da8bc3",
@@ -52,15 +53,14 @@ class MixedFamilies(ReportError):
     """Runs of different model families given without --mixed."""
 
 
-_FAMILY_OF_ARCH = {"dlrm_v1": "DLRM", "dlrm_dcnv2": "DLRM", "dlrmv4_hstu": "DLRMv4"}
-
-
 def model_family(arch: str) -> str:
-    """The model family of a `model.arch`: runs of one family share data, tables and the
-    shapes on the wire, so one chart compares them. The families are dlrmtrain/workloads'
-    (a Workload per family); kept here, torch-free, until a Workload names its family
-    (tests/report/test_report.py holds the two together). An unknown arch is its own."""
-    return _FAMILY_OF_ARCH.get(arch, arch)
+    """The model family of a `model.arch`, its Workload's (`Workload.family`): runs of one
+    family share data, tables and the shapes on the wire, so one chart compares them. An
+    unknown arch is its own."""
+    try:
+        return workload_named(arch).family
+    except ValueError:
+        return arch
 
 
 @dataclass
@@ -79,15 +79,13 @@ class RunData:
     breakdown: dict[str, Any] | None = None
 
     benchmark: str = ""
-    """The MLPerf benchmark of its model.arch (names the reference's own wire)."""
+    """The MLPerf benchmark of its family (names the reference's own wire)."""
     arch: str = ""
-    """Its model.arch."""
+    """Its model.arch (as its family's Workload names it)."""
+    family: str = ""
+    """Its model family (`model_family`)."""
     skipped: list[str] = field(default_factory=list)
     """What of its records was not read, and why (torn lines)."""
-
-    @property
-    def family(self) -> str:
-        return model_family(self.arch)
 
     @property
     def label(self) -> str:
@@ -114,10 +112,11 @@ def load_run(path: str | Path) -> RunData:
         if not (path / need).is_file():
             raise ReportError(f"{path}: no {need} (not a finished dlrmtrain run directory)")
     cfg = yaml.safe_load((path / "config.yaml").read_text())
+    workload = workload_of_saved(cfg)
     run = RunData(path=path, name=cfg["run"]["name"], codec=_contender(cfg["comm"]),
                   global_batch_size=cfg["run"]["global_batch_size"],
                   target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"),
-                  benchmark=benchmark_for_arch(cfg["model"]["arch"]), arch=cfg["model"]["arch"])
+                  benchmark=workload.benchmark, arch=workload.arch, family=workload.family)
     for record in _read_records(path / "metrics.jsonl", run.skipped):
         {"train": run.train, "eval": run.evals}.get(record.get("kind"), []).append(record)
     for aside in sorted(path.glob("metrics.jsonl.torn-*")):

@@ -23,7 +23,7 @@ from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
-from dlrmtrain.mlperf.benchmarks import COUNTS_SAMPLES, benchmark_for_arch
+from dlrmtrain.mlperf.benchmarks import COUNTS_SAMPLES
 from dlrmtrain.mlperf.eval_grid import EvalGrid, eval_grid_for_config
 from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
@@ -41,7 +41,6 @@ from dlrmtrain.run.errors import (EXIT_USER_ERROR, CheckpointWriteError, DataErr
 from dlrmtrain.run.identity import lossless_codec_changes, math_config
 from dlrmtrain.run.leftovers import remove_dead_partials
 from dlrmtrain.run.lock import RunLock
-from dlrmtrain.run.machine import FLAT_TABLE_ARCHS, check_tables_fit
 from dlrmtrain.run.parent import PARENT_DEATH_SIGNAL, parent_gone
 from dlrmtrain.run.peers import note_step, peer_failure
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
@@ -51,14 +50,14 @@ from dlrmtrain.run.signals import stop_signal
 from dlrmtrain.run.stop import StopAtLoggingSteps, announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import resolved_pipeline, unresolved_keys
-from dlrmtrain.workloads import build_datasets, build_sharded_model
+from dlrmtrain.workloads import build_datasets, build_sharded_model, workload_of
 
 
 def _mlperf_eval_grid(cfg: Config, train_samples: int) -> Optional[EvalGrid]:
     """The steps a run logged for a benchmark that counts samples (dlrmv4) must evaluate
     at: its rules fix the grid (mlperf.eval_every_data_pct, skip_eval_epoch_pct), so
     eval.evals_per_epoch does not apply. None: evaluate as the eval section says."""
-    if not (cfg.mlperf.enabled and benchmark_for_arch(cfg.model.arch) in COUNTS_SAMPLES):
+    if not (cfg.mlperf.enabled and workload_of(cfg).benchmark in COUNTS_SAMPLES):
         return None
     try:
         return eval_grid_for_config(cfg, train_samples)
@@ -105,9 +104,7 @@ class Trainer:
             self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
         self._check_data_fills_a_step()
         self._check_not_finished(resume_from, claim)
-        if cfg.model.arch in FLAT_TABLE_ARCHS:
-            check_tables_fit(self.data.table_rows, cfg.model.embedding_dim, env.world_size,
-                             env.device)
+        workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
         self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
             set_aside_torn_lines(run_dir_of(cfg), log=self._print)
@@ -199,7 +196,8 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------
     def _autocast(self):
-        return autocast(self.cfg.precision.mode, self.env.device, self.cfg.model.arch)
+        return autocast(self.cfg.precision.mode, self.env.device,
+                        workload_of(self.cfg).model_scopes_its_own_autocast)
 
     def _autocast_forward(self, batch):
         with self._autocast():

@@ -36,11 +36,12 @@ def resolved_device_type(cfg: Config) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_hierarchy(cfg: Config, world_size: int) -> None:
-    """comm.hierarchy: node takes dedup (and per-table none) only, and whole nodes."""
+def _check_hierarchy(cfg: Config, world_size: int, workload: Workload) -> None:
+    """comm.hierarchy: node takes the family's pooled all-to-alls only, under dedup (and
+    per-table none), and whole nodes."""
     comm = cfg.comm
     try:
-        validate_hierarchy(Hierarchy.of(comm), comm.codec, comm.table_codecs)
+        validate_hierarchy(Hierarchy.of(comm), comm.codec, comm.table_codecs, workload.collection_kind)
         if comm.hierarchy == "node":
             check_ranks_per_node(ranks_per_node(comm.ranks_per_node, world_size), world_size)
     except ValueError as e:
@@ -126,5 +127,5 @@ def validate_config(cfg: Config, world_size: int) -> None:
     check_sharding_config(cfg, world_size, device_type)
     _check_codecs(cfg, device_type)
     workload.check_hierarchy(cfg)
-    _check_hierarchy(cfg, world_size)
+    _check_hierarchy(cfg, world_size, workload)
     checks.check_schedule_and_outputs(cfg)

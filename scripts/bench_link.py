@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from dlrmtrain.distributed import shaped_link, sim_nodes  # noqa: E402
 from dlrmtrain.distributed.shaped_link import LinkSpec  # noqa: E402
-from dlrmtrain.mlperf.benchmarks import benchmark_for_arch, display_label  # noqa: E402
+from dlrmtrain.mlperf.benchmarks import display_label  # noqa: E402
+from dlrmtrain.workloads import workload_named  # noqa: E402
 
 UNSHAPED = None
 
@@ -122,7 +123,7 @@ def plot(sweep: dict, codecs: list[str], path: Path, xlabel: str) -> None:
         ax.axhline(1.0, color="grey", lw=1, ls="--", label="none (= 1)")
         for c in codecs:
             ax.plot(xs, [p["ratios"][c] for p in points], "o-",
-                    label=f"{display_label(benchmark_for_arch(points[0]['arch']), c)} / none")
+                    label=f"{display_label(workload_named(points[0]['arch']).benchmark, c)} / none")
         if "none/plain" in points[0]["ratios"]:
             for c in codecs:
                 ax.plot(xs, [p["ratios"][f"{c}/plain"] for p in points], "s:",
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                       for k, v in p["loopback_mb_per_step"].items())
                      if p.get("loopback_mb_per_step") else ""))
         for c in args.codecs:
-            label = display_label(benchmark_for_arch(points[0]["arch"]), c)
+            label = display_label(workload_named(points[0]["arch"]).benchmark, c)
             if label != c:
                 print(f"  {'':{len(shape) + 1}} {label}")
     print(f"  plot {png}; raw {args.out / 'sweep.json'}")

@@ -102,10 +102,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def print_reference_wire(arch: str, names: list[str]) -> None:
     """Names the contender that is the benchmark's reference's own wire, if one runs."""
-    from dlrmtrain.mlperf.benchmarks import benchmark_for_arch, display_label
+    from dlrmtrain.mlperf.benchmarks import display_label
+    from dlrmtrain.workloads import workload_named
     for name in names:
         codec = name.removeprefix("dlrmtrain comm.codec=")
-        label = display_label(benchmark_for_arch(arch), codec)
+        label = display_label(workload_named(arch).benchmark, codec)
         if label != codec:
             print(f"  ({name}: {label.split(': ', 1)[1]})")
 

@@ -32,6 +32,15 @@ CollectionKind = Literal["pooled", "sequence"]
 """what an all-to-all carries: pooled rows (EmbeddingBagCollection) or one row per id (EmbeddingCollection)"""
 
 
+def check_kind_takes_hierarchy(hierarchy: Hierarchy, kind: CollectionKind) -> None:
+    """`comm.hierarchy: node` has a two-level route for pooled embeddings only: the one
+    statement of the rule, asked by `registry.validate_hierarchy` (config validation, with
+    the model family's `Workload.collection_kind`, and each sharder) and by the codecs."""
+    if hierarchy.kind == "node" and kind != "pooled":
+        raise ValueError("comm.hierarchy: node covers pooled embeddings only; sequence embeddings "
+                         "take comm.hierarchy: flat")
+
+
 @dataclass(frozen=True)
 class DistSpec:
     """Everything a codec builds one output dist from."""
@@ -76,6 +85,12 @@ class EmbeddingCommCodec(ABC):
     """True when training is the same as without the codec (up to float summation order)"""
     needs_ids: bool = False
     """True when its dists read both ends' ids (recorded by the sharder; no per-id weights)"""
+
+    @property
+    def runs_under_node_hierarchy(self) -> bool:
+        """Whether it may be a table's codec under `comm.hierarchy: node`: a lossless one
+        (`none`, `dedup`, `auto`); a lossy wire would round twice on the way."""
+        return self.lossless
 
     def qcomms_config(self) -> QCommsConfig | None:
         """TorchRec's quantized-comms config when this codec is one (applies to the whole sharder), else None."""

@@ -15,7 +15,7 @@ import torch
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 
 from dlrmtrain.comm.auto.codec import AutoCodec
-from dlrmtrain.comm.codec import CollectionKind, EmbeddingCommCodec
+from dlrmtrain.comm.codec import CollectionKind, EmbeddingCommCodec, check_kind_takes_hierarchy
 from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
@@ -58,19 +58,18 @@ def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
 
 def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[str, str],
                        kind: CollectionKind = "pooled") -> None:
-    """`comm.hierarchy: node` carries pooled embeddings under `dedup`, `auto` (none or two-level
-    dedup) and per-table `none`; lossy codecs would round twice on the way. Errors name the key."""
+    """`comm.hierarchy: node` carries pooled embeddings (`kind`: codec.check_kind_takes_hierarchy)
+    under the codecs that run under it (`dedup`, `auto`: none or two-level dedup, and per-table
+    `none`; `EmbeddingCommCodec.runs_under_node_hierarchy`). Errors name the key."""
     if hierarchy.kind not in HIERARCHIES:
         raise ValueError(f"comm.hierarchy: {hierarchy.kind!r} is not one of {', '.join(HIERARCHIES)}")
     if hierarchy.ranks_per_node is not None and hierarchy.ranks_per_node < 1:
         raise ValueError(f"comm.ranks_per_node: must be at least 1, got {hierarchy.ranks_per_node}")
     if hierarchy.kind != "node":
         return
-    if kind == "sequence":
-        raise ValueError("comm.hierarchy: node covers pooled embeddings only; sequence embeddings "
-                         "take comm.hierarchy: flat")
+    check_kind_takes_hierarchy(hierarchy, kind)
     for key, name in [("comm.codec", codec), *((f"comm.table_codecs.{t}", c) for t, c in table_codecs.items())]:
-        if name not in ("dedup", "auto", "none"):
+        if name not in _CODECS or not _CODECS[name].runs_under_node_hierarchy:
             raise ValueError(f"{key}: {name!r} cannot run under comm.hierarchy: node, which carries the "
                              f"lossless 'dedup', 'auto' and per-table 'none' only; use comm.codec: dedup or "
                              f"comm.hierarchy: flat")

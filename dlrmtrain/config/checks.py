@@ -46,7 +46,7 @@ def check_model(cfg: Config) -> None:
 
 
 def check_dlrm_model(cfg: Config) -> None:
-    """model (arch dlrm_v1, dlrm_dcnv2): the MLPs end in the embedding width and the logit."""
+    """model (the DLRM models' section): the MLPs end in the embedding width and the logit."""
     model = cfg.model
     if model.bottom_mlp[-1:] != [model.embedding_dim]:
         raise ConfigError(f"model.bottom_mlp: the last width must equal model.embedding_dim "
@@ -55,37 +55,27 @@ def check_dlrm_model(cfg: Config) -> None:
         raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), got {model.top_mlp}")
 
 
-UNUSED_BY_DLRMV4 = (
-    "model.bottom_mlp", "model.top_mlp", "model.dcn_num_layers", "model.dcn_low_rank_dim",
-    "data.table_sizes", "data.num_dense_features", "data.multi_hot_sizes", "data.synthetic",
-    "data.path", "data.format", "data.split", "data.train_parts", "data.eval_parts",
-    "data.eval_fraction", "data.shuffle_batches", "data.prefetch_batches",
-    "data.multi_hot_cache_dir", "data.verify", "data.verify_max_gb",
-)
-"""DLRM keys the DLRMv4 path (HSTU model, Yambda loaders) has no use for: set to anything
-but their default, they are refused rather than dropped (widths: model.hstu; the
-sequence data: data.yambda)."""
-
-
 def _value(cfg: Config, dotted: str):
     for name in dotted.split("."):
         cfg = getattr(cfg, name)
     return cfg
 
 
-def check_unused_by_dlrmv4(cfg: Config) -> None:
+def check_unused_keys(cfg: Config, arch: str, keys: tuple[str, ...],
+                      settings_of: dict[str, str]) -> None:
+    """Refuse `keys` (a family's Workload.unused_keys) set to anything but their default,
+    rather than drop them; `settings_of`: section → where that family's own settings are."""
     default = Config()
-    for key in UNUSED_BY_DLRMV4:
+    for key in keys:
         if _value(cfg, key) != _value(default, key):
-            where = "model.hstu" if key.startswith("model.") else "data.yambda"
-            raise ConfigError(f"{key}: does not apply to model.arch dlrmv4_hstu (its settings are "
+            where = settings_of[key.split(".", 1)[0]]
+            raise ConfigError(f"{key}: does not apply to model.arch {arch} (its settings are "
                               f"under {where}); remove it")
 
 
 def check_hstu_model(cfg: Config) -> None:
-    """model.hstu (arch dlrmv4_hstu): sizes, rates, and room for a history in max_seq_len;
-    no DLRM-only key set (`UNUSED_BY_DLRMV4`)."""
-    check_unused_by_dlrmv4(cfg)
+    """model.hstu (the HSTU model's section): sizes, rates, and room for a history in
+    max_seq_len."""
     h = cfg.model.hstu
     if cfg.model.embedding_dim < 1:
         raise ConfigError(f"model.embedding_dim: must be positive, got {cfg.model.embedding_dim}")

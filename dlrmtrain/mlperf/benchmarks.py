@@ -1,6 +1,7 @@
 """What the MLPerf rules require of each DLRM benchmark, as data.
 
-Benchmark names, which config `model.arch` maps to which, the layer names
+Benchmark names (which one a config's family is logged as is its workload's,
+`Workload.benchmark`), the layer names
 `weights_initialization` must cover, the hyperparameter keys each ruleset
 requires (with builders that fill them), the values each key can take at all,
 and each benchmark's epoch numbering. The logger (logger.py) enforces these;
@@ -22,8 +23,6 @@ DLRM = "dlrm"  # DLRM v1, MLPerf Training v0.7–v2.1 (mllog 4.x has no constant
 DLRM_DCNV2 = C.DLRM_DCNv2  # "dlrm_dcnv2": MLPerf Training v3.0–v6.0
 DLRMV4 = C.DLRMV4  # "dlrmv4": HSTU on Yambda, MLPerf Training v6.1+
 BENCHMARKS = (DLRM, DLRM_DCNV2, DLRMV4)
-# model.arch in the run config → MLPerf benchmark name.
-_BENCHMARK_OF_ARCH = {"dlrm_v1": DLRM, "dlrm_dcnv2": DLRM_DCNV2, "dlrmv4_hstu": DLRMV4}
 
 
 REFERENCE_DEFAULT_WIRE = {DLRMV4: "dedup+fp16"}
@@ -227,14 +226,6 @@ def dlrmv4_hyperparameters(*, global_batch_size: int, learning_rate: float, warm
     if seed is not None:
         hp[C.SEED] = seed
     return hp
-
-
-def benchmark_for_arch(arch: str) -> str:
-    """The MLPerf benchmark a model architecture (config `model.arch`) is scored under."""
-    if arch not in _BENCHMARK_OF_ARCH:
-        raise ValueError(f"model.arch {arch!r} has no MLPerf benchmark; "
-                         f"known: {sorted(_BENCHMARK_OF_ARCH)}")
-    return _BENCHMARK_OF_ARCH[arch]
 
 
 def check_benchmark(benchmark: str) -> str:

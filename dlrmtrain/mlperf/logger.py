@@ -11,7 +11,7 @@ Rank 0 with a path gets an `MLPerfLogger` writing to that file; other ranks,
 or a ``None`` path (MLPerf logging off), get a `NullMLPerfLogger`, which runs
 the same argument checks and writes nothing. The trainer uses the config-level
 pair: ``open_mlperf_logger(cfg, rank)`` (``<run dir>/mlperf.log`` when
-``mlperf.enabled``; benchmark from ``model.arch``) and ``log_run_setup(...)``
+``mlperf.enabled``; benchmark: its family's, ``Workload.benchmark``) and ``log_run_setup(...)``
 (submission facts, hyperparameters, layers, dataset sizes).
 
 Timeline the trainer follows (every call is required unless marked optional)::
@@ -115,7 +115,6 @@ from dlrmtrain.mlperf.benchmarks import (
     REQUIRED_HYPERPARAMETERS,
     RUN_STATUSES,
     SUBMISSION_STATUSES,
-    benchmark_for_arch,
     check_benchmark,
     check_choice,
     check_hyperparameter_value,
@@ -125,6 +124,7 @@ from dlrmtrain.mlperf.benchmarks import (
     mlperf_layer_names,
 )
 from dlrmtrain.run.records import StrictFileHandler
+from dlrmtrain.workloads import workload_of
 
 if TYPE_CHECKING:
     from dlrmtrain.config.schema import Config
@@ -425,7 +425,7 @@ def open_mlperf_logger(cfg: Config, rank: int, append: bool = False) -> MLPerfLo
     """The trainer's logger: `<run dir>/mlperf.log` on rank 0 when `mlperf.enabled`
     (`append`: a resumed run continues the log it started)."""
     path = Path(cfg.run.output_dir) / cfg.run.name / "mlperf.log" if cfg.mlperf.enabled else None
-    return build_mlperf_logger(benchmark_for_arch(cfg.model.arch), path, rank, append=append)
+    return build_mlperf_logger(workload_of(cfg).benchmark, path, rank, append=append)
 
 
 def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,

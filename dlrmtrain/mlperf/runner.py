@@ -49,7 +49,7 @@ from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, r
 
 from tqdm import tqdm
 
-from dlrmtrain.mlperf.benchmarks import DLRMV4, benchmark_for_arch, display_label
+from dlrmtrain.mlperf.benchmarks import DLRMV4, display_label
 from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, RcpVerdict, check_log, \
     rcp_verdict
 from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, RULESETS, DerivedRulesSpec, Dlrmv4Scale
@@ -58,6 +58,7 @@ from dlrmtrain.mlperf.scoring import BenchmarkScore, RunTime, olympic_score, req
     eval_time_share, run_time_minutes
 from dlrmtrain.mlperf.submission import SubmissionLayout, describe_system, \
     write_system_description
+from dlrmtrain.workloads import workload_of
 
 UNOFFICIAL_NOTE = ("UNOFFICIAL: small-scale reproduction checked with derived rules "
                    "(own target and eval size); not an MLPerf result.")
@@ -157,7 +158,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     from dlrmtrain.validation import validate_config
 
     cfg = load_config(args.config, list(args.overrides))
-    check_arguments(args, benchmark_for_arch(cfg.model.arch))
+    check_arguments(args, workload_of(cfg).benchmark)
     for codec in args.codecs.split(","):
         try:
             settings = contender_overrides(codec)
@@ -180,7 +181,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
             sim_nodes.require_available(sim_nodes.SimNodes(args.sim_nodes, link).nodes)
         except (ValueError, ShapedLinkUnavailable) as e:
             raise SystemExit(f"--sim-nodes: {e}") from None
-    benchmark = benchmark_for_arch(cfg.model.arch)
+    benchmark = workload_of(cfg).benchmark
     ruleset = args.ruleset or DEFAULT_RULESET[benchmark]
     out = args.out.resolve()
     rules = None

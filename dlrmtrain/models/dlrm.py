@@ -108,9 +108,12 @@ def set_sparse_first(model: nn.Module, on: bool) -> int:
     return len(found)
 
 
-def build_model(cfg: Config, rows: list[int], dense_device: torch.device) -> DLRMTrain:
+def build_model(cfg: Config, rows: list[int], dense_device: torch.device, cross_net: bool) -> DLRMTrain:
     """The training module (model + BCE loss) with its tables on the meta device.
 
+    `cross_net` False: dot interaction, the MLPs initialised as the MLPerf v1 reference;
+    True: DCNv2's low-rank cross net (model.dcn_*), torchrec's init (the MLPerf DCNv2
+    reference's). Which one a config runs is its workload's (workloads/dlrm.py).
     Dense layers are initialised from `run.seed`, identically on every rank.
     """
     m = cfg.model
@@ -122,11 +125,11 @@ def build_model(cfg: Config, rows: list[int], dense_device: torch.device) -> DLR
                   dense_arch_layer_sizes=list(m.bottom_mlp),
                   over_arch_layer_sizes=list(m.top_mlp),
                   dense_device=dense_device)
-    if m.arch == "dlrm_v1":
+    if not cross_net:
         dlrm = SparseFirstDLRM(**common)
         _mlperf_v1_linear_init(dlrm.dense_arch)
         _mlperf_v1_linear_init(dlrm.over_arch)
-    else:  # dlrm_dcnv2: torchrec's defaults are the MLPerf reference's init
+    else:  # torchrec's defaults are the MLPerf DCNv2 reference's init
         dlrm = SparseFirstDLRM_DCN(dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim,
                         **common)
         dlrm.inter_arch.to(dense_device)

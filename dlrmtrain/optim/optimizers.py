@@ -28,6 +28,15 @@ def _dense_optimizer_factory(cfg: OptimConfig):
     return lambda params: torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.adagrad_eps)
 
 
+def dense_state_per_parameter(cfg: OptimConfig) -> int:
+    """fp32 values the dense optimizer keeps per parameter value (sgd none, adagrad its sum,
+    adam its two moments), read off the optimizer `build_optimizer` makes: the memory
+    check's count (optim/state_size.py)."""
+    p = torch.nn.Parameter(torch.zeros(4))
+    state = _dense_optimizer_factory(cfg)([p]).state.get(p, {})
+    return sum(t.numel() for t in state.values() if torch.is_tensor(t) and t.shape == p.shape) // p.numel()
+
+
 def _adam_with_state(params: list[torch.Tensor], cfg: OptimConfig) -> torch.optim.Adam:
     """torch's Adam with its state made now, as its first step would (step 0, zero
     moments), not lazily: a checkpoint loads into the state that exists (as Adagrad's

@@ -1,5 +1,5 @@
 """What a rank checks of its own machine before it builds: the device asked for is
-there, and the embedding tables can fit in its memory.
+there, and the model (its weights and optimizer state) can fit in its memory.
 
 Both would otherwise be found late and as a traceback: a missing GPU by the first
 CUDA call, a table of 1e10 rows by the allocator (640 GB asked for). Each raises
@@ -9,15 +9,16 @@ SetupError naming the key to change.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 
 from dlrmtrain.run.errors import SetupError
 
+if TYPE_CHECKING:
+    from dlrmtrain.optim.state_size import DenseOptimizerState, TableOptimizerState
+
 FP32_BYTES = 4
-FLAT_TABLE_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
-"""Models whose every table is model.embedding_dim wide (the check below needs the widths)."""
 
 
 def check_device(requested: str) -> None:
@@ -41,23 +42,40 @@ def available_bytes(device: torch.device) -> int:
     return total // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def check_tables_fit(rows: Mapping[str, int], dim: int, world_size: int,
-                     device: torch.device) -> None:
-    """Refuse tables whose fp32 weights cannot fit even spread evenly over every rank
-    (a lower bound: any sharding plan puts at least this much on some rank)."""
-    table_bytes = {name: n * dim * FP32_BYTES for name, n in rows.items()}
-    per_rank = sum(table_bytes.values()) / world_size
+def check_model_fits(rows: Mapping[str, int], widths: Mapping[str, int],
+                     state: TableOptimizerState, dense_parameters: int,
+                     dense_state: DenseOptimizerState, world_size: int, device: torch.device,
+                     shrink: str) -> None:
+    """Refuse a model whose tables (fp32 weights and fused optimizer state, `state`) spread
+    evenly over every rank, plus the dense parameters and their optimizer state that every
+    rank holds, cannot fit in this rank's memory (a lower bound: any sharding plan puts at
+    least this much on some rank). `shrink`: the keys that make this family's tables smaller."""
+    weight_bytes = {name: n * widths[name] * FP32_BYTES for name, n in rows.items()}
+    state_bytes = sum(state.values(n, widths[name]) for name, n in rows.items()) * FP32_BYTES
+    tables = sum(weight_bytes.values()) + state_bytes
+    dense = dense_parameters * (1 + dense_state.per_parameter) * FP32_BYTES
+    per_rank = tables / world_size + dense
     free = available_bytes(device)
     if per_rank <= free:
         return
-    largest = max(table_bytes, key=table_bytes.get)
+    largest = max(weight_bytes, key=weight_bytes.get)
+    with_state = (f" and {_gb(state_bytes / world_size)} for their optimizer state "
+                  f"({state.describe()})" if state_bytes else "")
+    dense_state_text = (f" with their optimizer state ({dense_state.describe()})"
+                        if dense_state.per_parameter else "")
     raise SetupError(
-        f"the embedding tables need at least {_gb(per_rank)} per rank ({_gb(sum(table_bytes.values()))} "
-        f"over {world_size} rank(s); the largest, {largest}, has {rows[largest]:,} rows × {dim} "
-        f"= {_gb(table_bytes[largest])}), but {device.type} memory has {_gb(free)} available "
-        f"per rank: lower data.table_sizes (or cap them with model.max_table_rows), or use "
-        f"more ranks")
+        f"the embedding tables need at least {_gb(sum(weight_bytes.values()) / world_size)} per "
+        f"rank for their fp32 weights{with_state}, and every rank holds the "
+        f"{dense_parameters:,} dense parameters{dense_state_text}, {_gb(dense)}: {_gb(per_rank)} "
+        f"in all ({_gb(tables)} of tables over {world_size} rank(s); the largest, {largest}, has "
+        f"{rows[largest]:,} rows × {widths[largest]} = {_gb(weight_bytes[largest])}), but "
+        f"{device.type} memory has {_gb(free)} available per rank: {shrink}, or use more ranks"
+        + (" (optim.name sgd keeps no optimizer state)" if state_bytes or dense_state.per_parameter else ""))
 
 
 def _gb(n: float) -> str:
-    return f"{n / 2**30:,.1f} GB"
+    """GB, or MB / KB for what would read 0.0 GB (a small model's dense parameters)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if n >= scale / 10:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KB"

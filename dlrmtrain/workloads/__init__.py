@@ -4,7 +4,12 @@ validation and the trainer's builders ask.
     base.py      the Workload interface: sources, resolution, checks, builders
     dlrm.py      DLRM (dlrm_v1, dlrm_dcnv2): Criteo rows, pooled EmbeddingBagCollection
     dlrmv4.py    DLRMv4 (dlrmv4_hstu): Yambda sequences, sequence EmbeddingCollection
-    registry.py  model.arch → workload (`register`, `workload_of`)
+    registry.py  model.arch → workload (`register`, `workload_of`, `workload_named`)
+
+Everything outside this package that depends on the family asks its workload (its MLPerf
+benchmark, autocast scope, table widths and memory check, unused keys, what its
+all-to-alls carry) instead of reading `model.arch`. Importing it brings no torch
+(base.py says why).
 
 data/ (one builder per kind of source: rows, sequences) and models/ (one per model)
 sit below this package and never choose between their builders; the workload does.
@@ -12,17 +17,18 @@ sit below this package and never choose between their builders; the workload doe
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
-import torch
-from torch import nn
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data import Datasets
-from dlrmtrain.models.embedding_init import init_embeddings
 from dlrmtrain.workloads.base import Workload
-from dlrmtrain.workloads.registry import register, workload_of
+from dlrmtrain.workloads.registry import register, workload_named, workload_of, workload_of_saved
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from dlrmtrain.data import Datasets
 
 
 def build_datasets(cfg: Config, rank: int, world_size: int, pin_memory: bool = False) -> Datasets:
@@ -43,6 +49,8 @@ def build_sharded_model(cfg: Config, rows: dict[str, int], device: torch.device,
     """`model.arch` built with tables on meta, sharded by DistributedModelParallel (with the
     configured codecs), its tables initialised from `run.seed` the same for any world size.
     `rows`: table → rows, in the model's table order. Returns the model and its plan text."""
+    from dlrmtrain.models.embedding_init import init_embeddings
+
     workload = workload_of(cfg)
     dmp, plan_text = workload.shard(workload.build_model(cfg, rows, device), cfg, device, world_size)
     init_embeddings(dmp, rows, cfg.run.seed)
@@ -50,4 +58,4 @@ def build_sharded_model(cfg: Config, rows: dict[str, int], device: torch.device,
 
 
 __all__ = ["Workload", "build_datasets", "build_model", "build_sharded_model", "register",
-           "workload_of"]
+           "workload_named", "workload_of", "workload_of_saved"]

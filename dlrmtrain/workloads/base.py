@@ -1,9 +1,15 @@
-"""The Workload interface: what one model family decides, asked by validation and the builders.
+"""The Workload interface: what one model family decides, asked by validation, the
+builders, the trainer and the MLPerf tools.
 
 A family is one file in this package (a Workload per `model.arch` it serves) and its
 line in registry.py. What no Workload decides is the same code for every family: the
 step, evaluation (every model returns `(loss, (loss, logits, labels))`), checkpoints,
-records.
+records. Nothing outside this package reads `model.arch` or names a family; it asks
+the family's Workload (tests/config/test_workloads.py greps for it).
+
+Importing the workloads brings no torch: a family's facts (its MLPerf benchmark, its
+sources) are read by tools that never train (`dlrmtrain report`, the MLPerf runner);
+what a family builds is imported when it is built.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
+    from dlrmtrain.comm.codec import CollectionKind
     from dlrmtrain.data import Datasets
 
 
@@ -26,6 +33,23 @@ class Workload(ABC):
     """The `model.arch` this workload runs."""
     sources: tuple[str, ...]
     """The `data.source` values that feed it, in the order a refusal names them."""
+    family: str
+    """The model family it belongs to, as a report names it: runs of one family share data,
+    tables and the shapes on the wire (one Workload class per family)."""
+    benchmark: str
+    """The MLPerf benchmark it is logged and scored as (mlperf/benchmarks.py)."""
+    collection_kind: CollectionKind = "pooled"
+    """What its embedding all-to-alls carry (comm.codec.CollectionKind): pooled rows of an
+    EmbeddingBagCollection, or an EmbeddingCollection's sequences. Which `comm.hierarchy`
+    each can take is comm's rule (comm.registry.validate_hierarchy asks it)."""
+    model_scopes_its_own_autocast: bool = False
+    """True: under `precision.mode: bf16` the model sets its own autocast scope inside its
+    forward (precision.py), so the trainer runs the forward outside any autocast."""
+    shrink_tables: str
+    """What to change for smaller tables, as a refusal for memory says it."""
+    unused_keys: tuple[str, ...] = ()
+    """Keys of the shared sections it has no use for: set to anything but their default,
+    its `check_model` refuses them rather than dropping them."""
 
     # --- what comes from the data (validation.resolve_config, on a copy) ---
 
@@ -62,9 +86,37 @@ class Workload(ABC):
         """The embedding tables, in the model's order (per-table keys must name one)."""
 
     def check_hierarchy(self, cfg: Config) -> None:
-        """Refuse a `comm.hierarchy` this family's all-to-alls cannot take; default: none."""
+        """Refuse a `comm.hierarchy` this family's all-to-alls cannot take beyond what
+        comm's rule for its `collection_kind` refuses; default: none."""
 
     # --- the trainer's builders (through dlrmtrain.workloads) ---
+
+    def table_widths(self, cfg: Config, rows: Mapping[str, int]) -> dict[str, int]:
+        """Table → its width; default: every table `model.embedding_dim` wide (both
+        shipped families' tables are)."""
+        return {name: cfg.model.embedding_dim for name in rows}
+
+    def dense_parameters(self, cfg: Config, rows: Mapping[str, int]) -> int:
+        """Parameters outside the embedding tables (every rank holds them all): the model
+        built on the meta device (nothing allocated), less its tables."""
+        import torch
+
+        with torch.random.fork_rng(devices=[]):  # the builder seeds; the run's own build seeds again
+            model = self.build_model(cfg, rows, torch.device("meta"))
+        widths = self.table_widths(cfg, rows)
+        return (sum(p.numel() for p in model.parameters())
+                - sum(n * widths[name] for name, n in rows.items()))
+
+    def check_memory(self, cfg: Config, rows: Mapping[str, int], world_size: int,
+                     device: torch.device) -> None:
+        """Refuse a model whose fp32 weights and optimizer state cannot fit in this rank's
+        memory, the tables even spread evenly over every rank (run/machine.py)."""
+        from dlrmtrain.optim.state_size import dense_optimizer_state, table_optimizer_state
+        from dlrmtrain.run.machine import check_model_fits
+
+        check_model_fits(rows, self.table_widths(cfg, rows), table_optimizer_state(cfg.optim),
+                         self.dense_parameters(cfg, rows), dense_optimizer_state(cfg.optim),
+                         world_size, device, self.shrink_tables)
 
     @abstractmethod
     def build_datasets(self, cfg: Config, rank: int, world_size: int,

@@ -3,57 +3,84 @@ EmbeddingCollection (unpooled, tables by name, sized by the data's loaders)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
-import torch
-from torch import nn
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from dlrmtrain.config import checks
-from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data import SEQUENCE_SOURCES, Datasets, build_sequence_datasets, checks as data_checks
-from dlrmtrain.distributed.sharding import fused_params, shard_sequence_model
-from dlrmtrain.models import build_hstu_model
-from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
-from dlrmtrain.sequence_features import TABLES
+from dlrmtrain.mlperf import benchmarks
 from dlrmtrain.workloads.base import Workload
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from dlrmtrain.data import Datasets
+
+SEQUENCE_SOURCES = ("synthetic_yambda", "yambda")
+"""data.SEQUENCE_SOURCES (named here so reading a family's facts imports no data loader;
+tests/config/test_workloads.py holds the two equal)."""
+
+UNUSED_BY_DLRMV4 = (
+    "model.bottom_mlp", "model.top_mlp", "model.dcn_num_layers", "model.dcn_low_rank_dim",
+    "data.table_sizes", "data.num_dense_features", "data.multi_hot_sizes", "data.synthetic",
+    "data.path", "data.format", "data.split", "data.train_parts", "data.eval_parts",
+    "data.eval_fraction", "data.shuffle_batches", "data.prefetch_batches",
+    "data.multi_hot_cache_dir", "data.verify", "data.verify_max_gb",
+)
+"""DLRM keys the DLRMv4 path (HSTU model, Yambda loaders) has no use for: set to anything
+but their default, they are refused rather than dropped (widths: model.hstu; the
+sequence data: data.yambda)."""
 
 
 class Dlrmv4Workload(Workload):
     arch = "dlrmv4_hstu"
+    family = "DLRMv4"
     sources = SEQUENCE_SOURCES
+    benchmark = benchmarks.DLRMV4
+    collection_kind = "sequence"
+    model_scopes_its_own_autocast = True  # the user tower only, as the reference (precision.py)
+    unused_keys = UNUSED_BY_DLRMV4
+    shrink_tables = ("shrink the data's tables (data.yambda.cross_rows, data.yambda.synthetic's "
+                     "catalog) or model.embedding_dim")
 
     def check_data(self, cfg: Config, world_size: int) -> None:
+        from dlrmtrain.data import checks as data_checks
         from dlrmtrain.data.yambda.checks import check_yambda_data  # the yambda package: DLRMv4 configs only
 
         check_yambda_data(cfg.data, cfg.run.global_batch_size, world_size)
         data_checks.check_sequence_model_fits(cfg)
 
     def check_model(self, cfg: Config) -> None:
+        checks.check_unused_keys(cfg, self.arch, self.unused_keys,
+                                 {"model": "model.hstu", "data": "data.yambda"})
         checks.check_hstu_model(cfg)
 
     def table_names(self, cfg: Config) -> list[str]:
-        return list(TABLES)
+        from dlrmtrain.sequence_features import TABLES
 
-    def check_hierarchy(self, cfg: Config) -> None:
-        if cfg.comm.hierarchy == "node":
-            raise ConfigError("comm.hierarchy: node covers pooled embeddings (model.arch dlrm_v1 / "
-                              "dlrm_dcnv2) only; DLRMv4's sequence embeddings take comm.hierarchy: flat")
+        return list(TABLES)
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:
+        from dlrmtrain.data import build_sequence_datasets
+
         return build_sequence_datasets(cfg, rank, world_size, pin_memory)
 
     def build_model(self, cfg: Config, rows: Optional[Mapping[str, int]],
                     dense_device: torch.device) -> nn.Module:
         """`rows` None: the reference's tables capped at model.max_table_rows."""
+        from dlrmtrain.models import build_hstu_model
+
         if rows is not None and not isinstance(rows, Mapping):
             raise TypeError("dlrmv4_hstu takes its table rows as {table name: rows} (or None)")
         return build_hstu_model(cfg, dense_device, rows)
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
+        from dlrmtrain.distributed.sharding import fused_params, shard_sequence_model
+        from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
+
         return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, cfg.comm,
                                     fused_params(cfg.optim, "fp32", device.type), device,  # fp32 rows (precision.py)
                                     world_size, ddp_bucket_mb=cfg.run.ddp_bucket_mb)

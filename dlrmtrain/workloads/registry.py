@@ -7,6 +7,8 @@ loader checks (tests/config/test_workloads.py holds the three together).
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
 from dlrmtrain.workloads.base import Workload
@@ -36,3 +38,17 @@ def workload_of(cfg: Config) -> Workload:
     except KeyError:
         raise ConfigError(f"model.arch: {cfg.model.arch!r} is not one of "
                           f"{', '.join(WORKLOADS)}") from None
+
+
+def workload_named(arch: str) -> Workload:
+    """The workload of `model.arch` value `arch` (a script's or a record's); ValueError
+    naming the known ones when none is registered."""
+    try:
+        return WORKLOADS[arch]
+    except KeyError:
+        raise ValueError(f"model.arch {arch!r} has no workload; known: {', '.join(WORKLOADS)}") from None
+
+
+def workload_of_saved(saved: Mapping[str, Any]) -> Workload:
+    """The workload of a config as a run saved it (its config.yaml, read as a dict)."""
+    return workload_named(saved["model"]["arch"])

@@ -5,6 +5,8 @@ Workload plus its registration."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -14,6 +16,7 @@ from dlrmtrain import workloads
 from dlrmtrain.config import load_config
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import DataSource, ModelArch
+from dlrmtrain.mlperf.benchmarks import BENCHMARKS
 from dlrmtrain.validation import resolve_config, validate_config
 from dlrmtrain.workloads import Workload, registry
 
@@ -169,3 +172,74 @@ def test_another_familys_source_is_refused_before_its_data_is_read(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.source: 'criteo' does not feed model\.arch "
                                           r"'dlrmv4_hstu' \(it reads synthetic_yambda or yambda\)"):
         validate_config(cfg, 2)
+
+
+# Issue 35 (item 2): nothing outside the workloads (and the schema, which declares the
+# arch names) reads model.arch or names a family; it asks the family's Workload.
+_SCHEMA = PACKAGE / "config" / "schema.py"
+_NAMES_ONLY_A_FAMILY = _ARCHS - set(BENCHMARKS)
+"""Arch names that name nothing else: `dlrm_dcnv2` is also its MLPerf benchmark's name
+(mllog's constant), which the MLPerf tooling keys its rules by."""
+
+
+def _is_a_workload(node: ast.AST) -> bool:
+    """`workload`, `….workload` or `workload_of(…)`: a Workload, whose `arch` is its own name."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return name.startswith("workload") or name.endswith("workload")
+
+
+def _family_reads(tree: ast.AST) -> list[int]:
+    """Lines that read an `….arch` (cfg.model.arch, a saved config's ["arch"]) or name an
+    arch; printing the config's value back in a message (an f-string field) is no read,
+    nor is asking a Workload its own name."""
+    shown = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.FormattedValue)}
+    lines = set()
+    for node in ast.walk(tree):
+        if ((isinstance(node, ast.Attribute) and node.attr == "arch" and id(node) not in shown
+             and not _is_a_workload(node.value))
+                or (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                    and node.slice.value == "arch")
+                or (isinstance(node, ast.Constant) and node.value in _NAMES_ONLY_A_FAMILY)):
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_nothing_outside_the_workloads_reads_model_arch_or_names_a_family():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == _SCHEMA or "workloads" in path.relative_to(PACKAGE).parts:
+            continue
+        lines = _family_reads(ast.parse(path.read_text()))
+        if lines:
+            found[str(path.relative_to(PACKAGE))] = lines
+    assert not found, (f"model.arch read or a family named outside dlrmtrain/workloads/ (ask the "
+                       f"family's Workload: dlrmtrain/workloads/base.py): {found}")
+
+
+def test_the_family_read_finder_sees_a_read():
+    assert _family_reads(ast.parse("if m.arch == 'x':\n    pass\n")) == [1]
+    assert _family_reads(ast.parse("b = benchmark_for(cfg['model']['arch'])\n")) == [1]
+    assert _family_reads(ast.parse("SCOPED = frozenset({'dlrmv4_hstu'})\n")) == [1]
+    assert _family_reads(ast.parse("raise E(f'model.arch {cfg.model.arch!r} is refused')\n")) == []
+    assert _family_reads(ast.parse("a = workload.arch\nb = workload_of(cfg).arch\n")) == []
+    assert _family_reads(ast.parse("a = run.arch\n")) == [1]
+
+
+def test_each_familys_sources_are_the_data_builders():
+    """The workloads name their sources without importing the loaders; these are the data
+    package's own (the builder a workload calls reads exactly these)."""
+    from dlrmtrain.data import ROW_SOURCES, SEQUENCE_SOURCES
+
+    assert registry.WORKLOADS["dlrm_v1"].sources == registry.WORKLOADS["dlrm_dcnv2"].sources == ROW_SOURCES
+    assert registry.WORKLOADS["dlrmv4_hstu"].sources == SEQUENCE_SOURCES
+
+
+def test_reading_a_familys_facts_imports_no_torch():
+    """`dlrmtrain report` and the MLPerf runner ask a family its benchmark without torch."""
+    code = ("import sys, dlrmtrain.workloads as w; "
+            "print(w.workload_named('dlrmv4_hstu').benchmark, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120, cwd=PACKAGE.parent).stdout.split()
+    assert out == ["dlrmv4", "False"]

@@ -81,7 +81,7 @@ def _other_value(value):
 
 
 def test_every_config_key_is_used_by_dlrmv4_or_refused():
-    from dlrmtrain.config.checks import UNUSED_BY_DLRMV4
+    from dlrmtrain.workloads.dlrmv4 import UNUSED_BY_DLRMV4
     from dlrmtrain.config.schema import Config
 
     keys = _leaf_keys(Config())

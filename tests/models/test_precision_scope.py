@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from dlrmtrain.config import load_config
-from dlrmtrain.models import build_dlrm_model
+from dlrmtrain.workloads.dlrm import build_dlrm_model
 from dlrmtrain.models.hstu import build_hstu_model
 from dlrmtrain.precision import autocast
+from dlrmtrain.workloads import workload_of
 from tests.models.hstu_batches import random_batch, tiny_hstu_config
 
 CPU = torch.device("cpu")
@@ -30,7 +31,7 @@ def test_dlrmv4_bf16_runs_the_user_tower_only_under_autocast():
     seen = _output_dtypes(model, ["preprocessor.content_mlp.0", "stu.layers.1",
                                   "postprocessor.combiner", "item_mlp", "head"])
     batch = random_batch(torch.Generator().manual_seed(3), batch_size=4, max_history=6)
-    with autocast(cfg.precision.mode, CPU, cfg.model.arch):  # the trainer's context: none
+    with autocast(cfg.precision.mode, CPU, workload_of(cfg).model_scopes_its_own_autocast):  # the trainer's context: none
         loss, (_, logits, _) = model(batch)
     assert seen == {"preprocessor.content_mlp.0": torch.bfloat16, "stu.layers.1": torch.bfloat16,
                     "postprocessor.combiner": torch.bfloat16,
@@ -51,7 +52,7 @@ def test_dlrm_bf16_computes_its_logits_in_fp32(arch):
     dlrm = build_dlrm_model(cfg, [20] * 26, CPU).model
     dense = torch.randn(64, cfg.data.num_dense_features, generator=torch.Generator().manual_seed(1))
     seen = _output_dtypes(dlrm, ["over_arch.model.0", "over_arch.model.1"])
-    with autocast(cfg.precision.mode, CPU, cfg.model.arch):
+    with autocast(cfg.precision.mode, CPU, workload_of(cfg).model_scopes_its_own_autocast):
         pooled = torch.randn(64, 26, 8, generator=torch.Generator().manual_seed(2))
         logits = dlrm.over_arch(dlrm.inter_arch(dense_features=dlrm.dense_arch(dense),
                                                 sparse_features=pooled))

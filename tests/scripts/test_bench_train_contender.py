@@ -12,7 +12,7 @@ import torch
 
 from dlrmtrain.config import load_config
 from dlrmtrain.data import table_rows
-from dlrmtrain.models.dlrm import build_model
+from dlrmtrain.workloads.dlrm import build_dlrm_model as build_model
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, check_kind_takes_hierarchy
 from dlrmtrain.comm.dedup.dist import DedupDist
 from dlrmtrain.comm.dedup.plan import Route
 from dlrmtrain.comm.dedup.row_wise import RowWisePlanner
@@ -91,9 +91,7 @@ class DedupCodec(EmbeddingCommCodec):
     def _check(self, spec: DistSpec) -> None:
         """Refuse what this codec cannot carry as `spec` asks (the errors name the config keys)."""
         plain = sorted(spec.all_tables() - spec.tables)
-        if spec.kind == "sequence" and spec.hierarchy.kind == "node":
-            raise ValueError("comm.hierarchy: node covers pooled embeddings only; sequence embeddings "
-                             "take comm.hierarchy: flat")
+        check_kind_takes_hierarchy(spec.hierarchy, spec.kind)
         if spec.hierarchy.kind == "node" and self.wire_dtype is not None:
             raise ValueError(f"comm.hierarchy: node carries lossless 'dedup' only, not {self.name!r}")
         if not isinstance(spec.layout, (DistLayout, RowWiseLayout)) and spec.kind == "pooled":

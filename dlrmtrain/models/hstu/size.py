@@ -128,9 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="a dlrmv4_hstu YAML config")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     args = parser.parse_args(argv)
+    from dlrmtrain.workloads import workload_of  # the command asks the family, as every entry point
+    from dlrmtrain.workloads.dlrmv4 import DLRMV4
+
     cfg = load_config(args.config, args.overrides)
-    if cfg.model.arch != "dlrmv4_hstu":
-        parser.error(f"{args.config}: model.arch is {cfg.model.arch!r}, not dlrmv4_hstu")
+    if workload_of(cfg) is not DLRMV4:
+        parser.error(f"{args.config}: model.arch is {cfg.model.arch!r}, not {DLRMV4.arch}")
     print(describe(cfg, model_size(cfg)))
 
 
