@@ -50,6 +50,8 @@ def _resume_and_finish(tmp_path: Path, extra_steps: int = 3, *overrides: str) ->
                     "checkpoint.every_steps=0", *overrides)
     rc, _ = finish(job, START_TIMEOUT)
     assert rc == 0, output_of(tmp_path)[-3000:]
+    console = sorted(tmp_path.glob("job-*.out"))[-1].read_text()  # the resumed job's
+    assert "FutureWarning" not in console, console[-3000:]  # torch's ShardedTensor deprecation, x4
     records = metrics(run_dir)
     # Nothing logged before the fault is lost: the resumed run only appends.
     assert [r for r in records if r["kind"] == "train"][:len(before)] == before
