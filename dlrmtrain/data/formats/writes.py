@@ -18,6 +18,13 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from dlrmtrain.run.errors import SetupError
+
+
+class NotEnoughSpace(SetupError):
+    """The output's file system has less free space than the output needs (refused before
+    anything is written)."""
+
 
 class OutputWriteError(OSError):
     """An output file could not be written; the message names it and the sizes."""
@@ -41,6 +48,18 @@ def free_bytes_at(path: str | Path) -> int:
     while not path.exists() and path != path.parent:
         path = path.parent
     return shutil.disk_usage(path).free
+
+
+def check_free_space(out: Path, needed: int, detail: str, advice: str,
+                     reclaimed: int = 0) -> None:
+    """Refuse, before anything is written, when `out`'s file system cannot take `needed`
+    bytes (`reclaimed`: bytes of old output the write replaces)."""
+    free = free_bytes_at(out)
+    if free + reclaimed < needed:
+        raise NotEnoughSpace(
+            f"{out} needs about {format_bytes(needed)} ({detail}) but its file system has "
+            f"{format_bytes(free)} free" + (f" (+{format_bytes(reclaimed)} it would replace)" if reclaimed else "")
+            + f": {advice} (nothing was written)")
 
 
 def write_failed(path: Path, error: OSError, written: int, expected: Optional[int],

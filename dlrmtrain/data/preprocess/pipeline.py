@@ -25,7 +25,7 @@ from tqdm import tqdm
 from dlrmtrain.data.formats import binary as bf
 from dlrmtrain.data.formats.criteo_text import BadLineStats, iter_parsed
 from dlrmtrain.features import log_transform_dense
-from dlrmtrain.data.preprocess.space import check_free_space, estimate_space
+from dlrmtrain.data.preprocess.space import estimate_space, refuse_if_short
 from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
@@ -329,7 +329,7 @@ def preprocess(
     out = Path(out_dir)
     space = estimate_space({p: part_name(p) for p in inputs}, out, mode, hash_range, workers,
                            out / STAGING_DIR, out / PASS1_DIR, out / VOCAB_FILE)
-    check_free_space(out, space)  # before anything is written, the folder included
+    refuse_if_short(out, space)  # before anything is written, the folder included
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out, PREPROCESS_LOCK_FILE, user="another preprocess",
                    advice="choose another --out")

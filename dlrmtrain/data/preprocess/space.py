@@ -21,16 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlrmtrain.data.formats import binary as bf
-from dlrmtrain.data.formats.writes import format_bytes, free_bytes_at
+from dlrmtrain.data.formats.writes import check_free_space, format_bytes
 from dlrmtrain.data.preprocess.vocab import distinct_bytes, vocabulary_bytes
-from dlrmtrain.run.errors import SetupError
 
 SAMPLE_BYTES = 1 << 20
 MARGIN_BYTES = 1 << 20  # manifest, part.json files, the lock, directory entries
-
-
-class NotEnoughSpace(SetupError):
-    """The output's file system has less free space than the preprocess needs."""
 
 
 def estimate_rows(path: str | Path) -> int:
@@ -104,14 +99,10 @@ def estimate_space(parts: dict[str, str], out: Path, mode: str, hash_range: int,
     return est
 
 
-def check_free_space(out: Path, est: SpaceEstimate) -> None:
-    """Refuse, before anything is written, when `out`'s file system cannot hold `est`."""
-    if not est.rows:
-        return
-    free = free_bytes_at(out)
-    if free < est.total:
-        raise NotEnoughSpace(
-            f"{out} needs about {format_bytes(est.total)} for this preprocess ({est.render()}) "
-            f"but its file system has {format_bytes(free)} free: free some space or choose "
-            f"another --out (nothing was written)")
+def refuse_if_short(out: Path, est: SpaceEstimate) -> None:
+    """Refuse (NotEnoughSpace), before anything is written, when `out`'s file system
+    cannot hold `est`."""
+    if est.rows:
+        check_free_space(out, est.total, est.render(), "free some space or choose another --out")
+
 

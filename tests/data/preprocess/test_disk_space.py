@@ -108,3 +108,20 @@ def test_a_vocabulary_that_does_not_fit_leaves_no_temporary_file(tiny_fs):
     assert message.startswith(f"could not write {fs / 'vocabulary.npz'} (no space left on device) after "), message
     assert "of about 12.5 MB expected" in message and "removed vocabulary.npz.tmp" in message, message
     assert list(fs.iterdir()) == []  # the old `vocabulary.npz.tmp.npz` kept the disk full
+
+
+def test_yambda_preprocess_checks_the_space_before_writing(tmp_path, tiny_fs, capsys):
+    from dlrmtrain.data.yambda.preprocess import main as yambda_main
+    from tests.data.yambda.test_parquet_samples import write_dataset
+
+    write_dataset(tmp_path)
+    args = ["--events", str(tmp_path / "multi_event.parquet"), "--train-days", "2",
+            "--artists", str(tmp_path / "artist_item_mapping.parquet"),
+            "--albums", str(tmp_path / "album_item_mapping.parquet")]
+    small, roomy = tiny_fs("32k"), tiny_fs("1m")
+    assert yambda_main([*args, "--out", str(small / "prep")]) == 2
+    [line] = error_lines(capsys.readouterr().err)
+    assert f"{small / 'prep'} needs about " in line and "(store " in line and "32.0 KB free" in line, line
+    assert list(small.iterdir()) == []
+    assert yambda_main([*args, "--out", str(roomy / "prep")]) == 0
+    assert (roomy / "prep" / "store.json").is_file() and not (roomy / "prep" / "_buckets").exists()
