@@ -138,7 +138,8 @@ def _remap_staged_part(path: str, out_dir: str, bad_lines: str,
     """Vocabulary pass 2 for one file: hashed ids -> vocabulary ids; no text is parsed again.
 
     Dense and labels are taken over from the staging part unchanged (hard links), the staging
-    part is removed only after the final part is committed.
+    part is removed only after the final part is committed. (`expected_rows` is taken for the
+    jobs' common signature: the staged part knows its rows.)
     """
     vocab = _worker_mapper
     assert vocab is not None, "worker started without a vocabulary"
@@ -272,7 +273,7 @@ def _forget_stale_stage(out_dir: Path, path: str) -> None:
 
 def _build_vocabulary(
     inputs: Sequence[str], out_dir: Path, hash_range: int, bad_lines: str, workers: int, progress: bool,
-    expected_rows: dict[str, int],
+    expected_rows: dict[str, int] | None = None,
 ) -> MlperfVocabulary:
     """Pass 1 where still needed, then the vocabulary over every input (saved, reused on resume)."""
     if not 0 < hash_range <= 2**31:
@@ -292,7 +293,7 @@ def _build_vocabulary(
 
     todo = [p for p in inputs if needs_stage(p)]
     _run_pool(
-        [(_stage_file, (p, str(out_dir), hash_range, bad_lines, expected_rows.get(p))) for p in todo],
+        [(_stage_file, (p, str(out_dir), hash_range, bad_lines, (expected_rows or {}).get(p))) for p in todo],
         workers, "pass 1/2 (parse, count distinct)", sum(Path(p).stat().st_size for p in todo), progress,
     )
     vocab_path = out_dir / VOCAB_FILE
