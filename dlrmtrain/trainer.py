@@ -46,7 +46,7 @@ from dlrmtrain.run.peers import note_step, peer_failure
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
 from dlrmtrain.run.resume import refuse_resume_without_checkpoint
-from dlrmtrain.run.signals import stop_signal
+from dlrmtrain.run.signals import stop_signal, stop_signals_held
 from dlrmtrain.run.stop import StopAtLoggingSteps, announce_stop, announced_stop
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import resolved_pipeline, unresolved_keys
@@ -297,7 +297,16 @@ class Trainer:
     # ---- checkpoints ------------------------------------------------------
     def save_checkpoint(self) -> None:
         """Save; a failed save stops the run (CheckpointWriteError, on every rank), or
-        with `checkpoint.on_error=warn` is reported and training goes on."""
+        with `checkpoint.on_error=warn` is reported and training goes on. A second stop
+        signal during the save stops the run once it has ended (and is recorded)."""
+        with stop_signals_held(f"the checkpoint save of step {self.step}", self._last_checkpoint):
+            self._save_checkpoint()
+
+    def _last_checkpoint(self) -> str:
+        last = self.checkpointer.last_step
+        return "last checkpoint " + (f"step {last}" if last is not None else "none")
+
+    def _save_checkpoint(self) -> None:
         position = TrainerPosition(step=self.step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
                                    schedule=self.schedule.state_dict())

@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from dlrmtrain.known_warnings import checkpoint_calls_quiet
 from dlrmtrain.run.errors import CheckpointWriteError, SetupError
 from dlrmtrain.run.identity import differing_keys, fingerprint
 from dlrmtrain.run.leftovers import OWNER, owner_record
@@ -263,8 +264,9 @@ class Checkpointer:
 
     def _write(self, partial: Path, model: torch.nn.Module, optimizer) -> None:
         """Every rank: its shards (DCP raises on every rank if any rank fails) and RNG state."""
-        dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
-                 checkpoint_id=str(partial))
+        with checkpoint_calls_quiet():
+            dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()},
+                     checkpoint_id=str(partial))
         torch.save(rng_state(), partial / f"rng_rank{self.rank}.pt")
 
     def _disk_full(self) -> bool:
@@ -372,7 +374,8 @@ class Checkpointer:
 
     def load(self, path: Path, model: torch.nn.Module, optimizer) -> TrainerPosition:
         state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-        dcp.load(state, checkpoint_id=str(path))  # fills the tensors above in place
+        with checkpoint_calls_quiet():
+            dcp.load(state, checkpoint_id=str(path))  # fills the tensors above in place
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
         self.last_step = int(json.loads((path / TRAINER_STATE).read_text())["step"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.jobs import (finish, kill_job, metrics, output_of, start_job,
+from tests.reliability.jobs import (finish, kill_job, metrics, output_of, start_cli_job, start_job,
                                     wait_until, worker_pid)
 
 # 16 steps per epoch; a checkpoint after every step, so a kill most likely lands in a save.
@@ -50,6 +50,8 @@ def _resume_and_finish(tmp_path: Path, extra_steps: int = 3, *overrides: str) ->
                     "checkpoint.every_steps=0", *overrides)
     rc, _ = finish(job, START_TIMEOUT)
     assert rc == 0, output_of(tmp_path)[-3000:]
+    console = sorted(tmp_path.glob("job-*.out"))[-1].read_text()  # the resumed job's
+    assert "FutureWarning" not in console, console[-3000:]  # torch's ShardedTensor deprecation, x4
     records = metrics(run_dir)
     # Nothing logged before the fault is lost: the resumed run only appends.
     assert [r for r in records if r["kind"] == "train"][:len(before)] == before
@@ -98,6 +100,38 @@ def test_sigint_to_torchrun_then_resume_past_a_corrupted_newest_checkpoint(tmp_p
     shard.write_bytes(bytes(data))
     marker = _resume_and_finish(tmp_path)
     assert marker["step"] == valid[-2]  # the corrupted one was refused
+
+
+def test_second_signal_during_a_checkpoint_save_stops_after_it_and_names_both(tmp_path):
+    """Ctrl-C, then SIGTERM while the checkpoint is being written (tables big enough that a
+    save takes a while): the save ends and is valid, and the `stopped` record names both
+    signals. The second signal used to be raised inside the save: a write failure."""
+    run_dir = tmp_path / "f"
+    job = start_cli_job(tmp_path, *LONG, "data.table_sizes=" + str([120000] * 26))  # 190 MB a save
+    try:
+        wait_until(_trained_past(run_dir, 2), START_TIMEOUT, job)
+        wait_until(lambda: any((run_dir / "checkpoints").glob("*.partial")), 60, job, poll_s=0.002)
+        ranks = [worker_pid(job, r) for r in (0, 1)]
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            for pid in ranks:
+                os.kill(pid, sig)
+            time.sleep(0.05)
+        rc, seconds = finish(job, END_BOUND + 30)
+    finally:
+        kill_job(job)
+    out = output_of(tmp_path)
+    assert rc == 128 + signal.SIGINT, out[-3000:]  # the first signal's, as for one alone
+    assert "Traceback" not in out and "could not be written" not in out, out[-3000:]
+    stopped = metrics(run_dir)[-1]
+    assert stopped["kind"] == "stopped", stopped
+    assert stopped["reason"].startswith("interrupted by SIGINT, then SIGTERM during the checkpoint "
+                                        "save of step "), stopped
+    saved = int(stopped["reason"].split("save of step ")[1].split(";")[0])
+    assert f"stopped once it had ended; last checkpoint step {saved}" in stopped["reason"], stopped
+    checkpoints = _checkpoints(run_dir)
+    assert checkpoints[saved] is None and all(p is None for p in checkpoints.values()), checkpoints
+    assert not list((run_dir / "checkpoints").glob("*.partial"))
+
 
 
 def _preprocess_cmd(paths, out):

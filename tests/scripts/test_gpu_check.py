@@ -1,10 +1,14 @@
-"""scripts/gpu_check.py runs on CPU (so the prepared device check cannot rot) with torch alone."""
+"""scripts/gpu_check.py runs on CPU (so the prepared device check cannot rot) with torch alone,
+at both sizes: `--quick` and the full size a lent GPU runs (every case at every size; a case
+whose inputs fit one size only failed there, unseen by a quick-only run)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -13,7 +17,7 @@ BLOCKED_RUN = (
     "import runpy, sys\n"
     "for name in ('torchrec', 'fbgemm_gpu'):\n"
     "    sys.modules[name] = None\n"
-    "sys.argv = ['gpu_check.py', '--device', 'cpu', '--quick']\n"
+    "sys.argv = ['gpu_check.py', '--device', 'cpu'] + sys.argv[1:]\n"
     "try:\n"
     "    runpy.run_path('scripts/gpu_check.py', run_name='__main__')\n"
     "except SystemExit as e:\n"
@@ -21,8 +25,10 @@ BLOCKED_RUN = (
 )
 
 
-def test_gpu_check_runs_on_cpu_without_torchrec_or_fbgemm():
-    out = subprocess.run([sys.executable, "-c", BLOCKED_RUN], cwd=REPO, capture_output=True, text=True,
+@pytest.mark.parametrize("size", ["--quick", "full"])
+def test_gpu_check_runs_on_cpu_without_torchrec_or_fbgemm(size):
+    args = [size] if size.startswith("--") else []
+    out = subprocess.run([sys.executable, "-c", BLOCKED_RUN, *args], cwd=REPO, capture_output=True, text=True,
                          timeout=300, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()

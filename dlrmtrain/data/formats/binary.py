@@ -27,6 +27,7 @@ import numpy as np
 
 from dlrmtrain.features import NUM_DENSE, NUM_SPARSE
 from dlrmtrain.data.parts import RowBlock
+from dlrmtrain.data.formats.writes import atomic_output, write_failed
 
 FORMAT_NAME = "dlrmtrain-criteo"
 FORMAT_VERSION = 1
@@ -46,19 +47,39 @@ def source_fingerprint(path: str | Path) -> dict[str, Any]:
     return {"path": str(Path(path).resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-class PartWriter:
-    """Streams rows into a part's temporary directory; `commit` renames it into place."""
+def row_bytes(fname: str) -> int:
+    """Bytes one row takes in a part's file `fname`."""
+    dtype, cols = PART_FILES[fname]
+    return dtype.itemsize * max(cols, 1)
 
-    def __init__(self, root: str | Path, name: str) -> None:
+
+PART_ROW_BYTES = sum(row_bytes(f) for f in PART_FILES)  # 157: all three files of one row
+
+
+class PartWriter:
+    """Streams rows into a part's temporary directory; `commit` renames it into place.
+
+    A failed write raises `OutputWriteError` naming the file and the bytes written of the
+    `expected_rows`' worth; the caller's `abort` removes the temporary directory."""
+
+    def __init__(self, root: str | Path, name: str, expected_rows: int | None = None) -> None:
         self.final_dir = Path(root) / "parts" / name
         self.tmp_dir = Path(root) / "parts" / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
         self.tmp_dir.mkdir(parents=True)
         self.name = name
         self.rows = 0
+        self.expected_rows = expected_rows
         self._files = {fname: open(self.tmp_dir / fname, "wb") for fname in PART_FILES}
         self._hashes = {fname: hashlib.sha256() for fname in PART_FILES}
+        self._written = dict.fromkeys(PART_FILES, 0)
         self._adopted: dict[str, str] = {}
+
+    def _failed(self, fname: str, error: OSError, expected_rows: int | None = None) -> OSError:
+        rows = self.expected_rows if expected_rows is None else expected_rows
+        return write_failed(self.final_dir / fname, error, self._written[fname],
+                            rows * row_bytes(fname) if rows else None,
+                            removed=f"the unfinished part {self.tmp_dir.name}")
 
     def append(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray) -> None:
         self.append_file("dense.f32", dense)
@@ -73,7 +94,11 @@ class PartWriter:
         if arr.ndim != (2 if cols else 1) or (cols and arr.shape[1] != cols):
             raise ValueError(f"{self.name}/{fname}: bad shape {arr.shape}")
         data = arr.tobytes()
-        self._files[fname].write(data)
+        try:
+            self._files[fname].write(data)
+        except OSError as e:
+            raise self._failed(fname, e) from None
+        self._written[fname] += len(data)
         self._hashes[fname].update(data)
 
     def adopt(self, fname: str, source: Path, sha256: str) -> None:
@@ -89,30 +114,44 @@ class PartWriter:
         try:
             os.link(source, target)
         except OSError:
-            shutil.copyfile(source, target)
+            try:
+                shutil.copyfile(source, target)
+            except OSError as e:
+                self._written[fname] = target.stat().st_size if target.exists() else 0
+                raise self._failed(fname, e, source.stat().st_size // row_bytes(fname)) from None
         self._adopted[fname] = sha256
 
     def commit(self, extra: dict[str, Any], rows: int | None = None) -> dict[str, Any]:
         """Close, check sizes, write part.json, and atomically move the part into place."""
         rows = self.rows if rows is None else rows
-        for f in self._files.values():
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+        for fname, f in self._files.items():
+            try:  # a full disk may show only now (buffered and delayed writes)
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+            except OSError as e:
+                raise self._failed(fname, e, rows) from None
         for fname, (dtype, cols) in PART_FILES.items():
             size = (self.tmp_dir / fname).stat().st_size
             if size != rows * max(cols, 1) * dtype.itemsize:
                 raise ValueError(f"{self.name}/{fname}: {size} bytes do not hold {rows} rows")
         sha = {**{k: h.hexdigest() for k, h in self._hashes.items()}, **self._adopted}
         meta = {"name": self.name, "rows": rows, "sha256": {k: sha[k] for k in PART_FILES}, **extra}
-        (self.tmp_dir / PART_META_NAME).write_text(json.dumps(meta, indent=1))
+        try:
+            (self.tmp_dir / PART_META_NAME).write_text(json.dumps(meta, indent=1))
+        except OSError as e:
+            raise write_failed(self.final_dir / PART_META_NAME, e, 0, None,
+                               removed=f"the unfinished part {self.tmp_dir.name}") from None
         shutil.rmtree(self.final_dir, ignore_errors=True)
         os.rename(self.tmp_dir, self.final_dir)
         return meta
 
     def abort(self) -> None:
         for f in self._files.values():
-            f.close()
+            try:
+                f.close()
+            except OSError:  # the buffered rest of a file on a full disk: removed below anyway
+                pass
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
@@ -126,9 +165,8 @@ def finished_part_meta(root: str | Path, name: str) -> dict[str, Any] | None:
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> None:
     path = Path(root) / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, **manifest}, indent=1))
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps({"format": FORMAT_NAME, "version": FORMAT_VERSION, **manifest}, indent=1))
 
 
 def read_manifest(root: str | Path) -> dict[str, Any]:

@@ -5,6 +5,9 @@
 
 Raw Criteo day files (plain or .gz) → dlrmtrain's binary layout. Resumable:
 rerun the same command after an interruption; finished parts are skipped.
+Exit 2: bad input, --out in use, or too little free space for the estimated output
+(refused before anything is written); exit 3: a write failed under way (the line names
+the file and its sizes; temporary files are removed, finished parts kept).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import argparse
 import sys
 
 from dlrmtrain.data.formats.criteo_text import BAD_LINE_POLICIES
+from dlrmtrain.data.formats.writes import OutputWriteError
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.data.preprocess.vocab import CATEGORICAL_MODES, MLPERF_HASH_RANGE
 from dlrmtrain.features import NUM_SPARSE
-from dlrmtrain.run.errors import SetupError
+from dlrmtrain.run.errors import EXIT_RUN_FAILED, SetupError
 
 
 def parse_table_sizes(text: str) -> list[int]:
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         summary = preprocess(args.inputs, args.out, args.mode, args.table_sizes, args.hash_range,
                              args.bad_lines, args.workers)
+    except OutputWriteError as e:  # a write failed under way (full disk): names file and sizes
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     except (ValueError, OSError, SetupError) as e:  # bad or unreadable input (the message
         print(f"error: {e}", file=sys.stderr)         # names the file), or --out in use
         return 2

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from dlrmtrain.data.formats import binary as bf
 from dlrmtrain.data.formats.criteo_text import BadLineStats, iter_parsed
 from dlrmtrain.features import log_transform_dense
+from dlrmtrain.data.preprocess.space import estimate_space, refuse_if_short
 from dlrmtrain.data.preprocess.vocab import (
     MLPERF_HASH_RANGE, DistinctCounter, MlperfVocabulary, PlainHash, load_distinct, save_distinct,
 )
@@ -109,7 +110,8 @@ def _report_bytes(n: int) -> None:
             _progress_counter.value += n
 
 
-def _stage_file(path: str, out_dir: str, hash_range: int, bad_lines: str) -> FileResult:
+def _stage_file(path: str, out_dir: str, hash_range: int, bad_lines: str,
+                expected_rows: int | None = None) -> FileResult:
     """Vocabulary pass 1 for one file: the only parse of its text.
 
     Writes a staging part (dense transformed, labels, categoricals already hashed modulo
@@ -117,7 +119,7 @@ def _stage_file(path: str, out_dir: str, hash_range: int, bad_lines: str) -> Fil
     """
     stats, counter = BadLineStats(), DistinctCounter(hash_range)
     out, name = Path(out_dir), part_name(path)
-    writer = bf.PartWriter(out / STAGING_DIR, name)
+    writer = bf.PartWriter(out / STAGING_DIR, name, expected_rows)
     try:
         for chunk in iter_parsed(path, bad_lines, stats, on_bytes=_report_bytes):
             hashed = (chunk.cats % np.uint32(hash_range)).astype(np.int32)
@@ -131,11 +133,13 @@ def _stage_file(path: str, out_dir: str, hash_range: int, bad_lines: str) -> Fil
     return FileResult(name, writer.rows, Path(path).stat().st_size, False, stats)
 
 
-def _remap_staged_part(path: str, out_dir: str, bad_lines: str) -> FileResult:
+def _remap_staged_part(path: str, out_dir: str, bad_lines: str,
+                       expected_rows: int | None = None) -> FileResult:
     """Vocabulary pass 2 for one file: hashed ids -> vocabulary ids; no text is parsed again.
 
     Dense and labels are taken over from the staging part unchanged (hard links), the staging
-    part is removed only after the final part is committed.
+    part is removed only after the final part is committed. (`expected_rows` is taken for the
+    jobs' common signature: the staged part knows its rows.)
     """
     vocab = _worker_mapper
     assert vocab is not None, "worker started without a vocabulary"
@@ -144,7 +148,7 @@ def _remap_staged_part(path: str, out_dir: str, bad_lines: str) -> FileResult:
     meta = bf.finished_part_meta(staging_root, name)
     assert meta is not None, f"{name}: staging part missing"
     staged = bf.BinaryPart(staging_root, name, meta["rows"])
-    writer = bf.PartWriter(out, name)
+    writer = bf.PartWriter(out, name, meta["rows"])
     try:
         for lo in range(0, meta["rows"], REMAP_ROWS):
             hi = min(lo + REMAP_ROWS, meta["rows"])
@@ -175,12 +179,13 @@ def _stats_from_meta(meta: dict[str, Any]) -> BadLineStats:
     return stats
 
 
-def _convert_text_file(path: str, out_dir: str, bad_lines: str) -> FileResult:
+def _convert_text_file(path: str, out_dir: str, bad_lines: str,
+                       expected_rows: int | None = None) -> FileResult:
     """Hash mode, the single pass for one file: parse, hash ids, transform dense, write the part."""
     mapper = _worker_mapper
     assert mapper is not None, "worker started without a categorical mapper"
     stats = BadLineStats()
-    writer = bf.PartWriter(out_dir, part_name(path))
+    writer = bf.PartWriter(out_dir, part_name(path), expected_rows)
     try:
         for chunk in iter_parsed(path, bad_lines, stats, on_bytes=_report_bytes):
             writer.append(log_transform_dense(chunk.dense), mapper.map(chunk.cats), chunk.labels)
@@ -268,6 +273,7 @@ def _forget_stale_stage(out_dir: Path, path: str) -> None:
 
 def _build_vocabulary(
     inputs: Sequence[str], out_dir: Path, hash_range: int, bad_lines: str, workers: int, progress: bool,
+    expected_rows: dict[str, int] | None = None,
 ) -> MlperfVocabulary:
     """Pass 1 where still needed, then the vocabulary over every input (saved, reused on resume)."""
     if not 0 < hash_range <= 2**31:
@@ -287,7 +293,7 @@ def _build_vocabulary(
 
     todo = [p for p in inputs if needs_stage(p)]
     _run_pool(
-        [(_stage_file, (p, str(out_dir), hash_range, bad_lines)) for p in todo],
+        [(_stage_file, (p, str(out_dir), hash_range, bad_lines, (expected_rows or {}).get(p))) for p in todo],
         workers, "pass 1/2 (parse, count distinct)", sum(Path(p).stat().st_size for p in todo), progress,
     )
     vocab_path = out_dir / VOCAB_FILE
@@ -322,22 +328,34 @@ def preprocess(
     inputs = [str(p) for p in inputs]
     _check_unique_names(inputs)
     out = Path(out_dir)
+    space = estimate_space({p: part_name(p) for p in inputs}, out, mode, hash_range, workers,
+                           out / STAGING_DIR, out / PASS1_DIR, out / VOCAB_FILE)
+    refuse_if_short(out, space)  # before anything is written, the folder included
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out, PREPROCESS_LOCK_FILE, user="another preprocess",
                    advice="choose another --out")
     lock.acquire()  # one writer per dataset: a second one would orphan the first's parts
     try:
         return _preprocess_locked(inputs, out, mode, table_sizes, hash_range, bad_lines,
-                                  workers, progress)
+                                  workers, progress, space.rows)
+    except BaseException:
+        _remove_dead_writers(out)  # a failed pool's other workers were killed mid-part
+        raise
     finally:
         lock.release()
 
 
-def _preprocess_locked(inputs: list[str], out: Path, mode: str, table_sizes, hash_range: int,
-                       bad_lines: str, workers: int, progress: bool) -> PreprocessSummary:
-    start = time.perf_counter()
-    for parts in (out / "parts", out / STAGING_DIR / "parts"):  # left by killed workers
+def _remove_dead_writers(out: Path) -> None:
+    """The temporary part folders of writers that are gone (killed workers, an earlier run)."""
+    for parts in (out / "parts", out / STAGING_DIR / "parts"):
         remove_dead_tmp_dirs(parts)
+
+
+def _preprocess_locked(inputs: list[str], out: Path, mode: str, table_sizes, hash_range: int,
+                       bad_lines: str, workers: int, progress: bool,
+                       expected_rows: dict[str, int]) -> PreprocessSummary:
+    start = time.perf_counter()
+    _remove_dead_writers(out)  # left by killed workers
     existing = out / bf.MANIFEST_NAME
     if existing.exists():
         old = bf.read_manifest(out)
@@ -350,7 +368,7 @@ def _preprocess_locked(inputs: list[str], out: Path, mode: str, table_sizes, has
             raise ValueError("mode 'hash' needs table_sizes")
         mapper = PlainHash(list(table_sizes))
     elif mode == "mlperf_vocab":
-        mapper = _build_vocabulary(inputs, out, hash_range, bad_lines, workers, progress)
+        mapper = _build_vocabulary(inputs, out, hash_range, bad_lines, workers, progress, expected_rows)
         steps["pass 1 + vocabulary"] = time.perf_counter() - start
     else:
         raise ValueError(f"unknown categorical mode {mode!r}; expected 'mlperf_vocab' or 'hash'")
@@ -359,7 +377,7 @@ def _preprocess_locked(inputs: list[str], out: Path, mode: str, table_sizes, has
     todo = [p for p in inputs if skipped[p] is None]
     convert = _convert_text_file if mode == "hash" else _remap_staged_part
     converted = _run_pool(
-        [(convert, (p, str(out), bad_lines)) for p in todo],
+        [(convert, (p, str(out), bad_lines, expected_rows.get(p))) for p in todo],
         workers, "convert" if mode == "hash" else "pass 2/2 (remap ids)",
         sum(Path(p).stat().st_size for p in todo), progress, mapper,
     )

@@ -17,11 +17,11 @@ Plain hashing (`id = value % table_size`) is one pass and needs no vocabulary.
 from __future__ import annotations
 
 import mmap
-import os
 from pathlib import Path
 
 import numpy as np
 
+from dlrmtrain.data.formats.writes import save_npz
 from dlrmtrain.features import NUM_SPARSE
 
 MLPERF_HASH_RANGE = 40_000_000
@@ -88,9 +88,21 @@ class DistinctCounter:
 
 def save_distinct(path: Path, values: list[np.ndarray], hash_range: int) -> None:
     """Write one file's pass-1 result, then rename, so a partial file is never read as done."""
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, hash_range=np.int64(hash_range), **{f"col_{i}": v for i, v in enumerate(values)})
-    os.replace(tmp, path)
+    save_npz(path, sum(v.nbytes for v in values) + NPZ_OVERHEAD_BYTES,
+             hash_range=np.int64(hash_range), **{f"col_{i}": v for i, v in enumerate(values)})
+
+
+NPZ_OVERHEAD_BYTES = 64 * 1024  # zip entries and .npy headers of a few dozen arrays, with room
+
+
+def distinct_bytes(rows: int, hash_range: int) -> int:
+    """At most the bytes of one file's pass-1 result: per column, one uint32 per distinct value."""
+    return NUM_SPARSE * min(rows, hash_range) * 4 + NPZ_OVERHEAD_BYTES
+
+
+def vocabulary_bytes(hash_range: int) -> int:
+    """The bytes of vocabulary.npz: one bit per hashed value per column (130 MB at 40M)."""
+    return NUM_SPARSE * -(-hash_range // 64) * 8 + NPZ_OVERHEAD_BYTES
 
 
 def load_distinct(path: Path) -> tuple[list[np.ndarray], int]:
@@ -128,9 +140,8 @@ class MlperfVocabulary:
         return cls(bitmaps, hash_range)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, bitmaps=self.bitmaps, hash_range=np.int64(self.hash_range))
-        os.replace(tmp, path)
+        save_npz(path, vocabulary_bytes(self.hash_range),
+                 bitmaps=self.bitmaps, hash_range=np.int64(self.hash_range))
 
     @classmethod
     def load(cls, path: Path) -> "MlperfVocabulary":

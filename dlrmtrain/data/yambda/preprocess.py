@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.format import open_memmap
 
+from dlrmtrain.data.formats.writes import OutputWriteError, check_free_space, format_bytes, write_failed
+from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR, SetupError
 from dlrmtrain.data.yambda.events import TemporalSplit, session_ids
 from dlrmtrain.data.yambda.parquet import (
     ALBUM_MAPPING_COLUMNS,
@@ -65,6 +67,28 @@ def _scan_extent(events: Path, batch_rows: int) -> tuple[int, int, int]:
     return rows, t_max, uid_max
 
 
+STORE_EVENT_BYTES = sum(dt.itemsize for dt in EVENT_DTYPES.values())  # 26
+SPILL_EVENT_BYTES = sum(EVENT_DTYPES[c].itemsize for c in RAW_COLUMNS)  # 22
+
+
+def _space_needed(rows: int, uid_max: int, bucket_events: int) -> tuple[int, str]:
+    """(bytes, what they are) at the peak, at most: the store (every event, a bound for the
+    training events plus the test day's), one bucket's spill next to it (pass 3 removes each
+    bucket's spill once it is in the store) and the per-user arrays."""
+    store = rows * STORE_EVENT_BYTES
+    spill = min(rows, bucket_events) * SPILL_EVENT_BYTES
+    users = 2 * 8 * (uid_max + 1)
+    detail = (f"store {format_bytes(store)}, one bucket's spill {format_bytes(spill)}, "
+              f"user index {format_bytes(users)}")
+    return store + spill + users + (1 << 16), detail  # + store.json and the .npy headers
+
+
+def _replaced_bytes(out: Path) -> int:
+    """Bytes of an earlier store in `out` that this preprocess overwrites."""
+    old = [*(out / "events").glob("*.npy"), *(out / "_buckets").glob("*.bin")]
+    return sum(p.stat().st_size for p in old if p.is_file())
+
+
 def _catalog(artists: Path, albums: Path) -> tuple[np.ndarray, np.ndarray]:
     """item → artist and item → album arrays over max(item_id) + 1 of both maps (0: unmapped)."""
     a_items, a_vals = read_mapping(artists, "artist_id")
@@ -81,7 +105,9 @@ def preprocess_yambda(events: str | Path, artists: str | Path, albums: str | Pat
                       batch_rows: int = 4_000_000) -> dict:
     """Prepare `out` from the raw files; returns the store.json record. `bucket_events` bounds
     pass 3's memory (about 60 bytes per event of one bucket); disk holds the raw file, the
-    bucket spill and the store, the spill shrinking as the store fills (26 bytes per event each)."""
+    bucket spill (22 bytes per event) and the store (26), the spill shrinking as the store
+    fills. The space is checked after pass 1 (which only reads), before anything is written;
+    the spill is removed on every failure."""
     events, out = Path(events), Path(out)
     rows, t_max, uid_max = _scan_extent(events, batch_rows)
     split = TemporalSplit.from_last_timestamp(t_max, train_days, gap_minutes, test_days)
@@ -89,7 +115,23 @@ def preprocess_yambda(events: str | Path, artists: str | Path, albums: str | Pat
         raise ValueError(f"{events}: uid {uid_max} does not fit the store's uint32")
     num_buckets = max(1, -(-rows // bucket_events))
     uids_per_bucket = -(-(uid_max + 1) // num_buckets)
+    needed, detail = _space_needed(rows, uid_max, bucket_events)
+    check_free_space(out, needed, detail, "free some space or choose another --out",
+                     reclaimed=_replaced_bytes(out))
+    spill = out / "_buckets"
+    try:
+        return _prepare(events, artists, albums, out, rows, t_max, uid_max, split, num_buckets,
+                        uids_per_bucket, train_days, gap_minutes, test_days, session_gap_seconds,
+                        batch_rows)
+    except BaseException:
+        shutil.rmtree(spill, ignore_errors=True)  # the spill is temporary: never left to fill a disk
+        raise
 
+
+def _prepare(events: Path, artists, albums, out: Path, rows: int, t_max: int, uid_max: int,
+             split: TemporalSplit, num_buckets: int, uids_per_bucket: int, train_days: int,
+             gap_minutes: int, test_days: int, session_gap_seconds: int, batch_rows: int) -> dict:
+    """Passes 2 and 3, and the store's small files (see the module docstring)."""
     spill = out / "_buckets"
     if spill.exists():
         shutil.rmtree(spill)
@@ -118,7 +160,12 @@ def preprocess_yambda(events: str | Path, artists: str | Path, albums: str | Pat
             for b in np.flatnonzero(np.diff(bounds)):
                 sel = order[bounds[b]:bounds[b + 1]]
                 for c in RAW_COLUMNS:
-                    tr[c][sel].astype(EVENT_DTYPES[c], copy=False).tofile(files[(b, c)])
+                    try:
+                        tr[c][sel].astype(EVENT_DTYPES[c], copy=False).tofile(files[(b, c)])
+                    except OSError as e:
+                        raise write_failed(spill / f"{b}_{c}.bin", e, files[(b, c)].tell(),
+                                           rows * EVENT_DTYPES[c].itemsize // num_buckets,
+                                           removed=f"the spill {spill.name}/") from None
                 bucket_rows[b] += len(sel)
     finally:
         for f in files.values():
@@ -205,9 +252,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             open_parquet(Path(path), columns)
         meta = preprocess_yambda(a.events, a.artists, a.albums, a.out, a.train_days, a.gap_minutes,
                                  a.test_days, a.session_gap_seconds, a.bucket_events)
-    except (ValueError, OSError, ImportError) as e:  # bad or missing input (the message names
-        print(f"error: {e}", file=sys.stderr)         # the file), or no pyarrow
-        return 2
+    except OutputWriteError as e:  # under way (a full disk): names the file and its sizes
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except (ValueError, OSError, ImportError, SetupError) as e:  # bad or missing input (the
+        print(f"error: {e}", file=sys.stderr)  # message names the file), no pyarrow, or too
+        return EXIT_USER_ERROR                 # little space (refused before writing)
     print(json.dumps(meta, indent=2))
     return 0
 
