@@ -120,6 +120,9 @@ def describe_run(cfg, world_size: int, nnodes: int) -> str:
 
 
 def train(argv: list[str]) -> int:
+    from dlrmtrain.run.parent import stop_with_owner
+
+    stop_with_owner()  # started by the mlperf runner: never outlive it
     args = _train_parser().parse_intermixed_args(argv)
     from dlrmtrain.config import ConfigError, load_config
     from dlrmtrain.launch import LaunchSpec
