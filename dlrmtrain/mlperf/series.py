@@ -52,17 +52,30 @@ def flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+_ABSENT = object()
+
+
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: saved → current` for every entry of two plans that differs."""
     a, b = flat(saved), flat(current)
-    return [f"{k}: {_show(a.get(k, '<absent>'))} → {_show(b.get(k, '<absent>'))}"
-            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+    return [_difference(k, a.get(k, _ABSENT), b.get(k, _ABSENT))
+            for k in sorted(set(a) | set(b)) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+
+
+def _difference(key: str, saved: Any, current: Any) -> str:
+    if isinstance(saved, str) and isinstance(current, str) and "\n" in saved + current:
+        old, new = saved.splitlines(), current.splitlines()  # the derived rules' text
+        line = next((i for i, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
+        return f"{key}: line {line + 1} {_line(old, line)} → {_line(new, line)}"
+    return f"{key}: {_show(saved)} → {_show(current)}"
+
+
+def _line(lines: list[str], i: int) -> str:
+    return json.dumps(lines[i].strip()) if i < len(lines) else "(end)"
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, str) and "\n" in value:  # the derived rules' text
-        return f"<{len(value.splitlines())} lines of YAML>"
-    return json.dumps(value)
+    return "(absent)" if value is _ABSENT else json.dumps(value)
 
 
 def claim(out: Path, plan: dict[str, Any]) -> RunLock:
@@ -70,33 +83,43 @@ def claim(out: Path, plan: dict[str, Any]) -> RunLock:
     held lock. Raises SeriesRefused, having written nothing, when `out` holds another
     plan, a plan it cannot read, or files that are no series."""
     plan = json.loads(json.dumps(plan))  # as it reads back from the file
-    path = out / PLAN_FILE
-    if out.is_dir() and any(out.iterdir()):
-        if not path.is_file():
-            raise SeriesRefused(f"--out {out} holds files but no {PLAN_FILE}: not a series "
-                                f"this runner started (or one from before {PLAN_FILE}); "
-                                f"choose another --out")
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise SeriesRefused(f"{path}: unreadable ({e}); choose another --out") from None
-        diff = differences(saved, plan)
-        if diff:
-            more = f"; and {len(diff) - MAX_LISTED} more" if len(diff) > MAX_LISTED else ""
-            raise SeriesRefused(
-                f"--out {out} holds a series with another plan ({path}): "
-                f"{'; '.join(diff[:MAX_LISTED])}{more}. Re-run it as it was started to "
-                f"continue it, or choose another --out")
+    check_plan(out, plan)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out, LOCK_FILE, user="another dlrmtrain mlperf",
                    advice="choose another --out")
     try:
         lock.acquire()
-    except SetupError as e:
+        check_plan(out, plan)  # again, under the lock: a runner that held it may have written one
+    except (SetupError, SeriesRefused) as e:
+        lock.release()
         raise SeriesRefused(str(e)) from None
-    if not path.is_file():
-        write_atomically(path, json.dumps(plan, indent=2) + "\n")
+    if not (out / PLAN_FILE).is_file():
+        write_atomically(out / PLAN_FILE, json.dumps(plan, indent=2) + "\n")
     return lock
+
+
+def check_plan(out: Path, plan: dict[str, Any]) -> None:
+    """Refuse (SeriesRefused) an `out` this plan cannot start or continue."""
+    path = out / PLAN_FILE
+    if out.exists() and not out.is_dir():
+        raise SeriesRefused(f"--out {out} is a file, not a folder")
+    if not out.is_dir() or not any(p.name != LOCK_FILE for p in out.iterdir()):
+        return  # a new series
+    if not path.is_file():
+        raise SeriesRefused(f"--out {out} holds files but no {PLAN_FILE}: not a series "
+                            f"this runner started (or one from before {PLAN_FILE}); "
+                            f"choose another --out")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SeriesRefused(f"{path}: unreadable ({e}); choose another --out") from None
+    diff = differences(saved, plan)
+    if diff:
+        more = f"; and {len(diff) - MAX_LISTED} more" if len(diff) > MAX_LISTED else ""
+        raise SeriesRefused(
+            f"--out {out} holds a series with another plan ({path}): "
+            f"{'; '.join(diff[:MAX_LISTED])}{more}. Re-run it as it was started to "
+            f"continue it, or choose another --out")
 
 
 def check_not_in_use(run_dirs: list[Path]) -> None:

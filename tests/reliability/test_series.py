@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config.loader import dump_config
+from dlrmtrain.distributed.sim_nodes import unavailable_reason
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 from tests.reliability.jobs import REPO, metrics
@@ -173,13 +174,10 @@ def test_an_interrupted_run_without_a_checkpoint_is_set_aside_whole(killed_serie
     assert with_checkpoint.resume_from is not None and with_checkpoint.set_aside is None
 
 
-def _sim_reason() -> str | None:
-    from dlrmtrain.distributed.sim_nodes import unavailable_reason
-
-    return unavailable_reason(2)
+SIM_REASON = unavailable_reason(2)
 
 
-@pytest.mark.skipif(_sim_reason() is not None, reason=str(_sim_reason()))
+@pytest.mark.skipif(SIM_REASON is not None, reason=str(SIM_REASON))
 def test_kill_9_of_the_runner_on_simulated_nodes_leaves_no_agent(tmp_path):
     """With --sim-nodes the runner's launcher runs one torchrun agent per node, in
     namespaces of their own: kill -9 of the runner left the launcher, both agents and
@@ -194,3 +192,31 @@ def test_kill_9_of_the_runner_on_simulated_nodes_leaves_no_agent(tmp_path):
     assert not left, "processes of the killed runner's simulated nodes are still alive"
     stopped = metrics(run_dir)[-1]
     assert stopped["kind"] == "stopped", stopped
+
+
+def test_a_series_folder_is_claimed_by_one_plan_and_one_runner(tmp_path):
+    """plan.json is written once, under series.lock; a second runner, another plan, a
+    folder that is no series and a file are refused, each having written nothing."""
+    from dlrmtrain.mlperf.series import SeriesRefused, claim
+
+    out = tmp_path / "m"
+    plan = {"codecs": ["none"], "rules": "a: 1\nb: 2\n"}
+    held = claim(out, plan)
+    with pytest.raises(SeriesRefused, match="in use by another dlrmtrain mlperf"):
+        claim(out, plan)
+    held.release()
+    written = _snapshot(out)
+    with pytest.raises(SeriesRefused, match=r'codecs: \["none"\] → \["dedup"\]; '
+                                            r'rules: line 2 "b: 2" → "b: 3"'):
+        claim(out, {"codecs": ["dedup"], "rules": "a: 1\nb: 3\n"})
+    claim(out, plan).release()  # the same plan continues
+    assert _snapshot(out).keys() == written.keys()
+    assert json.loads((out / "plan.json").read_text()) == plan
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(SeriesRefused, match="holds files but no plan.json"):
+        claim(tmp_path / "other", plan)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SeriesRefused, match="is a file, not a folder"):
+        claim(tmp_path / "f", plan)
