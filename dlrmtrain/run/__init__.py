@@ -7,6 +7,7 @@
   checkpoint.py  atomic, verified checkpoints; retention; size against free space
   leftovers.py   temporary folders of writers that died
   signals.py     SIGTERM / SIGINT: stop at a step boundary, say where, exit 128+signal
+  parent.py      a rank never outlives its launcher, nor a launcher its mlperf runner
   stop.py        a rank that stops the job on purpose tells the others why
   progress.py    the per-step state of Trainer.train and the closing summary
   console.py     what a person reads: the compact plan and comm summary, errors on their own line

@@ -1,4 +1,4 @@
-"""A rank never outlives its launcher.
+"""A rank never outlives its launcher, nor a launcher the runner that started it.
 
 torchrun's agent (in `dlrmtrain train`, the launcher process itself) starts each
 rank in a session of its own, so a launcher killed with SIGKILL leaves its ranks
@@ -9,6 +9,13 @@ sends that signal again each time the rank is handed to another dying thread of
 its parent, so it only ever asks for a stop, never "again". A watchdog thread backs this up: a rank whose parent has been gone for
 `HARD_STOP_S` seconds (stuck where no step boundary comes) exits at once. While
 the parent lives neither does anything: torchrun's own agent semantics are kept.
+
+The launcher itself (`dlrmtrain train`) is left alone when a shell starts it (nohup
+must keep working), but a program that starts it and must not be outlived by it (the
+`dlrmtrain mlperf` runner) puts its own pid in `OWNER_ENV`. The launcher then asks
+for SIGTERM when that owner dies (`stop_with_owner`): torchrun forwards it to every
+rank, which stops at a step boundary with a `stopped` record. A watchdog ends the
+launcher's whole process group if it is still there `OWNER_GONE_STOP_S` later.
 """
 
 from __future__ import annotations

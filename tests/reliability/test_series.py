@@ -220,3 +220,18 @@ def test_a_series_folder_is_claimed_by_one_plan_and_one_runner(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(SeriesRefused, match="is a file, not a folder"):
         claim(tmp_path / "f", plan)
+
+
+def test_a_launcher_whose_owner_is_already_gone_stops_before_anything_starts(tmp_path):
+    """The runner may die between starting a launcher and the launcher's death-signal
+    request: the launcher then sees it is not its owner's child and stops at once."""
+    from dlrmtrain.run.parent import OWNER_ENV
+
+    proc = subprocess.run([sys.executable, "-m", "dlrmtrain", "train", "--config",
+                           "configs/quickstart.yaml", f"run.output_dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), OWNER_ENV: "1"})
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert proc.stderr == ("dlrmtrain: the process that started this run (pid 1) died; "
+                           "the run stops\n")
+    assert not any(tmp_path.iterdir())
