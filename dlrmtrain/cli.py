@@ -15,6 +15,7 @@ first line appears at once.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EXIT_CONFIG_ERROR = 2
@@ -155,8 +156,12 @@ def train(argv: list[str]) -> int:
 
         from dlrmtrain.distributed.shaped_link import wrap_command
 
+        from dlrmtrain.run.parent import OWNER_ENV
+
         inner = [sys.executable, "-m", "dlrmtrain", "train", *without_link_options(argv)]
-        return subprocess.call(wrap_command(inner, link))
+        # the inner launcher stops when this one dies, even by kill -9 (run/parent.py)
+        return subprocess.call(wrap_command(inner, link),
+                               env={**os.environ, OWNER_ENV: str(os.getpid())})
     from dlrmtrain.launch import launch
 
     return launch(spec)

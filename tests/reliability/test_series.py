@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config.loader import dump_config
+from dlrmtrain.distributed.shaped_link import unavailable_reason as link_unavailable_reason
 from dlrmtrain.distributed.sim_nodes import unavailable_reason
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
@@ -235,3 +236,32 @@ def test_a_launcher_whose_owner_is_already_gone_stops_before_anything_starts(tmp
     assert proc.stderr == ("dlrmtrain: the process that started this run (pid 1) died; "
                            "the run stops\n")
     assert not any(tmp_path.iterdir())
+
+
+LINK_REASON = link_unavailable_reason()
+
+
+@pytest.mark.skipif(LINK_REASON is not None, reason=str(LINK_REASON))
+def test_kill_9_of_a_launcher_behind_a_shaped_link_leaves_no_rank(tmp_path):
+    """`dlrmtrain train --link-gbit` runs a second launcher inside the shaped namespace:
+    kill -9 of the first left that one and both ranks training. Now the inner launcher
+    has the outer one as its owner and stops with it."""
+    from tests.reliability.jobs import start_cli_job
+
+    run_dir = tmp_path / "k"
+    job = start_cli_job(tmp_path, "run.name=k", "run.epochs=1000", "eval.enabled=false",
+                        "--link-gbit=1")
+    try:
+        _wait_for(lambda: any(r.get("step", 0) >= 3 for r in metrics(run_dir)), job,
+                  START_TIMEOUT)
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=10)
+        deadline = time.monotonic() + GONE_BOUND
+        while _processes_naming(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _processes_naming(str(tmp_path))
+    finally:
+        _kill_all(_processes_naming(str(tmp_path)))
+    assert not left, "the inner launcher or its ranks outlived the killed launcher"
+    stopped = metrics(run_dir)[-1]
+    assert stopped["kind"] == "stopped" and "interrupted by SIGTERM" in stopped["reason"], stopped
