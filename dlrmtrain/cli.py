@@ -16,6 +16,7 @@ first line appears at once.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EXIT_CONFIG_ERROR = 2
@@ -121,6 +122,9 @@ def describe_run(cfg, world_size: int, nnodes: int) -> str:
 
 
 def train(argv: list[str]) -> int:
+    from dlrmtrain.run.parent import stop_with_owner
+
+    stop_with_owner()  # started by the mlperf runner: never outlive it
     args = _train_parser().parse_intermixed_args(argv)
     from dlrmtrain.config import ConfigError, load_config
     from dlrmtrain.launch import LaunchSpec
@@ -153,8 +157,12 @@ def train(argv: list[str]) -> int:
 
         from dlrmtrain.distributed.shaped_link import wrap_command
 
+        from dlrmtrain.run.parent import OWNER_ENV
+
         inner = [sys.executable, "-m", "dlrmtrain", "train", *without_link_options(argv)]
-        return subprocess.call(wrap_command(inner, link))
+        # the inner launcher stops when this one dies, even by kill -9 (run/parent.py)
+        return subprocess.call(wrap_command(inner, link),
+                               env={**os.environ, OWNER_ENV: str(os.getpid())})
     from dlrmtrain.launch import launch
 
     return launch(spec)

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR, signal_name
+from dlrmtrain.run.parent import say_if_owner_gone
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -131,6 +132,7 @@ def launch(spec: LaunchSpec) -> int:
     try:
         run(args)
     except SignalException as e:  # the ranks got the signal too and said where they stopped
+        say_if_owner_gone()  # and why, when the runner above this launcher died
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import shutil
@@ -216,7 +217,7 @@ def launch_nodes(spec: LaunchSpec, sim: SimNodes) -> int:
     threads = spec.omp_threads or default_omp_threads(spec.nproc * sim.nodes)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
     return subprocess.call(wrap_node_commands(torchrun_commands(spec, sim), sim), env=env,
-                           preexec_fn=_die_with_parent)  # killed with us, it stops the nodes
+                           preexec_fn=_dies_with_this_process())  # stops the nodes with us
 
 
 # ---- inside the private namespace ----
@@ -248,10 +249,19 @@ def name_nodes(sim: SimNodes) -> None:
     subprocess.run(["mount", "--bind", str(hosts), "/etc/hosts"], capture_output=True)
 
 
-def _die_with_parent() -> None:
-    """In a node's process: SIGTERM when this runner dies, so no node outlives it."""
+def _die_with_parent(parent: int | None = None) -> None:
+    """In a child, before it runs its command: SIGTERM when the process that started it
+    (`parent`, by default this one's parent at fork) dies, so no node outlives it, even
+    when that process died between the fork and this call."""
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _dies_with_this_process():
+    """preexec_fn for a child that must not outlive this process."""
+    return functools.partial(_die_with_parent, os.getpid())
 
 
 def run_nodes(sim: SimNodes, node_cmds: list[list[str]]) -> int:
@@ -262,7 +272,7 @@ def run_nodes(sim: SimNodes, node_cmds: list[list[str]]) -> int:
     for i, cmd in enumerate(node_cmds):
         proc = subprocess.Popen(["ip", "netns", "exec", node_netns(i), *cmd],
                                 env={**os.environ, **sim.node_env(i)},
-                                preexec_fn=_die_with_parent, start_new_session=True)
+                                preexec_fn=_dies_with_this_process(), start_new_session=True)
         procs[proc.pid] = (i, proc)
 
     def signal_nodes(sig: int) -> None:

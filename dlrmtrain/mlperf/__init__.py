@@ -1,2 +1,3 @@
 """MLPerf submission tooling: the :::MLLOG logger, benchmark facts, the compliance
-checker with (unofficial) rules, scoring, the submission layout and the runner."""
+checker with (unofficial) rules, scoring, the submission layout, the runner and the
+series it keeps resumable in its `--out` (series.py)."""

@@ -21,6 +21,11 @@ With ``--sim-nodes M`` every run spans M simulated nodes of ``--nproc`` ranks
 each (dlrmtrain.distributed.sim_nodes: a namespace per node), and the link of
 ``--link-gbit`` joins the nodes: only traffic between nodes crosses it.
 
+The same command on the same ``--out`` continues the series (dlrmtrain.mlperf.series):
+finished runs are skipped untouched, an interrupted one resumes from its checkpoint or
+is set aside and started afresh, and another plan is refused before anything starts.
+Each launcher stops when the runner dies, even by kill -9 (dlrmtrain.run.parent).
+
 Runs count: MLPerf's (5 for dlrm, 10 for dlrm_dcnv2 and dlrmv4) unless ``--runs``
 says otherwise. Rules: derived UNOFFICIAL ones for the config's target and eval
 size (dlrmv4: also its train samples, sequence length, warmup, learning rate per
@@ -34,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -53,11 +57,13 @@ from dlrmtrain.mlperf.benchmarks import DLRMV4, display_label
 from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, RcpVerdict, check_log, \
     rcp_verdict
 from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, RULESETS, DerivedRulesSpec, Dlrmv4Scale
-from dlrmtrain.mlperf.rules.derive import write_derived_rules
+from dlrmtrain.mlperf.rules.derive import derive_rules_text
+from dlrmtrain.mlperf import series
 from dlrmtrain.mlperf.scoring import BenchmarkScore, RunTime, olympic_score, required_runs, \
     eval_time_share, run_time_minutes
 from dlrmtrain.mlperf.submission import SubmissionLayout, describe_system, \
     write_system_description
+from dlrmtrain.run.parent import OWNER_ENV
 from dlrmtrain.workloads import workload_of
 
 UNOFFICIAL_NOTE = ("UNOFFICIAL: small-scale reproduction checked with derived rules "
@@ -78,12 +84,16 @@ class RunnerPlan:
     """`gloo` (CPU) or `nccl` (GPU), from the config's run.device."""
     ruleset: str
     rules: Path | None
-    """Derived rules file; None means the official rules."""
+    """Derived rules file (written once the series is claimed); None: the official rules."""
     timeout_s: float
     link: LinkSpec | None = None
     """Shaped link every run trains behind; None: the machine's own loopback."""
     sim_nodes: int | None = None
     """Simulated nodes of `nproc` ranks each, joined by `link`; None: one node."""
+    rules_text: str | None = None
+    """The derived rules' YAML (None: official rules)."""
+    config_values: dict | None = None
+    """The config as loaded with its overrides (what the series' plan records)."""
 
     def system(self, codec: str) -> str:
         kind = "gpu" if self.backend == "nccl" else "cpu"
@@ -159,6 +169,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
 
     cfg = load_config(args.config, list(args.overrides))
     check_arguments(args, workload_of(cfg).benchmark)
+    check_series_overrides(cfg)
     for codec in args.codecs.split(","):
         try:
             settings = contender_overrides(codec)
@@ -184,7 +195,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     benchmark = workload_of(cfg).benchmark
     ruleset = args.ruleset or DEFAULT_RULESET[benchmark]
     out = args.out.resolve()
-    rules = None
+    rules = rules_text = None
     if args.rules == "derived":
         if cfg.eval.target_auc is None:
             raise SystemExit(f"{args.config}: eval.target_auc must be set for an MLPerf run")
@@ -195,14 +206,61 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
         if benchmark == DLRMV4:
             scale = dlrmv4_scale(cfg, args.train_samples or expected_train_samples(cfg))
         spec = DerivedRulesSpec(benchmark, ruleset, cfg.eval.target_auc, eval_samples, scale)
-        rules = write_derived_rules(spec, out / "rules")
+        rules_text = derive_rules_text(spec)
+        rules = out / "rules" / f"training_{spec.ruleset}" / spec.filename()
+    from dlrmtrain.config.loader import config_to_dict
+
     return RunnerPlan(
         config=args.config.resolve(), out=out, overrides=tuple(args.overrides),
         benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
         runs=required_runs(benchmark) if args.runs is None else args.runs, base_seed=cfg.run.seed, nproc=args.nproc,
         backend="nccl" if _uses_gpu(cfg.run.device) else "gloo",
         ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60, link=link,
-        sim_nodes=args.sim_nodes)
+        sim_nodes=args.sim_nodes, rules_text=rules_text, config_values=config_to_dict(cfg))
+
+
+def check_series_overrides(cfg) -> None:
+    """Keys the runner sets per run itself, or that would mix the runs of a series."""
+    if cfg.checkpoint.resume:
+        raise RunnerArgumentError("checkpoint.resume: the runner resumes each interrupted run "
+                                  "itself; leave it out and re-run the same command")
+    if cfg.checkpoint.dir:
+        raise RunnerArgumentError(f"checkpoint.dir={cfg.checkpoint.dir}: every run of a series "
+                                  f"keeps its checkpoints in its own run folder; leave it unset")
+
+
+PER_RUN_KEYS = ("run.name", "run.output_dir", "run.seed", "comm.codec", "comm.hierarchy",
+                "mlperf.enabled", "logging.progress_bar")
+"""Config keys the runner sets for each run itself (run_command): not part of the plan."""
+
+
+def series_plan(plan: RunnerPlan) -> dict:
+    """What `<out>/plan.json` records (series.py): a re-run must match it entry by entry."""
+    config = {section: {k: v for k, v in values.items() if f"{section}.{k}" not in PER_RUN_KEYS}
+              for section, values in plan.config_values.items()}
+    return {"config": config, "codecs": list(plan.codecs),
+            "seeds": [plan.base_seed + i for i in range(plan.runs)],
+            "ranks": {"nproc": plan.nproc, "sim_nodes": plan.sim_nodes, "backend": plan.backend},
+            "link": None if plan.link is None else {"gbit": plan.link.gbit,
+                                                     "latency_ms": plan.link.latency_ms},
+            "benchmark": plan.benchmark, "ruleset": plan.ruleset,
+            "rules": plan.rules_text if plan.rules_text is not None else "official"}
+
+
+def claim_series(plan: RunnerPlan):
+    """Start or continue the series in `plan.out` (series.py); the held lock. Raises
+    series.SeriesRefused, having written nothing, for another plan or a run still in use."""
+    lock = series.claim(plan.out, series_plan(plan))
+    try:  # a run of a killed series may still be stopping
+        series.check_not_in_use([run_paths(plan, codec, index)[0] for codec in plan.codecs
+                                 for index in range(plan.runs)])
+    except series.SeriesRefused:
+        lock.release()
+        raise
+    if plan.rules is not None and not plan.rules.is_file():
+        plan.rules.parent.mkdir(parents=True, exist_ok=True)
+        series.write_atomically(plan.rules, plan.rules_text)
+    return lock
 
 
 def _uses_gpu(device: str) -> bool:
@@ -260,13 +318,15 @@ def dlrmv4_scale(cfg, train_samples: int) -> Dlrmv4Scale:
         skip_eval_epoch_pct=cfg.mlperf.skip_eval_epoch_pct)
 
 
-def run_command(plan: RunnerPlan, codec: str, index: int) -> list[str]:
+def run_command(plan: RunnerPlan, codec: str, index: int, resume: bool = False) -> list[str]:
     """The command line of one run: `dlrmtrain train` (torchrun in-process), behind the plan's
-    link, or on its simulated nodes (`dlrmtrain train` builds them)."""
+    link, or on its simulated nodes (`dlrmtrain train` builds them); `resume`: from the
+    run's own checkpoint."""
     run_root = plan.out / "runs" / plan.system(codec)
     overrides = [*plan.overrides, f"run.seed={plan.base_seed + index}", *contender_overrides(codec),
                  f"run.output_dir={run_root}", f"run.name={run_name(plan, index)}",
-                 "mlperf.enabled=true", "logging.progress_bar=false"]
+                 "mlperf.enabled=true", "logging.progress_bar=false",
+                 *(["checkpoint.resume=true"] if resume else [])]
     ranks = [f"--nproc={plan.nproc}"]
     if plan.sim_nodes is not None:
         ranks.append(f"--sim-nodes={plan.sim_nodes}")
@@ -289,16 +349,26 @@ def run_name(plan: RunnerPlan, index: int) -> str:
     return f"run{index}_seed{plan.base_seed + index}"
 
 
-def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
-    """Train once on `plan.nproc` ranks (per node); return the run's MLPerf log."""
-    seed = plan.base_seed + index
+def run_paths(plan: RunnerPlan, codec: str, index: int) -> tuple[Path, Path]:
+    """(run folder, console file) of one run."""
     run_root = plan.out / "runs" / plan.system(codec)
     name = run_name(plan, index)
-    cmd = run_command(plan, codec, index)
-    run_root.mkdir(parents=True, exist_ok=True)
-    console = run_root / f"{name}.out"
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with open(console, "w") as out:
+    return run_root / name, run_root / f"{name}.out"
+
+
+def launch_run(plan: RunnerPlan, codec: str, index: int,
+               resume_from: Path | None = None) -> Path:
+    """Train once on `plan.nproc` ranks (per node), or resume the run from its checkpoint
+    `resume_from` (its console file is appended to); return the run's MLPerf log."""
+    seed = plan.base_seed + index
+    run_dir, console = run_paths(plan, codec, index)
+    cmd = run_command(plan, codec, index, resume=resume_from is not None)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           OWNER_ENV: str(os.getpid())}  # the launcher stops when this runner dies (run/parent.py)
+    with open(console, "a" if resume_from is not None else "w") as out:
+        if resume_from is not None:
+            out.write(f"# dlrmtrain mlperf: resuming this run from {resume_from}\n")
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
         returncode = run_bounded(cmd, out, env, plan.timeout_s)
@@ -310,7 +380,7 @@ def launch_run(plan: RunnerPlan, codec: str, index: int) -> Path:
         tail = "\n".join(console.read_text().splitlines()[-25:])
         raise RunnerRunError(f"run {index} ({codec}, seed {seed}) exited with {returncode}; "
                              f"output in {console}:\n{tail}")
-    return run_root / name / "mlperf.log"
+    return run_dir / "mlperf.log"
 
 
 STOP_GRACE_S = 30.0
@@ -358,27 +428,34 @@ def execute(plan: RunnerPlan) -> list[CodecOutcome]:
                                       nodes=plan.nodes, processes_per_node=plan.nproc,
                                       backend=plan.backend,
                                       codec=codec, notes=notes)
-        write_system_description(layout, description, plan.ruleset)
+        if not layout.system_json.is_file():  # a continued series keeps its own
+            write_system_description(layout, description, plan.ruleset)
     checks: dict[str, list[ComplianceResult]] = {c: [] for c in plan.codecs}
     bar = tqdm(total=plan.runs * len(plan.codecs), desc="MLPerf runs", unit="run")
     for index in range(plan.runs):
         # interleaved, and which codec goes first alternates: load drifts hit both alike
         for codec in (plan.codecs if index % 2 == 0 else plan.codecs[::-1]):
             bar.set_postfix(codec=codec, seed=plan.base_seed + index)
-            try:
-                log = launch_run(plan, codec, index)
-            except RunnerRunError:
-                bar.close()  # the error is printed on a line of its own
-                raise
             result = plan.layout(codec).result_file(index)
-            shutil.copyfile(log, result)
+            state = series.prepare_run(result, *run_paths(plan, codec, index))
+            if state.set_aside is not None:
+                tqdm.write(f"[{codec}] run {index}: interrupted earlier without a checkpoint; "
+                           f"set aside as {state.set_aside}, starting it afresh")
+            if not state.finished:
+                try:
+                    log = launch_run(plan, codec, index, state.resume_from)
+                except RunnerRunError:
+                    bar.close()  # the error is printed on a line of its own
+                    raise
+                series.copy_atomically(log, result)  # its presence says: finished
             check = check_log(result, plan.ruleset, plan.rules)
             checks[codec].append(check)
             took = "-"
             if check.passed:  # a failed log may lack run_stop
                 minutes = run_time_minutes(result, plan.ruleset)
                 took = f"{minutes:.3f} min ({minutes * 60:.1f} s)"
-            tqdm.write(f"[{codec}] {check.summary()}; time to train {took}")
+            earlier = " (finished earlier, kept as it was)" if state.finished else ""
+            tqdm.write(f"[{codec}] {check.summary()}; time to train {took}{earlier}")
             bar.update(1)
     bar.close()
     outcomes = []
@@ -500,8 +577,8 @@ def report_runs(plan: RunnerPlan) -> None:
     """Plots of every run into <out>/report (a failure here loses no result)."""
     from dlrmtrain.report import ReportError, write_report
 
-    run_dirs = sorted(d for codec in plan.codecs
-                      for d in (plan.out / "runs" / plan.system(codec)).iterdir() if d.is_dir())
+    run_dirs = sorted(d for codec in plan.codecs for index in range(plan.runs)
+                      if (d := run_paths(plan, codec, index)[0]).is_dir())  # not those set aside
     try:
         written = write_report(run_dirs, plan.out / "report")
     except (ReportError, OSError) as e:
@@ -527,6 +604,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlrmtrain mlperf: {e.code}", file=sys.stderr)
         return 2
 
+    try:
+        lock = claim_series(plan)
+    except series.SeriesRefused as e:
+        print(f"dlrmtrain mlperf: {e}", file=sys.stderr)
+        return 2
+    try:
+        return run_series(plan)
+    finally:
+        lock.release()
+
+
+def run_series(plan: RunnerPlan) -> int:
     started = time.perf_counter()
     try:
         outcomes = execute(plan)
@@ -538,7 +627,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"summary: {write_summary(plan, outcomes)}  "
           f"(wall {(time.perf_counter() - started) / 60:.1f} min)")
     return 0 if all(o.score.minutes is not None for o in outcomes) else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

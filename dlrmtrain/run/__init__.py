@@ -8,6 +8,7 @@
   resume.py      a resume with no checkpoint to load: refused, or the no-op of a finished run
   leftovers.py   temporary folders of writers that died
   signals.py     SIGTERM / SIGINT: stop at a step boundary, say where, exit 128+signal
+  parent.py      a rank never outlives its launcher, nor a launcher its mlperf runner
   stop.py        a rank that stops the job on purpose tells the others why
   peers.py       a heartbeat through the job's store; a peer that died, froze or stalls, named
   progress.py    the per-step state of Trainer.train and the closing summary

@@ -1,4 +1,4 @@
-"""A rank never outlives its launcher.
+"""A rank never outlives its launcher, nor a launcher the runner that started it.
 
 torchrun's agent (in `dlrmtrain train`, the launcher process itself) starts each
 rank in a session of its own, so a launcher killed with SIGKILL leaves its ranks
@@ -9,6 +9,13 @@ sends that signal again each time the rank is handed to another dying thread of
 its parent, so it only ever asks for a stop, never "again". A watchdog thread backs this up: a rank whose parent has been gone for
 `HARD_STOP_S` seconds (stuck where no step boundary comes) exits at once. While
 the parent lives neither does anything: torchrun's own agent semantics are kept.
+
+The launcher itself (`dlrmtrain train`) is left alone when a shell starts it (nohup
+must keep working), but a program that starts it and must not be outlived by it (the
+`dlrmtrain mlperf` runner) puts its own pid in `OWNER_ENV`. The launcher then asks
+for SIGTERM when that owner dies (`stop_with_owner`): torchrun forwards it to every
+rank, which stops at a step boundary with a `stopped` record. A watchdog ends the
+launcher's whole process group if it is still there `OWNER_GONE_STOP_S` later.
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ HARD_STOP_S = 20.0
 """Seconds a rank whose parent died may take to stop at a step boundary."""
 EXIT_PARENT_GONE = 128 + signal.SIGKILL
 _parent_at_start: int | None = None
+OWNER_ENV = "DLRMTRAIN_OWNER_PID"
+"""The pid of the process a launcher must not outlive (set by whoever starts it)."""
+OWNER_DEATH_SIGNAL = signal.SIGTERM  # not SIGHUP: a runner under nohup passes SIG_IGN on
+OWNER_GONE_STOP_S = 60.0
+"""Seconds a launcher whose owner died may take to stop its ranks (torchrun gives them 30 s)."""
+_owner: int | None = None
+_said = False
 
 
 def stop_with_parent() -> None:
@@ -60,4 +74,49 @@ def _watch() -> None:
     print(f"dlrmtrain: rank {os.environ.get('RANK', '?')}: its launcher (pid "
           f"{_parent_at_start}) died and the run did not stop within {HARD_STOP_S:.0f} s; "
           f"exiting", file=sys.stderr, flush=True)
+    os._exit(EXIT_PARENT_GONE)
+
+
+def stop_with_owner() -> None:
+    """Call first thing in a launcher: when `OWNER_ENV` names the process that started it,
+    SIGTERM when that process dies (at once if it already has), and a watchdog that ends
+    this process group `OWNER_GONE_STOP_S` later. The variable is consumed: what this
+    launcher starts watches it, not its owner."""
+    global _owner
+    owner = os.environ.pop(OWNER_ENV, "")
+    if not owner.isdigit() or not sys.platform.startswith("linux"):
+        return
+    _owner = int(owner)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, OWNER_DEATH_SIGNAL, 0, 0, 0)
+    if owner_gone():  # it died before the prctl above
+        say_if_owner_gone()
+        os.kill(os.getpid(), OWNER_DEATH_SIGNAL)
+        return
+    threading.Thread(target=_watch_owner, name="owner-watchdog", daemon=True).start()
+
+
+def owner_gone() -> bool:
+    """Whether this launcher's owner (`stop_with_owner`) has died."""
+    return _owner is not None and os.getppid() != _owner
+
+
+def say_if_owner_gone() -> None:
+    """One line, once, when the owner's death is why this launcher stops."""
+    global _said
+    if owner_gone() and not _said:
+        _said = True
+        print(f"dlrmtrain: the process that started this run (pid {_owner}) died; the run "
+              f"stops", file=sys.stderr, flush=True)
+
+
+def _watch_owner() -> None:
+    while not owner_gone():
+        time.sleep(0.5)
+    say_if_owner_gone()
+    time.sleep(OWNER_GONE_STOP_S)
+    print(f"dlrmtrain: the run did not stop within {OWNER_GONE_STOP_S:.0f} s of its owner's "
+          f"death; ending it", file=sys.stderr, flush=True)
+    if os.getpgrp() == os.getpid():  # a group of its own (the runner starts it so)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os._exit(EXIT_PARENT_GONE)
