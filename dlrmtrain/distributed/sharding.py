@@ -39,7 +39,10 @@ def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[s
 def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
     `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
-    device type picks TorchRec's quantized-comms kernels for the lossy codecs."""
+    device type picks TorchRec's quantized-comms kernels for the lossy codecs. Under
+    comm.dedup_at: source the batch comes deduplicated and TorchRec's own dists carry it."""
+    if comm.dedup_at == "source":
+        return make_ebc_sharder("none", {}, fused_params, device_type)
     return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
 
 

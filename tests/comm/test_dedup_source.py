@@ -83,3 +83,35 @@ def test_weighted_and_variable_batch_inputs_are_refused():
         distinct_bags(weighted)
     with pytest.raises(ValueError, match="already variable-batch"):
         distinct_bags(distinct_bags(kjt_of(CASES["one_hot"])))
+
+
+SOURCE = ["comm.codec=dedup", "comm.dedup_at=source", "optim.name=sgd", "run.pipeline=off"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["comm.codec=none"], "comm.dedup_at: source needs comm.codec: dedup"),
+    (["comm.codec=auto"], "comm.dedup_at: source needs comm.codec: dedup"),
+    (["comm.codec=dedup+fp16"], "comm.dedup_at: source needs comm.codec: dedup"),
+    (["comm.table_codecs={t_cat_3: auto}"], "comm.table_codecs.t_cat_3: 'auto' cannot run under comm.dedup_at"),
+    (["comm.hierarchy=node", "comm.ranks_per_node=1"], "comm.hierarchy: node takes comm.dedup_at: owner"),
+    (["run.pipeline=sparse_dist"], "plain loop only"),
+    (["optim.name=adagrad"], "EXACT_ADAGRAD"),
+])
+def test_source_is_refused_where_it_is_not_built(tmp_path, overrides, message):
+    from dlrmtrain.config import ConfigError
+    from dlrmtrain.validation import validate_config
+    from tests.common import tiny_config
+
+    validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.table_codecs={t_cat_3: none}"), 2)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(tiny_config(str(tmp_path), *SOURCE, *overrides), 2)
+
+
+def test_source_is_refused_for_sequence_embeddings(tmp_path):
+    from dlrmtrain.config import ConfigError, load_config
+    from dlrmtrain.validation import validate_config
+
+    cfg = load_config("configs/mini_dlrmv4.yaml", [f"run.output_dir={tmp_path}", "comm.codec=dedup",
+                                                   "comm.dedup_at=source"])
+    with pytest.raises(ConfigError, match="comm.dedup_at: source covers pooled embeddings"):
+        validate_config(cfg, 2)

@@ -17,13 +17,40 @@ Bags are compared whole: same length, same ids, same order. Torch ops only
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+from collections.abc import Callable, Collection, Mapping
 
 import torch
+import torch.nn as nn
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.comm import torchrec_hooks as hooks
+
+DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise")
+"""the sharding types whose features `source` deduplicates (the others travel whole)"""
 _KEY_LIMIT = 2 ** 62
 """one-hot keys (feature · span + id) stay below this, else the multi-hot path keys them"""
+
+
+def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
+    """Features that travel whole under `source`: those of tables sharded other than table- or
+    column-wise (row-wise: TorchRec's variable-batch reduce-scatter backward all-gathers uneven
+    sizes, which Gloo refuses; data-parallel: no all-to-all to save) and of per-table `none` tables."""
+    kept: set[str] = set()
+    for m in model.modules():
+        if isinstance(m, ShardedEmbeddingBagCollection):
+            for sharding_type, tables in hooks.features_per_sharding_type(m).items():
+                for table, features in tables.items():
+                    if sharding_type not in DEDUPED_SHARDING_TYPES or table_codecs.get(table) == "none":
+                        kept.update(features)
+    return frozenset(kept)
+
+
+def source_transform(model: nn.Module, table_codecs: Mapping[str, str]
+                     ) -> Callable[[KeyedJaggedTensor], KeyedJaggedTensor]:
+    """The batch transform of a run under `comm.dedup_at: source` on sharded `model`."""
+    return functools.partial(distinct_bags, keep=features_kept_whole(model, table_codecs))
 
 
 def distinct_bags(kjt: KeyedJaggedTensor, keep: Collection[str] = ()) -> KeyedJaggedTensor:
