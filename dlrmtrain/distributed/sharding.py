@@ -17,6 +17,7 @@ from torchrec.distributed.types import ModuleSharder
 from dlrmtrain.comm.embedding import make_ec_sharder
 from dlrmtrain.comm.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.embeddingbag import make_ebc_sharder
+from dlrmtrain.comm.lookups import count_lookups
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
 from dlrmtrain.config.schema import CommConfig, OptimConfig, ShardingConfig
@@ -55,7 +56,9 @@ def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConf
     sharder = build_ebc_sharder(comm, fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ebc_path)
     dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
-    count_stock_dists(dmp)  # bytes of the all-to-alls left to TorchRec's stock dist (codec none)
+    # bytes of the all-to-alls left to TorchRec's stock dist (codec none; dedup at the source)
+    count_stock_dists(dmp, "dedup" if comm.dedup_at == "source" else "none")
+    count_lookups(dmp)  # ids and rows each lookup takes, every codec alike
     return dmp, describe_plan(plan)
 
 
