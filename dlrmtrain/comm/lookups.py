@@ -34,6 +34,7 @@ class LookupCounter:
         features = args[0]
         self.comm_stats.ids_looked_up += features.values().numel()
         self.comm_stats.rows_looked_up += bags_of(features)
+        self.comm_stats.steps += 1
 
     def counted_bytes(self) -> DistCommStats:
         return self.comm_stats
