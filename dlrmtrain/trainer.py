@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from dlrmtrain.comm.dedup.source import source_transform
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
@@ -113,6 +114,9 @@ class Trainer:
         self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank, claim)
         self.model, self.plan_text = self._build_sharded_model()
+        if cfg.comm.dedup_at == "source" and cfg.model.arch in FLAT_TABLE_ARCHS:  # pooled: the loader
+            # keeps each feature's distinct bags (sequence embeddings dedup in their sharder)
+            self.data.set_sparse_transform(source_transform(self.model, cfg.comm.table_codecs))
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,

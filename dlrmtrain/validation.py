@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import copy
 
-from dlrmtrain.comm.registry import available_codecs, validate_codec_choice, validate_hierarchy
+from dlrmtrain.comm.registry import (
+    available_codecs, validate_codec_choice, validate_dedup_at, validate_hierarchy)
 from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_node
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
@@ -56,6 +57,8 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
             raise ConfigError(f"{key}: {codec!r} is not one of {', '.join(codecs)}")
     try:  # qcomms apply run-wide; fp8 has GPU kernels only (the error names comm.codec)
         validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
+        validate_dedup_at(cfg.comm.dedup_at, cfg.comm.codec, cfg.comm.table_codecs, cfg.comm.hierarchy,
+                          cfg.run.pipeline, cfg.optim.name, "sequence" if cfg.model.arch == "dlrmv4_hstu" else "pooled")
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

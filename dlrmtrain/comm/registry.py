@@ -75,6 +75,38 @@ def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[s
                              f"comm.hierarchy: flat")
 
 
+def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
+                      pipeline: str, optimizer: str, kind: CollectionKind = "pooled") -> None:
+    """`comm.dedup_at: source` (comm/dedup/source.py, through TorchRec's variable-batch EBC) is built
+    for the lossless `dedup` on pooled tables, flat, in the plain loop, with an embedding optimizer
+    fbgemm's variable-batch TBE trains (SGD); per-table `none` is kept whole. Errors name the key."""
+    if dedup_at == "owner":
+        return
+    if dedup_at != "source":
+        raise ValueError(f"comm.dedup_at: {dedup_at!r} is not one of owner, source")
+    where = "comm.dedup_at: source"
+    if codec != "dedup":
+        raise ValueError(f"{where} needs comm.codec: dedup (the lossless codec), got {codec!r}; "
+                         f"use comm.dedup_at: owner")
+    for table, name in table_codecs.items():
+        if name not in ("dedup", "none"):
+            raise ValueError(f"comm.table_codecs.{table}: {name!r} cannot run under {where}, which "
+                             f"carries 'dedup' and per-table 'none' only")
+    if kind != "pooled":
+        raise ValueError(f"{where} covers pooled embeddings (DLRM v1 / DCNv2) only; sequence embeddings "
+                         f"(DLRMv4) take comm.dedup_at: owner")
+    if hierarchy != "flat":
+        raise ValueError(f"{where} runs over comm.hierarchy: flat only; comm.hierarchy: {hierarchy} "
+                         f"takes comm.dedup_at: owner")
+    if optimizer == "adagrad":  # fbgemm's TBE asserts it in its variable-batch metadata
+        raise ValueError(f"{where}: fbgemm's variable-batch TBE does not train EXACT_ADAGRAD tables "
+                         f"(optim.name: adagrad; it takes SGD, row-wise Adagrad and Adam); use optim.name: "
+                         f"sgd or comm.dedup_at: owner")
+    if pipeline != "off":
+        raise ValueError(f"{where} runs in the plain loop only (run.pipeline: off), got run.pipeline: "
+                         f"{pipeline}; or use comm.dedup_at: owner")
+
+
 def warn_if_lossy(codec: str, table_codecs: Mapping[str, str], what: str) -> None:
     """The startup warning naming the run's LOSSY codecs (`what`: the embeddings they round)."""
     lossy = sorted(n for n in {codec, *table_codecs.values()} if not get_codec(n).lossless)

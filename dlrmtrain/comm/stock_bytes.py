@@ -45,6 +45,31 @@ def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: lis
     stats.steps += 1
 
 
+def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_per_rank_per_feature: list[list[int]],
+                         own_sizes: list[int], elem: int) -> None:
+    """Add one variable-batch pass (comm.dedup_at: source) of the stock dist to `stats`: rows per
+    (sample rank, owner feature) in the owner's feature order (TorchRec's `batch_size_per_rank_per_feature`,
+    the layout's order), and this rank's rows per feature of the sharding (`batch_size_per_feature_pre_a2a`,
+    rank-major: `DistLayout.all_entries`). Row-wise features travel whole: every one of a sample rank's
+    features has its batch. The full batch is not in the dist's context: the uncompressed figures
+    (and the bags) are left uncounted (0: the summary shows no ratio); a `none` run gives them, and
+    comm/lookups.py counts what was sent and looked up."""
+    if isinstance(layout, DistLayout):
+        for j, entry in enumerate(layout.entries_per_rank[rank]):
+            for per_feature in sizes_per_rank_per_feature:
+                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=per_feature[j])
+        for entry, n in zip(layout.all_entries(), own_sizes, strict=True):
+            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=n)  # bags: the full batch's
+        stats.steps += 1
+    else:
+        one = DistCommStats(codec=stats.codec, sharding_type=stats.sharding_type)
+        count_stock_step(one, layout, rank, [max(per_feature, default=0) for per_feature in
+                                             sizes_per_rank_per_feature], elem)
+        for name, t in one.tables.items():
+            t.uncompressed_fwd_sent_bytes = t.uncompressed_fwd_recv_bytes = t.bags = 0
+        stats.add(one)
+
+
 PassKey = tuple[tuple[int, ...], int, int]
 """One stock pass as tallied: (the context's batch sizes per sample rank, or () when it
 has none; the rows of the local embeddings; their element size)."""
@@ -78,15 +103,20 @@ class StockDistCounter:
     the stats are read, once per distinct batch shape (counting every pass per table cost
     ~90 µs a step at 26 tables)."""
 
-    def __init__(self, layout: Layout, rank: int, sharding_type: str) -> None:
+    def __init__(self, layout: Layout, rank: int, sharding_type: str, codec: str = "none") -> None:
         self.layout, self.rank = layout, rank
         tables = [e.table for e in (layout.all_entries() if isinstance(layout, DistLayout) else layout.entries)]
-        self._counted = DistCommStats(codec="none", sharding_type=sharding_type,
-                                      table_codecs={t: "none" for t in tables})
+        self._counted = DistCommStats(codec=codec, sharding_type=sharding_type,
+                                      table_codecs={t: codec for t in tables})
         self._tally: dict[PassKey, int] = {}
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
-        key = pass_key(args[0], args[1] if len(args) > 1 else None)
+        sharding_ctx = args[1] if len(args) > 1 else None
+        if getattr(sharding_ctx, "variable_batch_per_feature", False):  # host lists: counted now
+            count_stock_vbe_step(self._counted, self.layout, self.rank, sharding_ctx.batch_size_per_rank_per_feature,
+                                 sharding_ctx.batch_size_per_feature_pre_a2a, args[0].element_size())
+            return
+        key = pass_key(args[0], sharding_ctx)
         self._tally[key] = self._tally.get(key, 0) + 1
 
     @property
@@ -107,8 +137,9 @@ class StockDistCounter:
         return self.comm_stats
 
 
-def count_stock_dists(model: nn.Module) -> int:
-    """Attach a `StockDistCounter` to every stock output dist left in `model` (codec `none`).
+def count_stock_dists(model: nn.Module, codec: str = "none") -> int:
+    """Attach a `StockDistCounter` to every stock output dist left in `model` (codec `none`; under
+    comm.dedup_at: source the stock dists carry `dedup`, and `codec` says so).
 
     Codec dists count themselves; the counters join the codec dists in each
     sharded EBC's `comm_counters` (`stats.COUNTERS_ATTR`), which
@@ -127,7 +158,7 @@ def count_stock_dists(model: nn.Module) -> int:
             if (isinstance(out_dist, CountsCommBytes) or layout is None
                     or hooks.qcomm_codecs(out_dist) is not None):
                 continue  # counted by the codec, no layout, or quantized by TorchRec's qcomms
-            counter = StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type)
+            counter = StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type, codec)
             out_dist.register_forward_pre_hook(counter)
             counters.append(counter)
         setattr(m, COUNTERS_ATTR, [*listed, *counters])

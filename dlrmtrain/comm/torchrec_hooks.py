@@ -472,3 +472,18 @@ class StreamlessFusedSparseDist(TrainPipelineFusedSparseDist):
 
 class PlanAheadStreamlessFusedSparseDist(PlanAheadPipeline, StreamlessFusedSparseDist):
     """`StreamlessFusedSparseDist` with the codec plans of batch i+1 made during step i."""
+
+
+# =================================== pooled dedup at the source (comm.dedup_at: source, VBE)
+# Everything `comm.dedup_at: source` reads of TorchRec's stock sharded EBC. The batch itself
+# takes TorchRec's public variable-batch form (comm/dedup/source.py); only these are private.
+def features_per_sharding_type(ebc: ShardedEmbeddingBagCollection) -> dict[str, dict[str, list[str]]]:
+    """sharding type → {table: its feature names}, from `sharding_type_to_sharding_infos`."""
+    return {st: {info.embedding_config.name: list(info.embedding_config.feature_names) for info in infos}
+            for st, infos in ebc.sharding_type_to_sharding_infos.items()}
+
+
+def lookups(ebc: ShardedEmbeddingBagCollection) -> list[nn.Module]:
+    """The owner-side lookup module of each sharding (`_lookups`), in `shardings` order: each is
+    called with the KJT the owner looks up (after the id all-to-all)."""
+    return list(ebc._lookups)

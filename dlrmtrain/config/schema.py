@@ -51,6 +51,9 @@ HierarchyKind = Literal["flat", "node"]
 the codecs, their dists and their counters get"""
 CodecName = Literal["none", "dedup", "auto", "fp16", "bf16", "int8", "fp8", "dedup+fp16", "dedup+bf16"]
 """`comm.codec` / `comm.table_codecs` names (comm/registry.py checks it registers exactly these)"""
+DedupAt = Literal["owner", "source"]
+"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/registry.py's
+`validate_dedup_at` refuses `source` where it is not built)"""
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
             "cannot honour; use bf16")]
@@ -357,6 +360,10 @@ class CommConfig:
     ranks_per_node: Optional[int] = None
     """Ranks per node for `hierarchy: node` and the between-node byte counts; null: torchrun's
     LOCAL_WORLD_SIZE. Set it to simulate nodes on one machine (e.g. 2 with 4 ranks: 2 nodes)."""
+    dedup_at: DedupAt = "owner"
+    """`owner`: dedup finds the distinct rows at the owner (every id still crosses the id all-to-all
+    and is looked up). `source`: the loader keeps each feature's distinct bags, so only they cross
+    and are looked up (TorchRec's variable-batch path); not yet: DLRMv4, Adagrad, `auto`, lossy, node, pipelines."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ step (data_prep/); checks.py holds the data section's config rules.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Callable, Iterable, Optional, Union
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -46,6 +46,9 @@ class Datasets:
     steps_per_epoch: int
     table_rows: dict[str, int]
     """Embedding table → rows, in the model's table order (ids of the data are below them)."""
+    set_sparse_transform: Optional[Callable[[Callable], None]] = None
+    """Where the source has one (the row loader): sets a KJT → KJT transform that every
+    train and eval batch takes where it is made (comm.dedup_at: source), before its first batch."""
 
 
 def data_table_sizes(cfg: Config) -> list[int]:
@@ -69,6 +72,9 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
         train.set_epoch(epoch)
         return train.batches_from(start)
 
+    def set_sparse_transform(transform: Callable) -> None:
+        train.sparse_transform = evaluation.sparse_transform = transform
+
     return Datasets(
         train_batches=train_for_epoch,
         eval_batches=evaluation.iter_weighted,
@@ -76,6 +82,7 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
         num_eval_samples=evaluation.source.rows,
         steps_per_epoch=train.full_batches,
         table_rows=dict(zip(TABLE_NAMES, rows)),
+        set_sparse_transform=set_sparse_transform,
     )
 
 

@@ -26,10 +26,11 @@ after the full batches:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -134,6 +135,9 @@ class CriteoBatchLoader:
     tables are smaller than the data's vocabulary (scaled-down runs); None = ids as stored,
     checked against `table_rows` when given (an id outside its table is an error).
     `pin_memory`: build each batch and its weights in pinned memory (see `pins_for`).
+    `sparse_transform`: applied to each batch's KJT where the batch is made (the prefetch
+    thread), e.g. comm.dedup_at: source's distinct bags (set by the trainer once the model
+    is sharded: `Datasets.set_sparse_transform`).
     """
 
     def __init__(
@@ -162,6 +166,7 @@ class CriteoBatchLoader:
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.last_batch, self.prefetch = last_batch, prefetch
         self.pin_memory = pin_memory  # set by build_datasets from the device (pins_for)
+        self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
         self.fold_to_rows = list(fold_to_rows) if fold_to_rows is not None else None
         self.table_rows = list(table_rows) if table_rows is not None else None
         self.full_batches, self.remainder = divmod(self.source.rows, global_batch_size)
@@ -209,9 +214,12 @@ class CriteoBatchLoader:
             block = fold_ids(block, self.fold_to_rows)
         elif self.table_rows is not None:
             check_ids_in_range(block, self.table_rows, spec.start)
+        batch = block_to_batch(block)
+        if self.sparse_transform is not None:  # here too: the step's thread never waits for it
+            batch = dataclasses.replace(batch, sparse_features=self.sparse_transform(batch.sparse_features))
         if self.pin_memory:  # here, on the prefetch thread when there is one
-            return block_to_batch(block).pin_memory(), weight.pin_memory()
-        return block_to_batch(block), weight
+            return batch.pin_memory(), weight.pin_memory()
+        return batch, weight
 
     def iter_weighted(self, start: int = 0) -> Iterator[tuple[Batch, torch.Tensor]]:
         """(batch, per-sample weight) pairs from batch `start` of the epoch on (a resumed

@@ -17,6 +17,7 @@ from torchrec.distributed.types import ModuleSharder
 from dlrmtrain.comm.embedding import make_ec_sharder
 from dlrmtrain.comm.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.embeddingbag import make_ebc_sharder
+from dlrmtrain.comm.lookups import count_lookups
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
 from dlrmtrain.config.schema import CommConfig, OptimConfig, ShardingConfig
@@ -39,7 +40,10 @@ def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[s
 def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
     `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
-    device type picks TorchRec's quantized-comms kernels for the lossy codecs."""
+    device type picks TorchRec's quantized-comms kernels for the lossy codecs. Under
+    comm.dedup_at: source the batch comes deduplicated and TorchRec's own dists carry it."""
+    if comm.dedup_at == "source":
+        return make_ebc_sharder("none", {}, fused_params, device_type)
     return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
 
 
@@ -52,7 +56,9 @@ def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConf
     sharder = build_ebc_sharder(comm, fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ebc_path)
     dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
-    count_stock_dists(dmp)  # bytes of the all-to-alls left to TorchRec's stock dist (codec none)
+    # bytes of the all-to-alls left to TorchRec's stock dist (codec none; dedup at the source)
+    count_stock_dists(dmp, "dedup" if comm.dedup_at == "source" else "none")
+    count_lookups(dmp)  # ids and rows each lookup takes, every codec alike
     return dmp, describe_plan(plan)
 
 

@@ -48,7 +48,7 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
                     if bags and _measures_distinct(codec) else NOT_MEASURED)
         recv = sum(r["payload_fwd_recv_bytes"] for r in rows)
         stock = sum(r["uncompressed_fwd_recv_bytes"] for r in rows)
-        ratio = f"{stock / recv:.2f}x" if recv else NOT_MEASURED
+        ratio = f"{stock / recv:.2f}x" if recv and stock else NOT_MEASURED  # stock 0: not counted
         ids = sum(r["id_sent_bytes"] for r in rows)
         lines.append(f"  {codec:<12} {len(rows):>6} {distinct:>8} {_mib(recv / steps):>9} "
                      f"{_mib(stock / steps):>9} {ratio:>6} {_mib(ids / steps):>9}")
@@ -60,7 +60,11 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
                 else " (id all-to-all not counted)")
     lines.append(f"  total: {_mib(tot['payload_fwd_recv_bytes'] / steps)} MiB fwd recv per pass; "
                  + (f"payload ratio to none (fwd+bwd) {stock / payload:.2f}x{with_ids}"
-                    if payload else "payload 0 bytes"))
+                    if payload and stock else "payload 0 bytes" if not payload
+                    else "no full-batch figure to compare with (dedup at the source: see a none run)"))
+    if stats.get("ids_sent_per_step") is not None:
+        lines.append(f"  per pass: ids sent {stats['ids_sent_per_step']:,.0f}, rows looked up "
+                     f"{stats['rows_looked_up_per_step']:,.0f}, rows sent {stats['rows_sent_per_step']:,.0f}")
     largest = sorted(tables.items(), key=lambda kv: -kv[1]["payload_fwd_recv_bytes"])[:top]
     lines.append("  most bytes: " + ", ".join(
         f"{name} {_mib(t['payload_fwd_recv_bytes'] / steps)}" for name, t in largest))

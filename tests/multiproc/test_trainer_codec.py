@@ -17,12 +17,22 @@ LAYOUTS = {"table_wise": [], "pipelined_column_wise": ["run.pipeline=true",
                                                       "sharding.default_type=column_wise"]}
 
 
+SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.dedup_at=source"]}
+"""comm.dedup_at: source (SGD: fbgemm's variable-batch TBE does not train Adagrad) and its none;
+column-wise tables and an eval, through the loader's prefetch thread"""
+
+
 def _none_and_dedup(rank: int, world_size: int, out_dir: str) -> dict:
     """Every (layout, codec) run in one spawned group (a spawn costs as much as a run);
     the none runs first, so that no dedup run came before them in this process."""
-    return {(layout, codec): _train(rank, world_size, f"{out_dir}/{layout}",
+    runs = {(layout, codec): _train(rank, world_size, f"{out_dir}/{layout}",
                                     RUN + extra + [f"run.name={codec}", f"comm.codec={codec}"])
             for codec in ("none", "dedup") for layout, extra in LAYOUTS.items()}
+    for name, extra in SOURCE.items():
+        runs["source", name] = _train(rank, world_size, f"{out_dir}/source", [
+            "run.max_steps=6", "eval.evals_per_epoch=1", "optim.name=sgd", "optim.lr=0.5",
+            "sharding.default_type=column_wise", f"run.name={name}", *extra])
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +58,19 @@ def test_dedup_tracks_none_in_the_trainer(trained, layout):
     plain = json.loads((root / "none" / "comm_stats.json").read_text())
     assert plain["codecs"] == ["none"] and plain["payload_ratio_vs_none"] == 1.0
     assert plain["total"]["payload_fwd_recv_bytes"] == stats["total"]["uncompressed_fwd_recv_bytes"]
+
+
+def test_dedup_at_the_source_trains_like_none_in_the_trainer(trained):
+    runs, out = trained
+    none, source = runs["source", "none_sgd"], runs["source", "source"]
+    assert source["losses"][0] == none["losses"][0]  # the first forward is bitwise
+    assert [l for _, l in source["losses"]] == pytest.approx([l for _, l in none["losses"]], rel=1e-5)
+    assert source["final_auc"] == pytest.approx(none["final_auc"], abs=1e-3)
+    stats = json.loads((out / "source" / "source" / "comm_stats.json").read_text())
+    plain = json.loads((out / "source" / "none_sgd" / "comm_stats.json").read_text())
+    assert stats["codecs"] == ["dedup"] and stats["steps"] == plain["steps"]  # eval passes too
+    # only distinct bags are sent and looked up; none's every bag
+    assert stats["ids_sent_per_step"] < plain["ids_sent_per_step"]
+    assert stats["rows_looked_up_per_step"] == stats["rows_sent_per_step"] < plain["rows_sent_per_step"]
+    assert plain["rows_looked_up_per_step"] == plain["rows_sent_per_step"]
+    assert stats["total"]["payload_fwd_recv_bytes"] < plain["total"]["payload_fwd_recv_bytes"]

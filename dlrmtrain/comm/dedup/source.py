@@ -1,0 +1,153 @@
+"""Dedup at the source (`comm.dedup_at: source`): a batch's bags replaced by its distinct ones.
+
+`distinct_bags(kjt)` turns a sample rank's `KeyedJaggedTensor` into TorchRec's
+variable-batch form (VBE): per feature, only its distinct bags
+(`stride_per_key_per_rank`), plus `inverse_indices` = (keys, [F, B]) mapping each
+sample to its distinct bag. TorchRec's sharded EBC then sends only those bags'
+ids in the input all-to-all, its fused TBE looks up only them, the output
+all-to-all carries one pooled row per distinct bag, and the EBC expands the rows
+back to the full batch with the inverse (its backward sums the duplicates'
+gradients before they are sent). Lossless: a distinct bag holds the same ids in
+the same order, so its pooled row is the same sum, bitwise.
+
+Bags are compared whole: same length, same ids, same order. Torch ops only
+(CPU and CUDA alike); the counts come to the host here, where the batch is made
+(the loader's prefetch thread), so the training step needs no host sync for them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Mapping
+
+import torch
+import torch.nn as nn
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm import torchrec_hooks as hooks
+
+DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise")
+"""the sharding types whose features `source` deduplicates (the others travel whole)"""
+_KEY_LIMIT = 2 ** 62
+"""one-hot keys (feature · span + id) stay below this, else the multi-hot path keys them"""
+
+
+def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
+    """Features that travel whole under `source`: those of tables sharded other than table- or
+    column-wise (row-wise: TorchRec's variable-batch reduce-scatter backward all-gathers uneven
+    sizes, which Gloo refuses; data-parallel: no all-to-all to save) and of per-table `none` tables."""
+    kept: set[str] = set()
+    for m in model.modules():
+        if isinstance(m, ShardedEmbeddingBagCollection):
+            for sharding_type, tables in hooks.features_per_sharding_type(m).items():
+                for table, features in tables.items():
+                    if sharding_type not in DEDUPED_SHARDING_TYPES or table_codecs.get(table) == "none":
+                        kept.update(features)
+    return frozenset(kept)
+
+
+def source_transform(model: nn.Module, table_codecs: Mapping[str, str]
+                     ) -> Callable[[KeyedJaggedTensor], KeyedJaggedTensor]:
+    """The batch transform of a run under `comm.dedup_at: source` on sharded `model`."""
+    return functools.partial(distinct_bags, keep=features_kept_whole(model, table_codecs))
+
+
+def distinct_bags(kjt: KeyedJaggedTensor, keep: Collection[str] = ()) -> KeyedJaggedTensor:
+    """The VBE KJT of `kjt`'s distinct bags per feature, with its inverse indices.
+
+    `keep`: features sent whole (stride B, the identity inverse): the row-wise
+    ones (`features_kept_whole`). Refuses weighted and already
+    variable-batch KJTs.
+    """
+    if kjt.weights_or_none() is not None:
+        raise ValueError("comm.dedup_at: source: weighted (per-id weight) features are not supported")
+    if kjt.variable_stride_per_key():
+        raise ValueError("comm.dedup_at: source: the batch is already variable-batch (VBE)")
+    keys = kjt.keys()
+    F, B = len(keys), kjt.stride()
+    lengths, values = kjt.lengths(), kjt.values()
+    device = values.device
+    if F == 0:
+        return kjt
+    if B == 0:  # a rank with no samples: no bags to send
+        return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths,
+                                 stride_per_key_per_rank=[[0] for _ in keys],
+                                 inverse_indices=(keys, torch.zeros(F, 0, dtype=torch.int64, device=device)))
+    lengths_2d = lengths.view(F, B)
+    longest = int(lengths.max())
+    if longest <= 1 and values.numel():
+        lo, hi = int(values.min()), int(values.max())
+        span = hi - lo + 2
+        one_hot = F * span < _KEY_LIMIT
+    else:
+        lo, span, one_hot = 0, 2, longest <= 1  # no ids at all: every bag is empty
+    if one_hot:
+        per_feature = _one_hot(lengths, values, F, B, lo, span)
+    else:
+        per_feature = _multi_hot(lengths_2d, values, longest)
+    out_values, out_lengths, strides, inverse = [], [], [], []
+    starts = torch.cumsum(lengths_2d.sum(1), 0).tolist()
+    for f, key in enumerate(keys):
+        if key in keep:
+            start = starts[f - 1] if f else 0
+            out_values.append(values[start:starts[f]])
+            out_lengths.append(lengths_2d[f])
+            strides.append([B])
+            inverse.append(torch.arange(B, device=device))
+        else:
+            v, n_lengths, inv = per_feature[f]
+            out_values.append(v)
+            out_lengths.append(n_lengths)
+            strides.append([n_lengths.numel()])
+            inverse.append(inv)
+    return KeyedJaggedTensor(
+        keys=keys, values=torch.cat(out_values).to(values.dtype),
+        lengths=torch.cat(out_lengths).to(lengths.dtype), stride_per_key_per_rank=strides,
+        inverse_indices=(keys, torch.stack(inverse).to(torch.int64)))
+
+
+def _one_hot(lengths: torch.Tensor, values: torch.Tensor, F: int, B: int, lo: int, span: int
+             ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Bags of at most one id, every feature in one unique: key = feature · span + (id - lo + 1),
+    or feature · span for an empty bag. Per feature: (distinct ids, their lengths, inverse)."""
+    present = lengths.bool()
+    code = torch.zeros(F * B, dtype=torch.int64, device=values.device)
+    code[present] = values.to(torch.int64) - lo + 1
+    feature = torch.arange(F, device=values.device).repeat_interleave(B)
+    uniq, inv = torch.unique(feature * span + code, sorted=True, return_inverse=True)
+    u_feature, u_code = uniq // span, uniq % span
+    counts = torch.bincount(u_feature, minlength=F).tolist()
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    inv = inv.view(F, B) - torch.tensor(offsets[:-1], device=values.device).unsqueeze(1)
+    out = []
+    for f in range(F):
+        c = u_code[offsets[f]:offsets[f + 1]]
+        n_lengths = (c != 0).to(torch.int64)
+        out.append((c[c != 0] + lo - 1, n_lengths, inv[f]))
+    return out
+
+
+def _multi_hot(lengths_2d: torch.Tensor, values: torch.Tensor, longest: int
+               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Bags as rows [length, id_0, ..., id_{L-1}] (zero-padded: the length tells a padded id from a
+    real one), one unique over the rows per feature. Per feature: (distinct bags' ids, lengths, inverse)."""
+    F, B = lengths_2d.shape
+    device = values.device
+    pos = torch.arange(longest, device=device)
+    out = []
+    feature_ids = torch.split(values, lengths_2d.sum(1).tolist())
+    for f in range(F):
+        lens = lengths_2d[f].to(torch.int64)
+        width = int(lens.max()) if B else 0
+        rows = torch.zeros(B, width + 1, dtype=torch.int64, device=device)
+        rows[:, 0] = lens
+        valid = pos[:width].unsqueeze(0) < lens.unsqueeze(1)
+        rows[:, 1:][valid] = feature_ids[f].to(torch.int64)
+        uniq, inv = torch.unique(rows, dim=0, sorted=True, return_inverse=True)
+        u_lens = uniq[:, 0]
+        u_valid = pos[:width].unsqueeze(0) < u_lens.unsqueeze(1)
+        out.append((uniq[:, 1:][u_valid], u_lens, inv))
+    return out

@@ -1,0 +1,148 @@
+"""comm.dedup_at: source on real Gloo ranks: TorchRec's stock sharded EBC fed the distinct bags
+(comm/dedup/source.py) against the same EBC fed the full batch (`none`).
+
+Table-, column- and row-wise (row-wise travels whole), one-hot and multi-hot, in one spawn:
+the first forward is bitwise none's (the tables are the same); the losses track none's within float summation
+order (rtol 1e-5, as test_dedup_training.py); the lookups (comm/lookups.py) take exactly the
+distinct bags of every (sample rank, owner) and their ids, counted independently from the ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.comm.ranks import Scenario, Table, bags_for, batch_for, build, to_numpy
+from tests.multiproc import run_ranks
+
+LOSS_RTOL = 1e-5
+
+SCENARIOS = {
+    "one_hot": Scenario(tables=(
+        Table("a", 10, 8, ("tw", 0)),
+        Table("b", 12, 8, ("tw", 1), ids="missing"),
+        Table("c", 10, 16, ("cw", (0, 1))),
+        Table("r", 20, 8, ("rw",)),
+        Table("e", 10, 8, ("tw", 1), ids="equal"),
+    ), batch=16, steps=3, lr=0.5),
+    "multi_hot": Scenario(tables=(
+        Table("m3", 30, 8, ("tw", 1), bag=3),
+        Table("m5", 40, 16, ("cw", (1, 0)), bag=5),
+        Table("j", 10, 8, ("tw", 0), ids="jagged"),
+        Table("r2", 25, 8, ("rw",), bag=2),
+    ), batch=16, steps=3, lr=0.5),
+}
+
+
+def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
+    from dlrmtrain.comm.dedup.source import source_transform
+    from dlrmtrain.comm.lookups import count_lookups
+    from dlrmtrain.comm.stats import collect_comm_stats
+    from dlrmtrain.comm.stock_bytes import count_stock_dists
+
+    dmp, dense_opt = build(sc, "none", world_size)  # under source: TorchRec's stock sharder
+    count_stock_dists(dmp, "dedup" if source else "none")
+    count_lookups(dmp)
+    transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)
+    out = {"pooled": [], "losses": []}
+    for step in range(sc.steps):
+        kjt, labels = batch_for(sc, step, rank)
+        dense_opt.zero_grad()
+        loss, pooled = dmp(transform(kjt), labels)
+        loss.backward()
+        dense_opt.step()
+        out["pooled"].append(pooled)
+        out["losses"].append(loss.item())
+    out["stats"] = collect_comm_stats(dmp)
+    return out
+
+
+def _both(rank: int, world_size: int) -> dict:
+    return to_numpy({(name, mode): _train(sc, mode == "source", rank, world_size)
+                     for name, sc in SCENARIOS.items() for mode in ("none", "source")})
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    return run_ranks(_both, 2, timeout=280)
+
+
+def expected_lookups(sc: Scenario, rank: int, world_size: int, source: bool) -> tuple[int, int]:
+    """(ids, bags) rank `rank`'s lookups take over sc.steps, from the ids with plain Python."""
+    ids = bags = 0
+    for step in range(sc.steps):
+        per_rank = [bags_for(sc, step, s) for s in range(world_size)]
+        for t in sc.tables:
+            for s in range(world_size):
+                theirs = per_rank[s][f"f_{t.name}"]
+                if t.placement[0] == "rw":  # travels whole; every rank gets every bag, its rows' ids
+                    block = -(-t.rows // world_size)
+                    bags += len(theirs)
+                    ids += sum(1 for b in theirs for i in b if i // block == rank)
+                    continue
+                owners = [t.placement[1]] if t.placement[0] == "tw" else list(t.placement[1])
+                sent = [list(b) for b in {tuple(b): None for b in theirs}] if source else theirs
+                bags += len(sent) * owners.count(rank)
+                ids += sum(len(b) for b in sent) * owners.count(rank)
+    return ids, bags
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_source_forward_is_bitwise_none_and_losses_track_it(results, name):
+    for rank, res in enumerate(results):
+        none, source = res[name, "none"], res[name, "source"]
+        # the first forward (identical tables) bitwise; after that the tables differ by the
+        # order the duplicates' gradients were summed in, and so do the forwards, by ulps
+        assert np.array_equal(none["pooled"][0], source["pooled"][0]), f"rank {rank}: forward differs"
+        for p_none, p_source in zip(none["pooled"][1:], source["pooled"][1:]):
+            np.testing.assert_allclose(p_source, p_none, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(source["losses"], none["losses"], rtol=LOSS_RTOL)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_source_sends_and_looks_up_only_the_distinct_bags(results, name):
+    sc = SCENARIOS[name]
+    for rank, res in enumerate(results):
+        for mode in ("none", "source"):
+            stats = res[name, mode]["stats"]
+            ids, bags = expected_lookups(sc, rank, 2, source=mode == "source")
+            assert stats["ids_looked_up_per_step"] * sc.steps == ids, (rank, mode)
+            assert stats["rows_looked_up_per_step"] * sc.steps == bags, (rank, mode)
+            assert stats["ids_sent_per_step"] == stats["ids_looked_up_per_step"]
+        # what the output all-to-all carried: one row per bag looked up, fewer under source
+        none, source = res[name, "none"]["stats"], res[name, "source"]["stats"]
+        assert source["rows_sent_per_step"] < none["rows_sent_per_step"]
+        assert source["total"]["payload_fwd_sent_bytes"] < none["total"]["payload_fwd_sent_bytes"]
+
+
+def test_bad_ids_end_as_the_loaders_named_error_before_the_plan():
+    """An id beyond its table or a negative one: the loader's range check names the table, as
+    without source (the plan runs after it, on the prefetch thread)."""
+    from dlrmtrain.comm.dedup.source import distinct_bags
+    from dlrmtrain.data.loader import CriteoBatchLoader
+    from dlrmtrain.data.parts import RowBlock
+
+    class Rows:
+        name, rows = "bad", 8
+
+        def __init__(self, bad: int) -> None:
+            self.bad = bad
+
+        def read(self, start: int, stop: int) -> RowBlock:
+            sparse = np.zeros((stop - start, 26), dtype=np.int64)
+            sparse[min(3, stop - start - 1), 5] = self.bad
+            return RowBlock(np.zeros((stop - start, 13), np.float32), sparse, np.zeros(stop - start, np.float32))
+
+    for bad in (4, -1):
+        loader = CriteoBatchLoader([Rows(bad)], 8, table_rows=[4] * 26)
+        loader.sparse_transform = distinct_bags
+        with pytest.raises(ValueError, match=f"table t_cat_5: id {bad} in rows 0..7 is outside its 4 rows"):
+            next(iter(loader))
+    good = CriteoBatchLoader([Rows(2)], 8, table_rows=[4] * 26)
+    good.sparse_transform = distinct_bags
+    batch = next(iter(good))
+    assert batch.sparse_features.stride_per_key_per_rank()[5] == [2]  # ids 0 and 2
+    assert torch.equal(batch.sparse_features.inverse_indices()[1][5], torch.tensor([0, 0, 0, 1, 0, 0, 0, 0]))
