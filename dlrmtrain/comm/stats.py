@@ -42,6 +42,18 @@ class TableCommStats:
     id_sent_bytes: int = 0
     """ids and lengths this rank sent in the input (id) all-to-all"""
     id_recv_bytes: int = 0
+    ids_sent: int = 0
+    """ids this rank sent in the input (id) all-to-all (as sample rank)"""
+    rows_looked_up: int = 0
+    """rows this rank's embedding lookup gathered (as owner), duplicates included"""
+    rows_sent: int = 0
+    """rows this rank sent back in the output all-to-all (as owner)"""
+
+    def add_lookups(self, ids_sent: int, rows_looked_up: int, rows_sent: int) -> None:
+        """Count one pass's ids sent, rows looked up and rows sent (forward; backward mirrors them)."""
+        self.ids_sent += ids_sent
+        self.rows_looked_up += rows_looked_up
+        self.rows_sent += rows_sent
 
     def add(self, other: "TableCommStats") -> None:
         for f in fields(self):
@@ -340,6 +352,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "hierarchy": sorted(g.hierarchies),
         **{f"{k}_per_step": per_step(v) for k, v in g.traffic.items()},
         "hop_ms_per_step": {k: 1e3 * v / steps for k, v in g.hops.items() if v} if steps else {},
+        **{f"{k}_per_step": per_step(getattr(total, k)) for k in ("ids_sent", "rows_looked_up", "rows_sent")},
         "total": asdict(total),
         "fwd_recv_bytes_per_pass": per_step(total.payload_fwd_recv_bytes),
         "payload_ratio_vs_none": (2 * total.uncompressed_fwd_recv_bytes

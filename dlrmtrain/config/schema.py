@@ -351,6 +351,8 @@ class CommConfig:
     ranks_per_node: Optional[int] = None
     """Ranks per node for `hierarchy: node` and the between-node byte counts; null: torchrun's
     LOCAL_WORLD_SIZE. Set it to simulate nodes on one machine (e.g. 2 with 4 ranks: 2 nodes)."""
+    dedup_at: Literal["owner", "source"] = "owner"
+    """Where `dedup` finds the distinct ids: `owner` (after the id all-to-all) or `source` (before it)."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from dlrmtrain.config import checks
+from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data import ROW_SOURCES, Datasets, build_row_datasets, checks as data_checks
 from dlrmtrain.data.metadata import apply_dataset_metadata
@@ -36,6 +37,9 @@ class DlrmWorkload(Workload):
 
     def check_model(self, cfg: Config) -> None:
         checks.check_dlrm_model(cfg)
+        if cfg.comm.dedup_at == "source":
+            raise ConfigError("comm.dedup_at: source is built for DLRMv4's sequence embeddings only; "
+                              "pooled tables take comm.dedup_at: owner")
 
     def table_names(self, cfg: Config) -> list[str]:
         return TABLE_NAMES[:len(cfg.data.table_sizes)]

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
+from dlrmtrain.comm.embedding import validate_sequence_dedup_at
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
@@ -32,6 +33,11 @@ class Dlrmv4Workload(Workload):
 
     def check_model(self, cfg: Config) -> None:
         checks.check_hstu_model(cfg)
+        c = cfg.comm
+        try:  # comm.dedup_at: source is TorchRec's index dedup of the EmbeddingCollection
+            validate_sequence_dedup_at(c.dedup_at, c.codec, c.table_codecs, c.hierarchy)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def table_names(self, cfg: Config) -> list[str]:
         return list(TABLES)

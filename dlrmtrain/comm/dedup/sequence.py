@@ -163,6 +163,9 @@ class SequencePlanner:
                 g = r * T + t
                 stats.add_rows(D, step.wire_bytes, step.elem_bytes, sent=send_counts[g], received=recv_counts[g],
                                stock_sent=send_stock[g], stock_received=recv_stock[g], bags=recv_stock[g])
+            stats.add_lookups(ids_sent=sum(recv_stock[r * T + t] for r in range(W)),
+                              rows_looked_up=sum(send_stock[r * T + t] for r in range(W)),
+                              rows_sent=sum(send_counts[r * T + t] for r in range(W)))
             sample_features = sum(1 for x in lay.sample_tables if x == t)
             owner_features = sum(1 for x in lay.owner_tables if x == t)
             stats.id_sent_bytes += (sum(recv_stock[r * T + t] for r in range(W)) * value_bytes
