@@ -99,6 +99,8 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     runs["dedup"] = train("dedup", "comm.codec=dedup")
     # TorchRec's index dedup (comm.dedup_at: source): only distinct ids cross, through its own dists
     runs["source"] = train("source", "comm.codec=dedup", "comm.dedup_at=source")
+    runs["source sparse_dist"] = train("source_pipe", "comm.codec=dedup", "comm.dedup_at=source",
+                                       "run.pipeline=sparse_dist")
     if rank == 0:
         for name, folder in (("source", "source"), ("none", "full")):
             runs[name]["comm_stats"] = json.loads((Path(out_dir) / folder / "comm_stats.json").read_text())
@@ -142,6 +144,8 @@ def test_source_dedup_through_torchrecs_index_dedup_gives_the_loss_of_none(two_r
     assert counted["ids_sent_per_step"] == counted["total"]["unique_bags"] / STEPS < stock["ids_sent_per_step"]
     assert counted["rows_looked_up_per_step"] == counted["rows_sent_per_step"] < stock["rows_looked_up_per_step"]
     assert counted["total"]["bags"] == stock["total"]["bags"]
+    # TorchRec's pipeline carries the index dedup's context (reverse indices) across its stages
+    assert _losses(two_ranks[0]["source sparse_dist"]) == _losses(source)  # bitwise
 
 
 def test_sparse_dist_pipelines_train_the_plain_loops_numbers(two_ranks):
