@@ -42,18 +42,8 @@ class TableCommStats:
     id_sent_bytes: int = 0
     """ids and lengths this rank sent in the input (id) all-to-all"""
     id_recv_bytes: int = 0
-    ids_sent: int = 0
-    """ids this rank sent in the input (id) all-to-all (as sample rank)"""
-    rows_looked_up: int = 0
-    """rows this rank's embedding lookup gathered (as owner), duplicates included"""
     rows_sent: int = 0
-    """rows this rank sent back in the output all-to-all (as owner)"""
-
-    def add_lookups(self, ids_sent: int, rows_looked_up: int, rows_sent: int) -> None:
-        """Count one pass's ids sent, rows looked up and rows sent (forward; backward mirrors them)."""
-        self.ids_sent += ids_sent
-        self.rows_looked_up += rows_looked_up
-        self.rows_sent += rows_sent
+    """rows this rank sent forward in the output all-to-all (a column shard's are its own)"""
 
     def add(self, other: "TableCommStats") -> None:
         for f in fields(self):
@@ -71,6 +61,7 @@ class TableCommStats:
         otherwise (a reduce-scatter receives several partial rows per bag).
         """
         sent_bytes, recv_bytes = round(sent * dim * wire_bytes), round(received * dim * wire_bytes)
+        self.rows_sent += sent
         self.payload_fwd_sent_bytes += sent_bytes
         self.payload_bwd_recv_bytes += sent_bytes
         self.payload_fwd_recv_bytes += recv_bytes
@@ -123,6 +114,10 @@ class DistCommStats:
     """embedding payload (forward + backward) this rank sent to other ranks of its node"""
     id_exchange_bytes: int = 0
     """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
+    ids_looked_up: int = 0
+    """ids the owner's lookup took (what reached it through the input all-to-all)"""
+    rows_looked_up: int = 0
+    """rows the owner's lookup gathered (sequence: one per id; pooled: one per bag)"""
     hop_seconds: dict[str, float] = field(default_factory=dict)
     """`node`: wall time per phase of the exchange (`HOPS`), forward and backward"""
     unread_times: list[tuple[str | None, str | None, DeviceInterval]] = field(default_factory=list, repr=False)
@@ -211,8 +206,9 @@ launch of the rail hop, the wait for it
 segment-sum and the intra-node hop back, the forwarder's sum per node-unique row and the
 launch of the rail hop back, the wait for it, the owner's scatter"""
 
-_TRAFFIC = ("messages", "inter_node_messages", "inter_node_bytes", "intra_node_bytes", "id_exchange_bytes")
-"""`DistCommStats` counters of whole messages, summed like the table counters"""
+_TRAFFIC = ("messages", "inter_node_messages", "inter_node_bytes", "intra_node_bytes", "id_exchange_bytes",
+            "ids_looked_up", "rows_looked_up")
+"""`DistCommStats` counters of whole messages and of the lookups, summed like the table counters"""
 
 
 @runtime_checkable
@@ -352,7 +348,10 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         "hierarchy": sorted(g.hierarchies),
         **{f"{k}_per_step": per_step(v) for k, v in g.traffic.items()},
         "hop_ms_per_step": {k: 1e3 * v / steps for k, v in g.hops.items() if v} if steps else {},
-        **{f"{k}_per_step": per_step(getattr(total, k)) for k in ("ids_sent", "rows_looked_up", "rows_sent")},
+        # ids are counted where they arrive, so over all ranks they are every id the input
+        # all-to-all carried; rows sent: the output all-to-all's
+        "ids_sent_per_step": per_step(g.traffic["ids_looked_up"]),
+        "rows_sent_per_step": per_step(total.rows_sent),
         "total": asdict(total),
         "fwd_recv_bytes_per_pass": per_step(total.payload_fwd_recv_bytes),
         "payload_ratio_vs_none": (2 * total.uncompressed_fwd_recv_bytes

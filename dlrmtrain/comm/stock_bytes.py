@@ -185,12 +185,13 @@ class SequenceStockCounter:
             # under index dedup the positions are what `none` would move (the owner sees only
             # the distinct ids: its stock_sent stays what it sent)
             positions = received if self._positions is None else self._positions.tolist()
+            self.stats.ids_looked_up += sum(sent)  # the owner looks up one row per id it got
+            self.stats.rows_looked_up += sum(sent)
             for t, name in enumerate(self.layout.tables):
-                table = self.stats.table(name)
-                table.add_rows(self.layout.dim, self.elem_bytes, self.elem_bytes, sent=sent[t],
-                               received=received[t], stock_sent=sent[t], stock_received=positions[t],
-                               bags=positions[t], distinct=received[t])
-                table.add_lookups(ids_sent=received[t], rows_looked_up=sent[t], rows_sent=sent[t])
+                self.stats.table(name).add_rows(self.layout.dim, self.elem_bytes, self.elem_bytes, sent=sent[t],
+                                                received=received[t], stock_sent=sent[t],
+                                                stock_received=positions[t], bags=positions[t],
+                                                distinct=received[t])
             self._sent = self._received = self._positions = None
         return self.stats
 

@@ -61,8 +61,8 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
     lines.append(f"  total: {_mib(tot['payload_fwd_recv_bytes'] / steps)} MiB fwd recv per pass; "
                  + (f"payload ratio to none (fwd+bwd) {stock / payload:.2f}x{with_ids}"
                     if payload else "payload 0 bytes"))
-    if stats.get("ids_sent_per_step"):
-        lines.append(f"  per step: ids sent {stats['ids_sent_per_step']:,.0f}, rows looked up "
+    if stats.get("ids_sent_per_step") is not None:
+        lines.append(f"  per pass: ids sent {stats['ids_sent_per_step']:,.0f}, rows looked up "
                      f"{stats['rows_looked_up_per_step']:,.0f}, rows sent {stats['rows_sent_per_step']:,.0f}")
     largest = sorted(tables.items(), key=lambda kv: -kv[1]["payload_fwd_recv_bytes"])[:top]
     lines.append("  most bytes: " + ", ".join(

@@ -241,25 +241,26 @@ def test_source_dedup_sends_and_looks_up_each_distinct_id_once(runs, name):
     per (sample rank, owner, table)); each is looked up and its row sent once. Owner-side dedup
     sends every position and looks each up, and sends the same distinct rows back."""
     sc = SCENARIOS[name]
-    looked_up, sent = {}, {}
-    distinct_all = 0
+    totals = {codec: dict.fromkeys(("ids_sent", "rows_looked_up", "rows_sent"), 0)
+              for codec in ("none", "dedup", "source")}
+    distinct_all = positions_all = 0
     for rank in range(WORLD):
         distinct = {t: sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
                     for t in table_rows()}
         positions = {t: sum(_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps))
                      for t in table_rows()}
         distinct_all += sum(distinct.values())
-        for codec in ("none", "dedup", "source"):
-            tables = runs[rank][(name, codec)]["stats"]["tables"]
-            assert {t: r["ids_sent"] for t, r in tables.items()} == (distinct if codec == "source" else positions)
-            assert {t: r["bags"] for t, r in tables.items()} == positions, codec  # what `none` moves
-            looked_up[codec] = looked_up.get(codec, 0) + sum(r["rows_looked_up"] for r in tables.values())
-            sent[codec] = sent.get(codec, 0) + sum(r["rows_sent"] for r in tables.values())
-        stats = runs[rank][(name, "source")]["stats"]
-        assert stats["ids_sent_per_step"] == sum(distinct.values()) / sc.steps
-        assert {t: r["unique_bags"] for t, r in stats["tables"].items()} == distinct
-    assert looked_up["source"] == sent["source"] == sent["dedup"] == distinct_all
-    assert looked_up["none"] == looked_up["dedup"] == sent["none"] > distinct_all
+        positions_all += sum(positions.values())
+        for codec, total in totals.items():
+            stats = runs[rank][(name, codec)]["stats"]
+            assert {t: r["bags"] for t, r in stats["tables"].items()} == positions, codec  # what `none` moves
+            for key in total:  # ids are counted where they arrive: summed over the ranks below
+                total[key] += round(stats[f"{key}_per_step"] * sc.steps)
+        # the rows this rank received: one per distinct id it sent, per table
+        assert {t: r["unique_bags"] for t, r in runs[rank][(name, "source")]["stats"]["tables"].items()} == distinct
+    assert totals["source"] == dict.fromkeys(totals["source"], distinct_all)
+    assert totals["dedup"] == {"ids_sent": positions_all, "rows_looked_up": positions_all, "rows_sent": distinct_all}
+    assert totals["none"] == dict.fromkeys(totals["none"], positions_all) and positions_all > distinct_all
 
 
 def test_source_dedup_refuses_an_id_outside_its_table_on_each_rank(runs):

@@ -157,15 +157,14 @@ class SequencePlanner:
         owner, sample = step.owner_kjt, step.sample_kjt
         value_bytes, length_bytes = sample.values().element_size(), sample.lengths().element_size()
         length_copies = 1 if lay.sample_owner is not None else W
+        step.stats.ids_looked_up += sum(send_stock)  # every position the owner got, looked up
+        step.stats.rows_looked_up += sum(send_stock)
         for t, name in enumerate(lay.tables):
             stats = step.stats.table(name)
             for r in range(W):
                 g = r * T + t
                 stats.add_rows(D, step.wire_bytes, step.elem_bytes, sent=send_counts[g], received=recv_counts[g],
                                stock_sent=send_stock[g], stock_received=recv_stock[g], bags=recv_stock[g])
-            stats.add_lookups(ids_sent=sum(recv_stock[r * T + t] for r in range(W)),
-                              rows_looked_up=sum(send_stock[r * T + t] for r in range(W)),
-                              rows_sent=sum(send_counts[r * T + t] for r in range(W)))
             sample_features = sum(1 for x in lay.sample_tables if x == t)
             owner_features = sum(1 for x in lay.owner_tables if x == t)
             stats.id_sent_bytes += (sum(recv_stock[r * T + t] for r in range(W)) * value_bytes
