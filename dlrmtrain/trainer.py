@@ -114,7 +114,7 @@ class Trainer:
         self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank, claim)
         self.model, self.plan_text = self._build_sharded_model()
-        if cfg.comm.dedup_at == "source" and cfg.model.arch in FLAT_TABLE_ARCHS:  # pooled: the loader
+        if cfg.comm.dedup_at == "source" and workload_of(cfg).collection_kind == "pooled":  # the loader
             # keeps each feature's distinct bags (sequence embeddings dedup in their sharder)
             self.data.set_sparse_transform(source_transform(self.model, cfg.comm.table_codecs))
         self.optimizer = build_optimizer(self.model, cfg.optim)

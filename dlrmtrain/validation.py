@@ -57,8 +57,9 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
             raise ConfigError(f"{key}: {codec!r} is not one of {', '.join(codecs)}")
     try:  # qcomms apply run-wide; fp8 has GPU kernels only (the error names comm.codec)
         validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
-        validate_dedup_at(cfg.comm.dedup_at, cfg.comm.codec, cfg.comm.table_codecs, cfg.comm.hierarchy,
-                          cfg.run.pipeline, cfg.optim.name, "sequence" if cfg.model.arch == "dlrmv4_hstu" else "pooled")
+        if workload_of(cfg).collection_kind == "pooled":  # sequence: its workload's own check
+            validate_dedup_at(cfg.comm.dedup_at, cfg.comm.codec, cfg.comm.table_codecs,
+                              cfg.comm.hierarchy, cfg.run.pipeline, cfg.optim.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

@@ -10,6 +10,11 @@ and TorchRec's lossy qcomms (`fp16`, `bf16`, `int8`, quantizing inside the stock
 dist through the sharder's `qcomm_codecs_registry`) keep the stock dist. Both
 ends' ids are recorded by `IdRecordingShardedEC` (torchrec_hooks.py). Lookups,
 the fused optimizer and the state dict stay TorchRec's.
+
+`comm.dedup_at: source` (`dedup` only) needs no dist of ours: TorchRec's own index dedup
+(`use_index_dedup`, as the MLPerf DLRMv4 reference) sends each sharding's distinct ids and
+expands the rows that come back, through the stock dists; its op gets a CPU kernel
+(`torchrec_hooks.register_cpu_jagged_unique_indices`).
 """
 
 from __future__ import annotations
@@ -57,13 +62,55 @@ class CodecEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         return CodecShardedEmbeddingCollection
 
 
-def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
-                    device_type: str = "cpu", hierarchy: Hierarchy = FLAT) -> ModuleSharder:
-    """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, else ours.
+class IndexDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's sharder with `use_index_dedup` on (`comm.dedup_at: source`), building
+    `IndexDedupShardedEC`: TorchRec's module, which also records the positions for the counters."""
 
-    Same arguments as `make_ebc_sharder` (embeddingbag.py); `comm.hierarchy: node` is refused
-    (two levels carry pooled embeddings only).
+    def __init__(self, fused_params: dict[str, Any] | None = None) -> None:
+        super().__init__(fused_params=fused_params, use_index_dedup=True)
+        hooks.register_cpu_jagged_unique_indices()
+
+    def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
+              device: torch.device | None = None, module_fqn: str | None = None):
+        return hooks.build_sharded_ec(hooks.IndexDedupShardedEC, self, module, params, env, device, module_fqn)
+
+    @property
+    def sharded_module_type(self):
+        return hooks.IndexDedupShardedEC
+
+
+def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str],
+                               hierarchy: str) -> None:
+    """`comm.dedup_at: source` on sequence embeddings is TorchRec's index dedup: the lossless
+    `dedup` on every table of the EC, flat. What it does not build is refused, naming the key."""
+    if dedup_at == "owner":
+        return
+    if dedup_at != "source":
+        raise ValueError(f"comm.dedup_at: {dedup_at!r} is not one of owner, source")
+    where = "comm.dedup_at: source"
+    if codec != "dedup":
+        raise ValueError(f"{where} needs comm.codec: dedup (the lossless codec), got {codec!r} (auto and the "
+                         f"lossy dedup+fp16/bf16 are not built at the source); use comm.dedup_at: owner")
+    for table, name in table_codecs.items():
+        if name != "dedup":
+            raise ValueError(f"comm.table_codecs.{table}: {name!r} cannot run under {where}: TorchRec's "
+                             f"index dedup covers every table of the EmbeddingCollection")
+    if hierarchy != "flat":
+        raise ValueError(f"{where} runs over comm.hierarchy: flat only, got {hierarchy}")
+
+
+def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
+                    device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
+                    dedup_at: str = "owner") -> ModuleSharder:
+    """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, TorchRec's
+    with index dedup for `dedup` at the source, else ours.
+
+    Same arguments as `make_ebc_sharder` (embeddingbag.py), plus `comm.dedup_at`;
+    `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
     """
+    validate_sequence_dedup_at(dedup_at, codec, table_codecs, hierarchy.kind)
+    if dedup_at == "source":
+        return IndexDedupEmbeddingCollectionSharder(fused_params=fused_params)
     choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence")
     if choice is None:
         return EmbeddingCollectionSharder(fused_params=fused_params)

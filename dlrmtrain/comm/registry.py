@@ -76,10 +76,11 @@ def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[s
 
 
 def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                      pipeline: str, optimizer: str, kind: CollectionKind = "pooled") -> None:
-    """`comm.dedup_at: source` (comm/dedup/source.py, through TorchRec's variable-batch EBC) is built
-    for the lossless `dedup` on pooled tables, flat, in the plain loop, with an embedding optimizer
-    fbgemm's variable-batch TBE trains (SGD); per-table `none` is kept whole. Errors name the key."""
+                      pipeline: str, optimizer: str) -> None:
+    """`comm.dedup_at: source` on pooled tables (comm/dedup/source.py, through TorchRec's
+    variable-batch EBC) is built for the lossless `dedup`, flat, in the plain loop, with an
+    embedding optimizer fbgemm's variable-batch TBE trains (SGD); per-table `none` is kept whole.
+    Sequence embeddings: embedding.py's `validate_sequence_dedup_at`. Errors name the key."""
     if dedup_at == "owner":
         return
     if dedup_at != "source":
@@ -92,9 +93,6 @@ def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str]
         if name not in ("dedup", "none"):
             raise ValueError(f"comm.table_codecs.{table}: {name!r} cannot run under {where}, which "
                              f"carries 'dedup' and per-table 'none' only")
-    if kind != "pooled":
-        raise ValueError(f"{where} covers pooled embeddings (DLRM v1 / DCNv2) only; sequence embeddings "
-                         f"(DLRMv4) take comm.dedup_at: owner")
     if hierarchy != "flat":
         raise ValueError(f"{where} runs over comm.hierarchy: flat only; comm.hierarchy: {hierarchy} "
                          f"takes comm.dedup_at: owner")

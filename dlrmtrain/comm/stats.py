@@ -43,7 +43,7 @@ class TableCommStats:
     """ids and lengths this rank sent in the input (id) all-to-all"""
     id_recv_bytes: int = 0
     rows_sent: int = 0
-    """pooled rows this rank sent forward in the output all-to-all (a column shard's are its own)"""
+    """rows this rank sent forward in the output all-to-all (a column shard's are its own)"""
 
     def add(self, other: "TableCommStats") -> None:
         for f in fields(self):
@@ -115,9 +115,9 @@ class DistCommStats:
     id_exchange_bytes: int = 0
     """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
     ids_looked_up: int = 0
-    """ids the owner's lookup took (what reached it through the input all-to-all; comm/lookups.py)"""
+    """ids the owner's lookup took (what reached it through the input all-to-all)"""
     rows_looked_up: int = 0
-    """bags the owner's lookup pooled: one output row each (comm/lookups.py)"""
+    """rows the owner's lookup gathered (sequence: one per id; pooled: one per bag)"""
     hop_seconds: dict[str, float] = field(default_factory=dict)
     """`node`: wall time per phase of the exchange (`HOPS`), forward and backward"""
     unread_times: list[tuple[str | None, str | None, DeviceInterval]] = field(default_factory=list, repr=False)

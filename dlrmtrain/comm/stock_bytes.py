@@ -187,6 +187,7 @@ class SequenceStockCounter:
                                    table_codecs={t: codec for t in layout.tables})
         self._sent: torch.Tensor | None = None      # [tables] rows this rank sends (as owner)
         self._received: torch.Tensor | None = None  # [tables] rows it receives (as sample rank)
+        self._positions: torch.Tensor | None = None  # [tables] its positions before index dedup, if on
 
     def count(self, sharding_ctx, elem_bytes: int) -> None:
         """Add one pass (TorchRec's sharding context holds both ends' lengths)."""
@@ -196,9 +197,13 @@ class SequenceStockCounter:
             T, device = len(lay.tables), sample_lengths.device
             self._sent = torch.zeros(T, dtype=torch.int64, device=device)
             self._received = torch.zeros(T, dtype=torch.int64, device=device)
+        source = hooks.source_lengths(sharding_ctx)  # index dedup: sample_lengths are the distinct ids'
+        if source is not None and self._positions is None:
+            self._positions = torch.zeros_like(self._received)
         for acc, lengths, tables in ((self._sent, owner_lengths, lay.owner_tables),
-                                     (self._received, sample_lengths, lay.sample_tables)):
-            if tables:
+                                     (self._received, sample_lengths, lay.sample_tables),
+                                     (self._positions, source, lay.sample_tables)):
+            if tables and acc is not None and lengths is not None:
                 per_feature = lengths.reshape(len(tables), -1).sum(1).to(torch.int64)
                 acc.index_add_(0, host_to_device(tables, acc.device), per_feature)
         self.elem_bytes = elem_bytes
@@ -208,12 +213,17 @@ class SequenceStockCounter:
         """The counters, with the positions summed so far added (a host read: only when read)."""
         if self._sent is not None:
             sent, received = self._sent.tolist(), self._received.tolist()
+            # under index dedup the positions are what `none` would move (the owner sees only
+            # the distinct ids: its stock_sent stays what it sent)
+            positions = received if self._positions is None else self._positions.tolist()
+            self.stats.ids_looked_up += sum(sent)  # the owner looks up one row per id it got
+            self.stats.rows_looked_up += sum(sent)
             for t, name in enumerate(self.layout.tables):
                 self.stats.table(name).add_rows(self.layout.dim, self.elem_bytes, self.elem_bytes, sent=sent[t],
                                                 received=received[t], stock_sent=sent[t],
-                                                stock_received=received[t], bags=received[t],
+                                                stock_received=positions[t], bags=positions[t],
                                                 distinct=received[t])
-            self._sent = self._received = None
+            self._sent = self._received = self._positions = None
         return self.stats
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
@@ -246,7 +256,8 @@ def count_sequence_stock_dists(model: nn.Module) -> int:
                     or hooks.qcomm_codecs(out_dist) is not None):
                 continue
             layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size), rank)
-            counter = SequenceStockCounter(layout, sharding_type)
+            # TorchRec's index dedup (comm.dedup_at: source) is codec dedup through the stock dist
+            counter = SequenceStockCounter(layout, sharding_type, "dedup" if hooks.uses_index_dedup(m) else "none")
             out_dist.register_forward_pre_hook(counter)
             counters.append(counter)
         setattr(m, COUNTERS_ATTR, [*listed, *counters])

@@ -362,8 +362,10 @@ class CommConfig:
     LOCAL_WORLD_SIZE. Set it to simulate nodes on one machine (e.g. 2 with 4 ranks: 2 nodes)."""
     dedup_at: DedupAt = "owner"
     """`owner`: dedup finds the distinct rows at the owner (every id still crosses the id all-to-all
-    and is looked up). `source`: the loader keeps each feature's distinct bags, so only they cross
-    and are looked up (TorchRec's variable-batch path); not yet: DLRMv4, Adagrad, `auto`, lossy, node, pipelines."""
+    and is looked up). `source`: each feature's ids are made distinct where the batch is made, so
+    only they cross and are looked up (TorchRec's own paths: pooled tables' variable batch, the
+    sequence collection's index dedup); not yet: Adagrad or row-wise pooled tables, `auto`, lossy,
+    `comm.hierarchy: node`, pooled pipelines."""
 
 
 @dataclass

@@ -82,7 +82,8 @@ def rowwise_adagrad_fused_params(lr: float, eps: float, output_dtype=None) -> di
 def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingCollection sharder: TorchRec's own when every table's codec is `none`, else
     the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/embedding.py)."""
-    return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
+    return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm),
+                           comm.dedup_at)
 
 
 def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: ShardingConfig, comm: CommConfig,

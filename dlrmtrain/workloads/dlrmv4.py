@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping, Optional
 
 from dlrmtrain.config import checks
+from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
 from dlrmtrain.mlperf import benchmarks
 from dlrmtrain.workloads.base import Workload
@@ -55,6 +56,13 @@ class Dlrmv4Workload(Workload):
         checks.check_unused_keys(cfg, self.arch, self.unused_keys,
                                  {"model": "model.hstu", "data": "data.yambda"})
         checks.check_hstu_model(cfg)
+        from dlrmtrain.comm.embedding import validate_sequence_dedup_at  # torch: only when checked
+
+        c = cfg.comm
+        try:  # comm.dedup_at: source is TorchRec's index dedup of the EmbeddingCollection
+            validate_sequence_dedup_at(c.dedup_at, c.codec, c.table_codecs, c.hierarchy)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def table_names(self, cfg: Config) -> list[str]:
         from dlrmtrain.sequence_features import TABLES

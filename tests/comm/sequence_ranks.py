@@ -131,18 +131,19 @@ def read_tables(dmp: nn.Module) -> dict[str, np.ndarray]:
     return {t: out[f].values().numpy().copy() for t, f in first_feature.items()} if rank == 0 else {}
 
 
-def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | None = None):
+def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | None = None,
+          dedup_at: str = "owner"):
     sharding = ShardingConfig(planner=sc.planner, default_type=sc.default_type, tables=dict(sc.sharding_tables))
-    comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}))
+    comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}), dedup_at=dedup_at)
     dmp, plan_text = shard_sequence_model(SeqModel(), "ec", sharding, comm,
                                           rowwise_adagrad_fused_params(LR, EPS), torch.device("cpu"),
                                           world_size)
     return dmp, plan_text
 
 
-def train(sc: SeqScenario, codec: str, rank: int, world_size: int) -> dict:
+def train(sc: SeqScenario, codec: str, rank: int, world_size: int, dedup_at: str = "owner") -> dict:
     """sc.steps fused-RowWiseAdagrad steps; outputs per step, losses, tables after, comm stats."""
-    dmp, plan_text = shard(sc, codec, world_size)
+    dmp, plan_text = shard(sc, codec, world_size, dedup_at=dedup_at)
     probes = probe_vectors()
     result: dict = {"outputs": [], "losses": [], "plan": plan_text}
     for step in range(sc.steps):

@@ -107,11 +107,13 @@ def test_source_is_refused_where_it_is_not_built(tmp_path, overrides, message):
         validate_config(tiny_config(str(tmp_path), *SOURCE, *overrides), 2)
 
 
-def test_source_is_refused_for_sequence_embeddings(tmp_path):
+def test_sequence_embeddings_take_source_through_their_own_check(tmp_path):
+    """DLRMv4's EC dedups at the source through TorchRec's index dedup: the pooled refusals
+    (the plain loop only, no Adagrad) are not its; its own (comm/embedding.py) still apply."""
     from dlrmtrain.config import ConfigError, load_config
     from dlrmtrain.validation import validate_config
 
-    cfg = load_config("configs/mini_dlrmv4.yaml", [f"run.output_dir={tmp_path}", "comm.codec=dedup",
-                                                   "comm.dedup_at=source"])
-    with pytest.raises(ConfigError, match="comm.dedup_at: source covers pooled embeddings"):
-        validate_config(cfg, 2)
+    base = [f"run.output_dir={tmp_path}", "comm.codec=dedup", "comm.dedup_at=source"]
+    validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["run.pipeline=sparse_dist"]), 2)
+    with pytest.raises(ConfigError, match="comm.dedup_at: source needs comm.codec: dedup"):
+        validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["comm.codec=auto"]), 2)

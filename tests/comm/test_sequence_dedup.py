@@ -23,6 +23,7 @@ from tests.comm.sequence_ranks import (
     SeqScenario,
     feature_table,
     features,
+    kjt_of,
     make_ec,
     shard,
     sequences_for,
@@ -44,11 +45,34 @@ RTOL, ATOL = 1e-5, 1e-6
 CODECS = {name: ("none", "dedup") for name in SCENARIOS}
 CODECS["mixed"] += ("dedup+fp16",)
 CODECS["row_wise"] += ("auto",)
+SOURCE = ("table_wise", "row_wise_uneven")
+"""scenarios also run with comm.dedup_at: source (`dedup`, TorchRec's index dedup): codec "source" below"""
+for _name in SOURCE:
+    CODECS[_name] += ("source",)
+
+
+def _train(name: str, codec: str, rank: int, world_size: int) -> dict:
+    if codec == "source":
+        return train(SCENARIOS[name], "dedup", rank, world_size, dedup_at="source")
+    return train(SCENARIOS[name], codec, rank, world_size)
+
+
+def _bad_input(sc: SeqScenario, rank: int, world_size: int, bad: int) -> str:
+    dmp, _ = shard(sc, "dedup", world_size, dedup_at="source")
+    seqs = sequences_for(sc, 0, rank)
+    seqs["artist_id"][0][0] = bad  # on every rank: each refuses it before the id all-to-all
+    try:
+        dmp(kjt_of(seqs))
+    except ValueError as e:
+        return str(e)
+    return "ran"
 
 
 def _all_runs(rank: int, world_size: int) -> dict:
-    out = {(name, codec): train(SCENARIOS[name], codec, rank, world_size)
+    out = {(name, codec): _train(name, codec, rank, world_size)
            for name in SCENARIOS for codec in CODECS[name]}
+    for bad in (table_rows()["artist_id"], -1):
+        out[("bad", bad)] = _bad_input(SCENARIOS["row_wise"], rank, world_size, bad)
     try:  # one row-wise all-to-all carries every table: a per-table `none` among them is refused
         shard(SCENARIOS["row_wise"], "dedup", world_size, table_codecs={"uid": "none"})
         out["mixed_codecs_error"] = None
@@ -191,3 +215,69 @@ def test_none_keeps_torchrec_sharder():
     assert type(make_ec_sharder("none", {}, {})) is EmbeddingCollectionSharder
     with pytest.raises(ValueError, match="comm.codec: unknown codec"):
         make_ec_sharder("dedupp", {}, {})
+
+
+# ------------------------------------------------ comm.dedup_at: source (TorchRec's index dedup)
+@pytest.mark.parametrize("name", SOURCE)
+def test_source_dedup_forward_is_bitwise_none_and_training_tracks_it(runs, name):
+    for rank in range(WORLD):
+        none, source = runs[rank][(name, "none")], runs[rank][(name, "source")]
+        for f in features():
+            assert np.array_equal(none["outputs"][0][f], source["outputs"][0][f]), f"rank {rank} {f}"
+        np.testing.assert_allclose(source["losses"], none["losses"], rtol=RTOL)
+        for step in range(1, SCENARIOS[name].steps):
+            for f in features():
+                np.testing.assert_allclose(source["outputs"][step][f], none["outputs"][step][f],
+                                           rtol=RTOL, atol=ATOL, err_msg=f"step {step} rank {rank} {f}")
+        assert source["codec_dists"] == 0 and source["syncs"] == none["syncs"]  # TorchRec's own dists
+        assert source["stats"]["codecs"] == ["dedup"]
+    for t, w in runs[0][(name, "none")]["tables"].items():
+        np.testing.assert_allclose(runs[0][(name, "source")]["tables"][t], w, rtol=RTOL, atol=ATOL, err_msg=t)
+
+
+@pytest.mark.parametrize("name", SOURCE)
+def test_source_dedup_sends_and_looks_up_each_distinct_id_once(runs, name):
+    """ids sent: each table's distinct ids per sample rank (row-wise: split over the owners, so
+    per (sample rank, owner, table)); each is looked up and its row sent once. Owner-side dedup
+    sends every position and looks each up, and sends the same distinct rows back."""
+    sc = SCENARIOS[name]
+    totals = {codec: dict.fromkeys(("ids_sent", "rows_looked_up", "rows_sent"), 0)
+              for codec in ("none", "dedup", "source")}
+    distinct_all = positions_all = 0
+    for rank in range(WORLD):
+        distinct = {t: sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
+                    for t in table_rows()}
+        positions = {t: sum(_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps))
+                     for t in table_rows()}
+        distinct_all += sum(distinct.values())
+        positions_all += sum(positions.values())
+        for codec, total in totals.items():
+            stats = runs[rank][(name, codec)]["stats"]
+            assert {t: r["bags"] for t, r in stats["tables"].items()} == positions, codec  # what `none` moves
+            for key in total:  # ids are counted where they arrive: summed over the ranks below
+                total[key] += round(stats[f"{key}_per_step"] * sc.steps)
+        # the rows this rank received: one per distinct id it sent, per table
+        assert {t: r["unique_bags"] for t, r in runs[rank][(name, "source")]["stats"]["tables"].items()} == distinct
+    assert totals["source"] == dict.fromkeys(totals["source"], distinct_all)
+    assert totals["dedup"] == {"ids_sent": positions_all, "rows_looked_up": positions_all, "rows_sent": distinct_all}
+    assert totals["none"] == dict.fromkeys(totals["none"], positions_all) and positions_all > distinct_all
+
+
+def test_source_dedup_refuses_an_id_outside_its_table_on_each_rank(runs):
+    rows = table_rows()["artist_id"]
+    for rank in range(WORLD):
+        for bad in (rows, -1):
+            msg = runs[rank][("bad", bad)]
+            assert f"id {bad} of feature" in msg and f"outside its table's {rows} rows" in msg, msg
+
+
+@pytest.mark.parametrize("codec,table_codecs,hierarchy,key", [
+    ("auto", {}, "flat", "comm.codec: dedup"), ("dedup+fp16", {}, "flat", "comm.codec: dedup"),
+    ("none", {}, "flat", "comm.codec: dedup"), ("dedup", {"uid": "none"}, "flat", "comm.table_codecs.uid"),
+    ("dedup", {}, "node", "comm.hierarchy: flat")])
+def test_source_dedup_refuses_what_it_does_not_build_naming_the_key(codec, table_codecs, hierarchy, key):
+    from dlrmtrain.comm.topology import Hierarchy
+
+    with pytest.raises(ValueError, match="comm.dedup_at: source") as e:
+        make_ec_sharder(codec, table_codecs, {}, hierarchy=Hierarchy(hierarchy), dedup_at="source")
+    assert key in str(e.value)

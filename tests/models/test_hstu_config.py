@@ -108,3 +108,17 @@ def test_settings_the_dlrmv4_path_cannot_honour_are_refused_naming_the_key(overr
     cfg = load_config(CONFIGS / "mini_dlrmv4.yaml", [override])
     with pytest.raises(ConfigError, match=rf"^{key}: "):
         validate_config(cfg, world_size=2)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["comm.codec=auto"], "comm.dedup_at: source needs comm.codec: dedup"),
+    (["comm.codec=dedup+fp16"], "comm.dedup_at: source needs comm.codec: dedup"),
+    (["comm.codec=dedup", "comm.table_codecs={uid: none}"], "comm.table_codecs.uid"),
+])
+def test_dedup_at_source_refuses_what_it_does_not_build_naming_the_key(overrides, key):
+    from dlrmtrain.validation import validate_config
+
+    cfg = load_config(CONFIGS / "mini_dlrmv4.yaml", ["comm.dedup_at=source", *overrides])
+    with pytest.raises(ConfigError, match=key):
+        validate_config(cfg, world_size=2)
+    validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", ["comm.dedup_at=source", "comm.codec=dedup"]), 2)

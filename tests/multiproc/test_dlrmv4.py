@@ -97,6 +97,13 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
         runs["pipeline dedup"]["comm_stats"] = json.loads(
             (Path(out_dir) / "pipe_dedup" / "comm_stats.json").read_text())
     runs["dedup"] = train("dedup", "comm.codec=dedup")
+    # TorchRec's index dedup (comm.dedup_at: source): only distinct ids cross, through its own dists
+    runs["source"] = train("source", "comm.codec=dedup", "comm.dedup_at=source")
+    runs["source sparse_dist"] = train("source_pipe", "comm.codec=dedup", "comm.dedup_at=source",
+                                       "run.pipeline=sparse_dist")
+    if rank == 0:
+        for name, folder in (("source", "source"), ("none", "full")):
+            runs[name]["comm_stats"] = json.loads((Path(out_dir) / folder / "comm_stats.json").read_text())
     for pipeline in ("off", "sparse_dist"):
         runs[f"auto {pipeline}"] = _train_auto(rank, world_size, out_dir, pipeline)
     train("split", f"run.max_steps={STEPS // 2}", "checkpoint.at_end=true")
@@ -124,6 +131,21 @@ def test_dedup_sequence_all_to_all_gives_the_loss_of_none(two_ranks):
     # afterwards the embedding gradients' sums come in another order: fp32 rounding
     assert dedup == pytest.approx(none, rel=1e-5, abs=1e-6)
     assert two_ranks[0]["dedup"]["codec"] == "dedup"
+
+
+def test_source_dedup_through_torchrecs_index_dedup_gives_the_loss_of_none(two_ranks):
+    none, source = two_ranks[0]["none"], two_ranks[0]["source"]
+    assert _losses(source)[0] == _losses(none)[0]  # lossless forward, same weights: bitwise
+    assert _losses(source) == pytest.approx(_losses(none), rel=1e-5, abs=1e-6)
+    counted, stock = source["comm_stats"], none["comm_stats"]
+    assert counted["codecs"] == ["dedup"] and stock["codecs"] == ["none"]
+    # every position crosses under none; only each table's distinct ids at the source
+    assert stock["ids_sent_per_step"] == stock["total"]["bags"] / STEPS
+    assert counted["ids_sent_per_step"] == counted["total"]["unique_bags"] / STEPS < stock["ids_sent_per_step"]
+    assert counted["rows_looked_up_per_step"] == counted["rows_sent_per_step"] < stock["rows_looked_up_per_step"]
+    assert counted["total"]["bags"] == stock["total"]["bags"]
+    # TorchRec's pipeline carries the index dedup's context (reverse indices) across its stages
+    assert _losses(two_ranks[0]["source sparse_dist"]) == _losses(source)  # bitwise
 
 
 def test_sparse_dist_pipelines_train_the_plain_loops_numbers(two_ranks):

@@ -157,6 +157,8 @@ class SequencePlanner:
         owner, sample = step.owner_kjt, step.sample_kjt
         value_bytes, length_bytes = sample.values().element_size(), sample.lengths().element_size()
         length_copies = 1 if lay.sample_owner is not None else W
+        step.stats.ids_looked_up += sum(send_stock)  # every position the owner got, looked up
+        step.stats.rows_looked_up += sum(send_stock)
         for t, name in enumerate(lay.tables):
             stats = step.stats.table(name)
             for r in range(W):
