@@ -74,7 +74,7 @@ def _link_of(args: argparse.Namespace):
         return _sim_nodes_of(args)
     if args.link_gbit is None:
         return None
-    from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason
+    from dlrmtrain.testbed.shaped_link import LinkSpec, unavailable_reason
 
     if args.nnodes > 1:
         raise ValueError("--link-gbit shapes this machine's own loopback: one node only")
@@ -86,8 +86,8 @@ def _link_of(args: argparse.Namespace):
 
 
 def _sim_nodes_of(args: argparse.Namespace):
-    from dlrmtrain.distributed.shaped_link import LinkSpec
-    from dlrmtrain.distributed.sim_nodes import SimNodes, unavailable_reason
+    from dlrmtrain.testbed.shaped_link import LinkSpec
+    from dlrmtrain.testbed.sim_nodes import SimNodes, unavailable_reason
 
     if args.nnodes > 1 or args.rdzv:
         raise ValueError("--sim-nodes runs every node on this machine: leave out --nnodes, "
@@ -148,14 +148,14 @@ def train(argv: list[str]) -> int:
         print(f"dlrmtrain train: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     if args.sim_nodes is not None:  # one torchrun agent per simulated node
-        from dlrmtrain.distributed.sim_nodes import launch_nodes
+        from dlrmtrain.testbed.sim_nodes import launch_nodes
 
         print(f"dlrmtrain: {link.describe()}", flush=True)
         return launch_nodes(spec, link)
     if link is not None:  # the same command again, inside the shaped namespace
         import subprocess
 
-        from dlrmtrain.distributed.shaped_link import wrap_command
+        from dlrmtrain.testbed.shaped_link import wrap_command
 
         from dlrmtrain.run.parent import OWNER_ENV
 

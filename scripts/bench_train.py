@@ -13,9 +13,9 @@ median per-step times and their ratios (goal: dlrmtrain / plain ≤ 1.02).
         [--steps 30] [--rounds 3] [--vs "KEY=VALUE ..."]... [--no-plain] [--torchrec-order] [--json PATH]
         [--link-gbit G [--link-latency-ms L]] [--sim-nodes N] [overrides...]
 
-`--link-gbit G` runs it behind a shaped loopback (dlrmtrain.distributed.shaped_link,
+`--link-gbit G` runs it behind a shaped loopback (dlrmtrain.testbed.shaped_link,
 one link shared by all ranks); with `--sim-nodes N` the world size is split into N
-simulated nodes (dlrmtrain.distributed.sim_nodes) and G is each node's link to
+simulated nodes (dlrmtrain.testbed.sim_nodes) and G is each node's link to
 the others, so only traffic between nodes is shaped.
 
 Shapes (`--shape`, default quickstart; `--config` + overrides for anything else):
@@ -215,7 +215,7 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
     simulated nodes, or on this machine's own loopback."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(REPO))
-    from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable
+    from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable
 
     try:
         link = None if args.link_gbit is None else LinkSpec(args.link_gbit, args.link_latency_ms)
@@ -223,7 +223,7 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
             sys.exit(run_on_sim_nodes(args, link))
         if link is not None:
             from dlrmtrain.cli import without_link_options
-            from dlrmtrain.distributed.shaped_link import wrap_command
+            from dlrmtrain.testbed.shaped_link import wrap_command
 
             cmd = wrap_command([sys.executable, __file__, *without_link_options(sys.argv[1:])],
                                link)
@@ -237,7 +237,7 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
 
 def run_on_sim_nodes(args: argparse.Namespace, link) -> int:
     """--world-size ranks as --sim-nodes nodes of equal size, one torchrun agent each."""
-    from dlrmtrain.distributed.sim_nodes import SimNodes, launch_nodes
+    from dlrmtrain.testbed.sim_nodes import SimNodes, launch_nodes
     from dlrmtrain.launch import LaunchSpec
 
     sim = SimNodes(args.sim_nodes, link)

@@ -5,7 +5,7 @@
 
 Trains `dedup` and `dedup` with `comm.hierarchy: node` (two Trainers over the
 same pre-built batches) in alternating blocks (AB, BA, ...) on simulated nodes
-behind a shaped link (dlrmtrain.distributed.sim_nodes; unshaped with --gbit 0),
+behind a shaped link (dlrmtrain.testbed.sim_nodes; unshaped with --gbit 0),
 or on plain loopback with `--sim-nodes 0` (comm.ranks_per_node set instead).
 Prints, as medians over the blocks, each contender's step time split into
 forward / backward / optimizer, the CPU time its rank's process used (all
@@ -59,8 +59,8 @@ def relaunch(args: argparse.Namespace) -> None:
     """Become one torchrun agent per simulated node (or one on plain loopback)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.sim_nodes:
-        from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable
-        from dlrmtrain.distributed.sim_nodes import SimNodes, launch_nodes
+        from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable
+        from dlrmtrain.testbed.sim_nodes import SimNodes, launch_nodes
         from dlrmtrain.launch import LaunchSpec
         try:
             sim = SimNodes(args.sim_nodes, LinkSpec(args.gbit) if args.gbit else None)
