@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -39,6 +37,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
 from dlrmtrain.data.parts import Part, RowBlock, concat_blocks
+from dlrmtrain.data.prefetch import Prefetcher
 
 LAST_BATCH_POLICIES = ("drop", "partial", "pad")
 
@@ -228,7 +227,8 @@ class CriteoBatchLoader:
         if self.prefetch <= 0:
             yield from map(self._make, specs)
         else:
-            yield from _prefetched(self._make, specs, self.prefetch)
+            with Prefetcher(self._make, specs, self.prefetch, name="batch-prefetch") as made:
+                yield from made
 
     def batches_from(self, start: int) -> Iterator[Batch]:
         for batch, _ in self.iter_weighted(start):
@@ -237,51 +237,3 @@ class CriteoBatchLoader:
     def __iter__(self) -> Iterator[Batch]:
         return self.batches_from(0)
 
-
-_DONE = object()
-
-
-def _prefetched(make, items: list, depth: int) -> Iterator:
-    """Run `make(item)` for each item on a background thread, `depth` results ahead.
-
-    numpy copies and torch conversions release the GIL, so the reads overlap the
-    consumer's compute. An exception in the thread is re-raised in the consumer;
-    a consumer that stops early stops the thread.
-    """
-    results: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(out) -> bool:
-        """Hand `out` over unless the consumer has stopped; every put must watch
-        `stop`, or a full queue with no reader blocks the thread (and the
-        consumer's join) forever."""
-        while not stop.is_set():
-            try:
-                results.put(out, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(make(item)):
-                    return
-            put(_DONE)
-        except BaseException as exc:  # forwarded to the consumer
-            put(exc)
-
-    thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            out = results.get()
-            if out is _DONE:
-                return
-            if isinstance(out, BaseException):
-                raise out
-            yield out
-    finally:
-        stop.set()
-        thread.join()

@@ -143,9 +143,9 @@ def test_abandoning_prefetch_after_the_producer_finished_does_not_hang():
     import threading
     import time
 
-    from dlrmtrain.data.loader import _prefetched
+    from dlrmtrain.data.prefetch import Prefetcher
 
-    gen = _prefetched(lambda x: x, [0, 1], depth=1)
+    gen = Prefetcher(lambda x: x, [0, 1], depth=1)
     assert next(gen) == 0
     time.sleep(0.5)  # let the producer queue item 1 and block on the end marker
     closer = threading.Thread(target=gen.close, daemon=True)

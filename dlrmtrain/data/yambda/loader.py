@@ -18,14 +18,13 @@ yields exactly the tail of a full pass from position k, on every rank.
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
 
+from dlrmtrain.data.prefetch import Prefetcher
 from dlrmtrain.data.yambda.batch import SampleColumns, to_sequence_batch
 from dlrmtrain.sequence_features import SequenceBatch
 
@@ -121,33 +120,8 @@ class SequenceBatchLoader:
                 yield self._batch(p)
             return
         # Build batches ahead on one thread (numpy and the KJT build release the GIL for much of it).
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-
-        def fill() -> None:
-            try:
-                for p in positions:
-                    if stop.is_set():
-                        return
-                    q.put(self._batch(p))
-                q.put(None)
-            except BaseException as e:  # handed to the consumer, raised there
-                q.put(e)
-
-        worker = threading.Thread(target=fill, daemon=True, name="yambda-prefetch")
-        worker.start()
-        try:
-            while (item := q.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while worker.is_alive():  # unblock a worker waiting on a full queue
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    worker.join(0.01)
+        with Prefetcher(self._batch, positions, self.prefetch, name="yambda-prefetch") as made:
+            yield from made
 
     def batches_from(self, start: int = 0) -> Iterator[SequenceBatch]:
         """This rank's batches from global batch position `start` to the end."""
