@@ -47,10 +47,25 @@ class Windows:
         return cls([len(a) for a in arrays], arrays.__getitem__)
 
 
+@dataclass(frozen=True)
+class SequenceLoaderSpec:
+    """What one rank's SequenceBatchLoader cuts from the windows, and how it makes the batches."""
+
+    rank: int
+    world_size: int
+    global_batch_size: int
+    slicing: RankSlicing = "round_robin"
+    last_batch: LastBatch = "drop"
+    prefetch: int = 0
+    """Batches made ahead on a background thread (0: made where they are read)."""
+    pin_memory: bool = False
+    """Pinned batches for a GPU (data.loader.pins_for), built on the prefetch thread."""
+
+
 class SequenceBatchLoader:
     def __init__(self, windows: Windows | Sequence[np.ndarray], make_columns: Callable[[np.ndarray], SampleColumns],
-                 rank: int, world_size: int, global_batch_size: int, slicing: RankSlicing = "round_robin",
-                 last_batch: LastBatch = "drop", prefetch: int = 0, pin_memory: bool = False) -> None:
+                 spec: SequenceLoaderSpec) -> None:
+        rank, world_size, global_batch_size = spec.rank, spec.world_size, spec.global_batch_size
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} does not divide by the world size {world_size}")
         if not 0 <= rank < world_size:
@@ -58,8 +73,9 @@ class SequenceBatchLoader:
         self.windows = windows if isinstance(windows, Windows) else Windows.of(windows)
         self.make_columns, self.rank, self.world = make_columns, rank, world_size
         self.global_batch, self.local_batch = global_batch_size, global_batch_size // world_size
-        self.slicing, self.last_batch, self.prefetch = slicing, last_batch, prefetch
-        self.pin_memory = pin_memory  # pinned batches for a GPU (data.loader.pins_for), built on the prefetch thread
+        self.slicing, self.last_batch, self.prefetch = spec.slicing, spec.last_batch, spec.prefetch
+        self.pin_memory = spec.pin_memory  # set by build_datasets from the device
+        last_batch = spec.last_batch
         per_window = [n // global_batch_size if last_batch == "drop" else -(-n // global_batch_size)
                       for n in self.windows.sizes]
         self._first_batch = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
