@@ -16,7 +16,6 @@ first line appears at once.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 EXIT_CONFIG_ERROR = 2
@@ -74,7 +73,7 @@ def _link_of(args: argparse.Namespace):
         return _sim_nodes_of(args)
     if args.link_gbit is None:
         return None
-    from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason
+    from dlrmtrain.testbed.shaped_link import LinkSpec, unavailable_reason
 
     if args.nnodes > 1:
         raise ValueError("--link-gbit shapes this machine's own loopback: one node only")
@@ -86,8 +85,8 @@ def _link_of(args: argparse.Namespace):
 
 
 def _sim_nodes_of(args: argparse.Namespace):
-    from dlrmtrain.distributed.shaped_link import LinkSpec
-    from dlrmtrain.distributed.sim_nodes import SimNodes, unavailable_reason
+    from dlrmtrain.testbed.shaped_link import LinkSpec
+    from dlrmtrain.testbed.sim_nodes import SimNodes, unavailable_reason
 
     if args.nnodes > 1 or args.rdzv:
         raise ValueError("--sim-nodes runs every node on this machine: leave out --nnodes, "
@@ -147,25 +146,13 @@ def train(argv: list[str]) -> int:
     except ValueError as e:  # launch options
         print(f"dlrmtrain train: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    from dlrmtrain.relaunch import relaunch
+
     if args.sim_nodes is not None:  # one torchrun agent per simulated node
-        from dlrmtrain.distributed.sim_nodes import launch_nodes
-
         print(f"dlrmtrain: {link.describe()}", flush=True)
-        return launch_nodes(spec, link)
-    if link is not None:  # the same command again, inside the shaped namespace
-        import subprocess
-
-        from dlrmtrain.distributed.shaped_link import wrap_command
-
-        from dlrmtrain.run.parent import OWNER_ENV
-
-        inner = [sys.executable, "-m", "dlrmtrain", "train", *without_link_options(argv)]
-        # the inner launcher stops when this one dies, even by kill -9 (run/parent.py)
-        return subprocess.call(wrap_command(inner, link),
-                               env={**os.environ, OWNER_ENV: str(os.getpid())})
-    from dlrmtrain.launch import launch
-
-    return launch(spec)
+    # behind a shaped link: the same command again, inside the shaped namespace
+    return relaunch(spec, link, [sys.executable, "-m", "dlrmtrain", "train",
+                                 *without_link_options(argv)])
 
 
 def preprocess(argv: list[str]) -> int:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dlrmtrain.data.formats.binary import PartWriter, finished_part_meta, write_manifest  # noqa: E402
 from dlrmtrain.data.formats.criteo_text import iter_parsed  # noqa: E402
 from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES  # noqa: E402
-from dlrmtrain.data.loader import CriteoBatchLoader  # noqa: E402
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec  # noqa: E402
 from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart  # noqa: E402
 from dlrmtrain.data.preprocess.pipeline import preprocess  # noqa: E402
 from dlrmtrain.data.sources import open_parts  # noqa: E402
@@ -143,7 +143,7 @@ def evict_from_page_cache(root: Path) -> None:
 
 
 def one_pass(root: Path, prefetch: int, rank: int = 0, world: int = 1) -> tuple[int, Clock]:
-    loader = CriteoBatchLoader(open_parts(root), BATCH * world, rank, world, prefetch=prefetch)
+    loader = CriteoBatchLoader(open_parts(root), CriteoLoaderSpec(BATCH * world, rank, world, prefetch=prefetch))
     n = 0
     with Clock() as clock:
         for batch in loader:
@@ -173,7 +173,7 @@ def bench_multi_hot(root: Path, max_batches: int = 30) -> None:
     sizes = terabyte_sizes("dcnv2", 0.01)  # lookup tables at 1 % of MLPerf rows (~0.3 GB)
     lookup = MultiHotLookup(sizes, MLPERF_DCNV2_MULTI_HOT_SIZES)
     parts = [MultiHotPart(p, lookup) for p in open_parts(root)]
-    loader = CriteoBatchLoader(parts, BATCH, prefetch=2)
+    loader = CriteoBatchLoader(parts, CriteoLoaderSpec(BATCH, prefetch=2))
     n = 0
     with Clock() as clock:
         for i, batch in enumerate(loader):

@@ -2,7 +2,7 @@
 
 For every bandwidth (unshaped, then 10, 5, 2, 1, 0.5 Gbit/s by default) and every
 shape it runs scripts/bench_train.py once behind that link
-(dlrmtrain.distributed.shaped_link): inside that one run the contenders (codec
+(dlrmtrain.testbed.shaped_link): inside that one run the contenders (codec
 `none`, each other codec, plain TorchRec) take turns in alternating blocks
 (ABC, CBA, ...), so each ratio is measured side by side in one run; the median
 block per contender is kept. Prints the ratios per bandwidth and saves a plot.
@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dlrmtrain.distributed import shaped_link, sim_nodes  # noqa: E402
-from dlrmtrain.distributed.shaped_link import LinkSpec  # noqa: E402
+from dlrmtrain.testbed import shaped_link, sim_nodes  # noqa: E402
+from dlrmtrain.testbed.shaped_link import LinkSpec  # noqa: E402
 from dlrmtrain.mlperf.benchmarks import display_label  # noqa: E402
 from dlrmtrain.workloads import workload_named  # noqa: E402
 

@@ -13,9 +13,9 @@ median per-step times and their ratios (goal: dlrmtrain / plain ≤ 1.02).
         [--steps 30] [--rounds 3] [--vs "KEY=VALUE ..."]... [--no-plain] [--torchrec-order] [--json PATH]
         [--link-gbit G [--link-latency-ms L]] [--sim-nodes N] [overrides...]
 
-`--link-gbit G` runs it behind a shaped loopback (dlrmtrain.distributed.shaped_link,
+`--link-gbit G` runs it behind a shaped loopback (dlrmtrain.testbed.shaped_link,
 one link shared by all ranks); with `--sim-nodes N` the world size is split into N
-simulated nodes (dlrmtrain.distributed.sim_nodes) and G is each node's link to
+simulated nodes (dlrmtrain.testbed.sim_nodes) and G is each node's link to
 the others, so only traffic between nodes is shaped.
 
 Shapes (`--shape`, default quickstart; `--config` + overrides for anything else):
@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 from collections import deque
 import sys
@@ -211,45 +210,34 @@ def all_to_all_profile(step, block) -> tuple[float, float]:
 
 
 def relaunch_under_torchrun(args: argparse.Namespace) -> None:
-    """Become torchrun with this script on every rank: behind a shaped link, on
-    simulated nodes, or on this machine's own loopback."""
+    """Become torchrun with this script on every rank (dlrmtrain.relaunch, as `dlrmtrain
+    train` does): behind a shaped link, on simulated nodes, or on this machine's own loopback."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(REPO))
-    from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable
+    from dlrmtrain.cli import without_link_options
+    from dlrmtrain.launch import LaunchSpec
+    from dlrmtrain.relaunch import relaunch
+    from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable
+    from dlrmtrain.testbed.sim_nodes import SimNodes
 
     try:
         link = None if args.link_gbit is None else LinkSpec(args.link_gbit, args.link_latency_ms)
-        if args.sim_nodes is not None:
-            sys.exit(run_on_sim_nodes(args, link))
-        if link is not None:
-            from dlrmtrain.cli import without_link_options
-            from dlrmtrain.distributed.shaped_link import wrap_command
-
-            cmd = wrap_command([sys.executable, __file__, *without_link_options(sys.argv[1:])],
-                               link)
-            os.execvp(cmd[0], cmd)
+        nodes = 1
+        if args.sim_nodes is not None:  # --world-size ranks as nodes of equal size
+            link = SimNodes(args.sim_nodes, link)
+            nodes = link.nodes
+            if args.world_size % nodes:
+                raise ValueError(f"--world-size {args.world_size} does not split into "
+                                 f"--sim-nodes {nodes} nodes of equal size")
+            per_node = args.world_size // nodes
+            print(f"bench_train: {link.describe()}, {per_node} rank{'s' if per_node > 1 else ''} "
+                  f"each", flush=True)
+        spec = LaunchSpec(nproc=args.world_size // nodes, script=__file__, args=sys.argv[1:],
+                          omp_threads=1)
+        sys.exit(relaunch(spec, link, [sys.executable, __file__,
+                                       *without_link_options(sys.argv[1:])]))
     except (ShapedLinkUnavailable, ValueError) as e:
         raise SystemExit(f"bench_train: {e}") from None
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    os.execv(torchrun, [torchrun, "--standalone", f"--nproc_per_node={args.world_size}",
-                        __file__, *sys.argv[1:]])
-
-
-def run_on_sim_nodes(args: argparse.Namespace, link) -> int:
-    """--world-size ranks as --sim-nodes nodes of equal size, one torchrun agent each."""
-    from dlrmtrain.distributed.sim_nodes import SimNodes, launch_nodes
-    from dlrmtrain.launch import LaunchSpec
-
-    sim = SimNodes(args.sim_nodes, link)
-    if args.world_size % sim.nodes:
-        raise ValueError(f"--world-size {args.world_size} does not split into "
-                         f"--sim-nodes {sim.nodes} nodes of equal size")
-    per_node = args.world_size // sim.nodes
-    print(f"bench_train: {sim.describe()}, {per_node} rank{'s' if per_node > 1 else ''} each",
-          flush=True)
-    spec = LaunchSpec(nproc=args.world_size // sim.nodes, script=__file__, args=sys.argv[1:],
-                      omp_threads=1)
-    return launch_nodes(spec, sim)
 
 
 def plain_torchrec_model(cfg, rows, device):

@@ -5,7 +5,7 @@
 
 Trains `dedup` and `dedup` with `comm.hierarchy: node` (two Trainers over the
 same pre-built batches) in alternating blocks (AB, BA, ...) on simulated nodes
-behind a shaped link (dlrmtrain.distributed.sim_nodes; unshaped with --gbit 0),
+behind a shaped link (dlrmtrain.testbed.sim_nodes; unshaped with --gbit 0),
 or on plain loopback with `--sim-nodes 0` (comm.ranks_per_node set instead).
 Prints, as medians over the blocks, each contender's step time split into
 forward / backward / optimizer, the CPU time its rank's process used (all
@@ -56,25 +56,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def relaunch(args: argparse.Namespace) -> None:
-    """Become one torchrun agent per simulated node (or one on plain loopback)."""
+    """Become one torchrun agent per simulated node (or one on plain loopback): dlrmtrain.relaunch."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if args.sim_nodes:
-        from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable
-        from dlrmtrain.distributed.sim_nodes import SimNodes, launch_nodes
-        from dlrmtrain.launch import LaunchSpec
-        try:
-            sim = SimNodes(args.sim_nodes, LinkSpec(args.gbit) if args.gbit else None)
-            print(f"profile_two_level: {sim.describe()}, {args.world_size // sim.nodes} ranks each", flush=True)
-            spec = LaunchSpec(nproc=args.world_size // sim.nodes, script=__file__, args=sys.argv[1:],
-                              omp_threads=1)
-            sys.exit(launch_nodes(spec, sim))
-        except (ShapedLinkUnavailable, ValueError) as e:
-            raise SystemExit(f"profile_two_level: {e}") from None
-    import shutil
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    os.execv(torchrun, [torchrun, "--standalone", f"--nproc_per_node={args.world_size}", __file__,
-                        *sys.argv[1:]])
+    from dlrmtrain.launch import LaunchSpec
+    from dlrmtrain.relaunch import relaunch as launch_ranks
+    from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable
+    from dlrmtrain.testbed.sim_nodes import SimNodes
 
+    try:
+        sim, nodes = None, 1
+        if args.sim_nodes:
+            sim = SimNodes(args.sim_nodes, LinkSpec(args.gbit) if args.gbit else None)
+            nodes = sim.nodes
+            print(f"profile_two_level: {sim.describe()}, {args.world_size // sim.nodes} ranks each", flush=True)
+        spec = LaunchSpec(nproc=args.world_size // nodes, script=__file__, args=sys.argv[1:],
+                          omp_threads=1)
+        sys.exit(launch_ranks(spec, sim, []))
+    except (ShapedLinkUnavailable, ValueError) as e:
+        raise SystemExit(f"profile_two_level: {e}") from None
 
 
 def wrap_plan_pieces() -> None:

@@ -176,7 +176,7 @@ def test_impossible_link_options_exit_2(args, message):
 
 
 def test_train_behind_a_shaped_link(tmp_path):
-    from dlrmtrain.distributed.shaped_link import unavailable_reason
+    from dlrmtrain.testbed.shaped_link import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from dlrmtrain.config.schema import Config, DataConfig
 from dlrmtrain.data.formats.binary import read_manifest, verify_dataset_checksums
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart
 from dlrmtrain.data.parts import Part
 from dlrmtrain.data.sources import detect_format, open_parts
@@ -74,8 +74,9 @@ def build_criteo_loaders(
     fold = None if _format(data) == "dlrmtrain" and model_rows == list(data.table_sizes) else model_rows
     common = dict(rank=rank, world_size=world_size, prefetch=data.prefetch_batches, fold_to_rows=fold,
                   table_rows=model_rows)
-    train = CriteoBatchLoader(_with_multi_hot(train_parts, data, lookup), cfg.run.global_batch_size,
-                              shuffle=data.shuffle_batches, seed=cfg.run.seed, last_batch="drop", **common)
-    evaluation = CriteoBatchLoader(_with_multi_hot(eval_parts, data, lookup), cfg.eval.batch_size,
-                                   last_batch="pad", **common)
+    train = CriteoBatchLoader(_with_multi_hot(train_parts, data, lookup), CriteoLoaderSpec(
+        cfg.run.global_batch_size, shuffle=data.shuffle_batches, seed=cfg.run.seed, last_batch="drop",
+        **common))
+    evaluation = CriteoBatchLoader(_with_multi_hot(eval_parts, data, lookup),
+                                   CriteoLoaderSpec(cfg.eval.batch_size, last_batch="pad", **common))
     return train, evaluation

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -39,6 +37,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
 from dlrmtrain.data.parts import Part, RowBlock, concat_blocks
+from dlrmtrain.data.prefetch import Prefetcher
 
 LAST_BATCH_POLICIES = ("drop", "partial", "pad")
 
@@ -128,49 +127,57 @@ class RowSource:
         return concat_blocks(blocks)
 
 
-class CriteoBatchLoader:
-    """Iterable of `Batch` for one rank; see the module docstring for slicing, order and last batch.
+@dataclass(frozen=True)
+class CriteoLoaderSpec:
+    """What one rank's CriteoBatchLoader cuts from its rows, and how it makes the batches."""
 
-    `fold_to_rows`: per-table row counts to fold ids into (`id % rows`) when the model's
-    tables are smaller than the data's vocabulary (scaled-down runs); None = ids as stored,
-    checked against `table_rows` when given (an id outside its table is an error).
-    `pin_memory`: build each batch and its weights in pinned memory (see `pins_for`).
+    global_batch_size: int
+    rank: int = 0
+    world_size: int = 1
+    shuffle: bool = False
+    """Shuffle the order of the global batches, by `seed` and the epoch (same on every rank)."""
+    seed: int = 0
+    last_batch: str = "drop"
+    """One of LAST_BATCH_POLICIES (see the module docstring)."""
+    prefetch: int = 2
+    """Batches made ahead on a background thread (0: made where they are read)."""
+    fold_to_rows: Sequence[int] | None = None
+    """Per-table row counts to fold ids into (`id % rows`) when the model's tables are
+    smaller than the data's vocabulary (scaled-down runs); None = ids as stored, checked
+    against `table_rows` when given (an id outside its table is an error)."""
+    table_rows: Sequence[int] | None = None
+    pin_memory: bool = False
+    """Build each batch and its weights in pinned memory (see `pins_for`)."""
+
+
+class CriteoBatchLoader:
+    """Iterable of `Batch` for one rank; see the module docstring for slicing, order and last
+    batch, and CriteoLoaderSpec for its settings.
+
     `sparse_transform`: applied to each batch's KJT where the batch is made (the prefetch
     thread), e.g. comm.dedup_at: source's distinct bags (set by the trainer once the model
     is sharded: `Datasets.set_sparse_transform`).
     """
 
-    def __init__(
-        self,
-        parts: Sequence[Part],
-        global_batch_size: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = False,
-        seed: int = 0,
-        last_batch: str = "drop",
-        prefetch: int = 2,
-        fold_to_rows: Sequence[int] | None = None,
-        table_rows: Sequence[int] | None = None,
-        pin_memory: bool = False,
-    ) -> None:
+    def __init__(self, parts: Sequence[Part], spec: CriteoLoaderSpec) -> None:
+        global_batch_size, rank, world_size = spec.global_batch_size, spec.rank, spec.world_size
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} is not divisible by world size {world_size}")
-        if last_batch not in LAST_BATCH_POLICIES:
-            raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+        if spec.last_batch not in LAST_BATCH_POLICIES:
+            raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {spec.last_batch!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         self.source = RowSource(parts)
         self.global_batch_size, self.rank, self.world_size = global_batch_size, rank, world_size
         self.local_batch_size = global_batch_size // world_size
-        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
-        self.last_batch, self.prefetch = last_batch, prefetch
-        self.pin_memory = pin_memory  # set by build_datasets from the device (pins_for)
+        self.shuffle, self.seed, self.epoch = spec.shuffle, spec.seed, 0
+        self.last_batch, self.prefetch = spec.last_batch, spec.prefetch
+        self.pin_memory = spec.pin_memory  # set by build_datasets from the device (pins_for)
         self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
-        self.fold_to_rows = list(fold_to_rows) if fold_to_rows is not None else None
-        self.table_rows = list(table_rows) if table_rows is not None else None
+        self.fold_to_rows = list(spec.fold_to_rows) if spec.fold_to_rows is not None else None
+        self.table_rows = list(spec.table_rows) if spec.table_rows is not None else None
         self.full_batches, self.remainder = divmod(self.source.rows, global_batch_size)
-        self.dropped_rows = self.remainder if last_batch == "drop" else 0
+        self.dropped_rows = self.remainder if spec.last_batch == "drop" else 0
 
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle permutation for an epoch (same on every rank)."""
@@ -228,7 +235,8 @@ class CriteoBatchLoader:
         if self.prefetch <= 0:
             yield from map(self._make, specs)
         else:
-            yield from _prefetched(self._make, specs, self.prefetch)
+            with Prefetcher(self._make, specs, self.prefetch, name="batch-prefetch") as made:
+                yield from made
 
     def batches_from(self, start: int) -> Iterator[Batch]:
         for batch, _ in self.iter_weighted(start):
@@ -237,51 +245,3 @@ class CriteoBatchLoader:
     def __iter__(self) -> Iterator[Batch]:
         return self.batches_from(0)
 
-
-_DONE = object()
-
-
-def _prefetched(make, items: list, depth: int) -> Iterator:
-    """Run `make(item)` for each item on a background thread, `depth` results ahead.
-
-    numpy copies and torch conversions release the GIL, so the reads overlap the
-    consumer's compute. An exception in the thread is re-raised in the consumer;
-    a consumer that stops early stops the thread.
-    """
-    results: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(out) -> bool:
-        """Hand `out` over unless the consumer has stopped; every put must watch
-        `stop`, or a full queue with no reader blocks the thread (and the
-        consumer's join) forever."""
-        while not stop.is_set():
-            try:
-                results.put(out, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(make(item)):
-                    return
-            put(_DONE)
-        except BaseException as exc:  # forwarded to the consumer
-            put(exc)
-
-    thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            out = results.get()
-            if out is _DONE:
-                return
-            if isinstance(out, BaseException):
-                raise out
-            yield out
-    finally:
-        stop.set()
-        thread.join()

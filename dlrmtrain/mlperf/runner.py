@@ -15,10 +15,10 @@ allowed) and prints both scores and their ratio. Last, ``dlrmtrain report`` draw
 every run (AUC against time, loss, throughput, bytes) into ``<out>/report/``.
 
 With ``--link-gbit`` every run trains behind its own shaped link of that rate
-(dlrmtrain.distributed.shaped_link: a private network namespace whose loopback
+(dlrmtrain.testbed.shaped_link: a private network namespace whose loopback
 is one link shared by all ranks and both directions); the system names say so.
 With ``--sim-nodes M`` every run spans M simulated nodes of ``--nproc`` ranks
-each (dlrmtrain.distributed.sim_nodes: a namespace per node), and the link of
+each (dlrmtrain.testbed.sim_nodes: a namespace per node), and the link of
 ``--link-gbit`` joins the nodes: only traffic between nodes crosses it.
 
 The same command on the same ``--out`` continues the series (dlrmtrain.mlperf.series):
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlrmtrain.comm.labels import parse_contender
-from dlrmtrain.distributed import sim_nodes
-from dlrmtrain.distributed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
+from dlrmtrain.testbed import sim_nodes
+from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
     wrap_command
 
 from tqdm import tqdm

@@ -122,7 +122,7 @@ def test_bad_ids_end_as_the_loaders_named_error_before_the_plan():
     """An id beyond its table or a negative one: the loader's range check names the table, as
     without source (the plan runs after it, on the prefetch thread)."""
     from dlrmtrain.comm.dedup.source import distinct_bags
-    from dlrmtrain.data.loader import CriteoBatchLoader
+    from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
     from dlrmtrain.data.parts import RowBlock
 
     class Rows:
@@ -137,11 +137,11 @@ def test_bad_ids_end_as_the_loaders_named_error_before_the_plan():
             return RowBlock(np.zeros((stop - start, 13), np.float32), sparse, np.zeros(stop - start, np.float32))
 
     for bad in (4, -1):
-        loader = CriteoBatchLoader([Rows(bad)], 8, table_rows=[4] * 26)
+        loader = CriteoBatchLoader([Rows(bad)], CriteoLoaderSpec(8, table_rows=[4] * 26))
         loader.sparse_transform = distinct_bags
         with pytest.raises(ValueError, match=f"table t_cat_5: id {bad} in rows 0..7 is outside its 4 rows"):
             next(iter(loader))
-    good = CriteoBatchLoader([Rows(2)], 8, table_rows=[4] * 26)
+    good = CriteoBatchLoader([Rows(2)], CriteoLoaderSpec(8, table_rows=[4] * 26))
     good.sparse_transform = distinct_bags
     batch = next(iter(good))
     assert batch.sparse_features.stride_per_key_per_rank()[5] == [2]  # ids 0 and 2

@@ -7,7 +7,7 @@ import importlib.util
 import numpy as np
 import torch
 
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart
 from dlrmtrain.data.sources import detect_format, open_parts
 from tests.data.raw_rows import REPO_ROOT, random_raw_lines, write_lines
@@ -36,7 +36,7 @@ def test_make_synthetic_then_materialize_multi_hot(tmp_path, capsys):
     assert "wrote 6,000 rows in 2 parts" in capsys.readouterr().out
     parts = open_parts(tmp_path / "syn")
     assert [p.rows for p in parts] == [3000, 3000]
-    batch = next(iter(CriteoBatchLoader(parts, 1024)))
+    batch = next(iter(CriteoBatchLoader(parts, CriteoLoaderSpec(1024))))
     assert batch.dense_features.shape == (1024, 13) and set(batch.labels.unique().tolist()) <= {0.0, 1.0}
 
     sizes = [int(s) for s in (np.asarray(parts[0].read(0, 3000).sparse).max(0) + 1)]
@@ -45,8 +45,8 @@ def test_make_synthetic_then_materialize_multi_hot(tmp_path, capsys):
         "--in", str(tmp_path / "syn"), "--out", str(tmp_path / "mh"),
         "--table-sizes", ",".join(map(str, sizes)), "--multi-hot-sizes", ",".join(map(str, bags))])
     assert detect_format(tmp_path / "mh") == "torchrec_multi_hot"
-    on_disk = next(iter(CriteoBatchLoader(open_parts(tmp_path / "mh")[1:], 512)))
-    on_the_fly = next(iter(CriteoBatchLoader([MultiHotPart(parts[1], MultiHotLookup(sizes, bags))], 512)))
+    on_disk = next(iter(CriteoBatchLoader(open_parts(tmp_path / "mh")[1:], CriteoLoaderSpec(512))))
+    on_the_fly = next(iter(CriteoBatchLoader([MultiHotPart(parts[1], MultiHotLookup(sizes, bags))], CriteoLoaderSpec(512))))
     assert torch.equal(on_disk.sparse_features.values(), on_the_fly.sparse_features.values())
     assert torch.equal(on_disk.dense_features, on_the_fly.dense_features)
     assert torch.equal(on_disk.labels, on_the_fly.labels)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlrmtrain.data.formats.binary import PartWriter, write_manifest, finished_part_meta
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.sources import open_parts
 
 
@@ -43,8 +43,8 @@ def test_every_sample_exactly_once_across_ranks(tmp_path, world_size, policy):
     total = make_indexed_dataset(tmp_path)
     seen = []
     for rank in range(world_size):
-        loader = CriteoBatchLoader(open_parts(tmp_path), 12, rank, world_size, shuffle=True, seed=5,
-                                   last_batch=policy)
+        loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, rank, world_size, shuffle=True, seed=5,
+                                   last_batch=policy))
         seen += rows_seen(loader, weighted=True)
     assert sorted(seen) == list(range(total))
 
@@ -56,7 +56,7 @@ def test_pad_gives_equal_local_batches_and_zero_weight_filler(tmp_path, world_si
     assert remainder == 4  # 100 rows
     sizes = []
     for rank in range(world_size):
-        loader = CriteoBatchLoader(open_parts(tmp_path), 12, rank, world_size, last_batch="pad")
+        loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, rank, world_size, last_batch="pad"))
         batches = list(loader.iter_weighted())
         assert len(batches) == len(loader) == total // 12 + 1
         sizes.append([b.labels.shape[0] for b, _ in batches])
@@ -71,7 +71,7 @@ def test_drop_policy_counts_what_it_drops(tmp_path, world_size):
     total = make_indexed_dataset(tmp_path)
     seen = []
     for rank in range(world_size):
-        loader = CriteoBatchLoader(open_parts(tmp_path), 12, rank, world_size, last_batch="drop")
+        loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, rank, world_size, last_batch="drop"))
         assert loader.dropped_rows == total % 12
         seen += rows_seen(loader)
     assert sorted(seen) == list(range(total - total % 12))
@@ -79,7 +79,7 @@ def test_drop_policy_counts_what_it_drops(tmp_path, world_size):
 
 def test_rank_reads_only_its_contiguous_slice(tmp_path):
     make_indexed_dataset(tmp_path)
-    loader = CriteoBatchLoader(open_parts(tmp_path), 12, rank=1, world_size=3)
+    loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, rank=1, world_size=3))
     first = next(iter(loader))
     assert first.dense_features[:, 0].tolist() == [4, 5, 6, 7]
 
@@ -88,7 +88,7 @@ def test_order_is_deterministic_per_seed_and_epoch(tmp_path):
     make_indexed_dataset(tmp_path)
 
     def order(seed, epoch, prefetch=2):
-        loader = CriteoBatchLoader(open_parts(tmp_path), 12, shuffle=True, seed=seed, prefetch=prefetch)
+        loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, shuffle=True, seed=seed, prefetch=prefetch))
         loader.set_epoch(epoch)
         return rows_seen(loader)
 
@@ -96,13 +96,13 @@ def test_order_is_deterministic_per_seed_and_epoch(tmp_path):
     assert order(1, 0) != order(2, 0)
     assert order(1, 0) != order(1, 1)
     assert sorted(order(1, 0)) == sorted(order(2, 0))
-    unshuffled = CriteoBatchLoader(open_parts(tmp_path), 12, shuffle=False)
+    unshuffled = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, shuffle=False))
     assert rows_seen(unshuffled) == list(range(96))
 
 
 def test_batch_contents_and_types(tmp_path):
     make_indexed_dataset(tmp_path)
-    batch = next(iter(CriteoBatchLoader(open_parts(tmp_path), 8, rank=0, world_size=2)))
+    batch = next(iter(CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(8, rank=0, world_size=2))))
     assert batch.dense_features.dtype == torch.float32 and batch.dense_features.shape == (4, 13)
     assert batch.labels.dtype == torch.float32 and batch.labels.tolist() == [0, 1, 0, 1]
     kjt = batch.sparse_features
@@ -114,7 +114,7 @@ def test_batch_contents_and_types(tmp_path):
 
 def test_batch_spanning_parts_and_fold(tmp_path):
     make_indexed_dataset(tmp_path, rows_per_part=(5, 7))
-    loader = CriteoBatchLoader(open_parts(tmp_path), 8, fold_to_rows=[100] * 26)
+    loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(8, fold_to_rows=[100] * 26))
     batch = next(iter(loader))
     assert batch.dense_features[:, 0].tolist() == list(range(8))
     assert batch.sparse_features["cat_3"].values().tolist() == [(r * 26 + 3) % 100 for r in range(8)]
@@ -122,7 +122,7 @@ def test_batch_spanning_parts_and_fold(tmp_path):
 
 def test_prefetch_forwards_errors_and_stops_early(tmp_path):
     make_indexed_dataset(tmp_path)
-    loader = CriteoBatchLoader(open_parts(tmp_path), 12, prefetch=2)
+    loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, prefetch=2))
     for i, _ in enumerate(loader):  # consumer stops early: the producer thread must not hang
         if i == 1:
             break
@@ -134,7 +134,7 @@ def test_prefetch_forwards_errors_and_stops_early(tmp_path):
             raise OSError("disk on fire")
 
     with pytest.raises(OSError, match="disk on fire"):
-        list(CriteoBatchLoader([Broken()], 4, prefetch=2))
+        list(CriteoBatchLoader([Broken()], CriteoLoaderSpec(4, prefetch=2)))
 
 
 def test_abandoning_prefetch_after_the_producer_finished_does_not_hang():
@@ -143,9 +143,9 @@ def test_abandoning_prefetch_after_the_producer_finished_does_not_hang():
     import threading
     import time
 
-    from dlrmtrain.data.loader import _prefetched
+    from dlrmtrain.data.prefetch import Prefetcher
 
-    gen = _prefetched(lambda x: x, [0, 1], depth=1)
+    gen = Prefetcher(lambda x: x, [0, 1], depth=1)
     assert next(gen) == 0
     time.sleep(0.5)  # let the producer queue item 1 and block on the end marker
     closer = threading.Thread(target=gen.close, daemon=True)
@@ -157,6 +157,6 @@ def test_abandoning_prefetch_after_the_producer_finished_does_not_hang():
 def test_invalid_arguments(tmp_path):
     make_indexed_dataset(tmp_path)
     with pytest.raises(ValueError, match="not divisible by world size 3"):
-        CriteoBatchLoader(open_parts(tmp_path), 8, 0, 3)
+        CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(8, 0, 3))
     with pytest.raises(ValueError, match="last_batch must be one of"):
-        CriteoBatchLoader(open_parts(tmp_path), 8, last_batch="wrap")
+        CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(8, last_batch="wrap"))

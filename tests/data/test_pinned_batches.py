@@ -62,12 +62,12 @@ def test_a_gpu_runs_batches_are_pinned_where_they_are_built(pinned, tmp_path, co
 
 
 def test_the_criteo_loader_pins_on_its_prefetch_thread(pinned, tmp_path):
-    from dlrmtrain.data.loader import CriteoBatchLoader
+    from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
     from dlrmtrain.data.sources import open_parts
     from tests.data.test_loader import make_indexed_dataset
 
     make_indexed_dataset(tmp_path)
-    loader = CriteoBatchLoader(open_parts(tmp_path), 8, last_batch="pad", prefetch=2, pin_memory=True)
+    loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(8, last_batch="pad", prefetch=2, pin_memory=True))
     batches = list(loader.iter_weighted())
     assert len(batches) == len(loader)
     pinned_ids = {i for _, _, i in pinned}

@@ -135,7 +135,7 @@ def test_ratio_is_first_codec_score_over_second():
 
 
 def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
-    from dlrmtrain.distributed.shaped_link import unavailable_reason
+    from dlrmtrain.testbed.shaped_link import unavailable_reason
     from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
 
     config = tmp_path / "tiny.yaml"

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from dlrmtrain.distributed.shaped_link import LinkSpec, unavailable_reason, wrap_command
+from dlrmtrain.testbed.shaped_link import LinkSpec, unavailable_reason, wrap_command
 
 REASON = unavailable_reason()
 needs_link = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -52,7 +52,7 @@ def test_tcp_probe_takes_at_least_bytes_over_rate():
     """The launcher's own probe: one TCP connection on 127.0.0.1 behind the link."""
     link = LinkSpec(gbit=0.2)
     n = 10_000_000  # 0.4 s at 0.2 Gbit/s
-    done = subprocess.run([sys.executable, "-m", "dlrmtrain.distributed.shaped_link",
+    done = subprocess.run([sys.executable, "-m", "dlrmtrain.testbed.shaped_link",
                            "--gbit", "0.2", "--probe-mb", "10"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -91,3 +91,12 @@ def test_tc_commands_shape_any_device_and_delay_only_where_asked():
     assert len(in_node) == 1 and in_node[0][:7] == ["tc", "-n", "node0", "qdisc", "add", "dev",
                                                     "simlink"]
     assert "tbf" in in_node[0] and "netem" not in in_node[0]
+
+
+@pytest.mark.parametrize("module", ["shaped_link", "sim_nodes"])
+def test_the_old_command_still_runs_and_says_where_it_went(module):
+    done = subprocess.run([sys.executable, "-m", f"dlrmtrain.distributed.{module}", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"running python -m dlrmtrain.testbed.{module}" in done.stderr
+    assert "--gbit" in done.stdout  # the testbed's own command line answered

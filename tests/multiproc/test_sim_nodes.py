@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrmtrain.distributed.shaped_link import LinkSpec
-from dlrmtrain.distributed.sim_nodes import SimNodes, node_launch_specs, unavailable_reason
+from dlrmtrain.testbed.shaped_link import LinkSpec
+from dlrmtrain.testbed.sim_nodes import SimNodes, node_launch_specs, unavailable_reason
 from dlrmtrain.launch import LaunchSpec, torchrun_argv
 from tests.common import tiny_overrides
 
@@ -24,7 +24,7 @@ LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 def sim_nodes(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlrmtrain.distributed.sim_nodes", *args],
+    return subprocess.run([sys.executable, "-m", "dlrmtrain.testbed.sim_nodes", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 

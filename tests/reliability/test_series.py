@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config.loader import dump_config
-from dlrmtrain.distributed.shaped_link import unavailable_reason as link_unavailable_reason
-from dlrmtrain.distributed.sim_nodes import unavailable_reason
+from dlrmtrain.testbed.shaped_link import unavailable_reason as link_unavailable_reason
+from dlrmtrain.testbed.sim_nodes import unavailable_reason
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 from tests.reliability.jobs import REPO, metrics

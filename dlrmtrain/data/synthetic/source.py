@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dlrmtrain.config.schema import Config
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.parts import RowBlock
 from dlrmtrain.data.synthetic.generator import generate, multi_hot_offsets
 
@@ -54,6 +54,6 @@ def build_synthetic_loaders(
                           model_rows, offsets)
     # In memory: nothing to read ahead, so no prefetch thread.
     common = dict(rank=rank, world_size=world_size, prefetch=0, fold_to_rows=model_rows)
-    return (CriteoBatchLoader([train], cfg.run.global_batch_size, shuffle=True, seed=seed,
-                              last_batch="drop", **common),
-            CriteoBatchLoader([evals], cfg.eval.batch_size, last_batch="pad", **common))
+    return (CriteoBatchLoader([train], CriteoLoaderSpec(cfg.run.global_batch_size, shuffle=True,
+                                                        seed=seed, last_batch="drop", **common)),
+            CriteoBatchLoader([evals], CriteoLoaderSpec(cfg.eval.batch_size, last_batch="pad", **common)))

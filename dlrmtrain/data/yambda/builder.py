@@ -17,7 +17,7 @@ from dlrmtrain.config.schema import DataConfig
 from dlrmtrain.data.yambda.calibration import REFERENCE_UNIQUE_RATES, calibrate
 from dlrmtrain.data.yambda.checks import check_yambda_data
 from dlrmtrain.data.yambda.history import HistoryRule
-from dlrmtrain.data.yambda.loader import SequenceBatchLoader, Windows
+from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec, Windows
 from dlrmtrain.data.yambda.samples import CrossSpec, SampleRule, YambdaSamples
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
 from dlrmtrain.sequence_features import CROSS_SPECS
@@ -52,10 +52,10 @@ def _synthetic(data: DataConfig, rank: int, world_size: int, global_batch: int, 
     common = dict(rank=rank, world_size=world_size, slicing="contiguous", prefetch=prefetch)
     return YambdaLoaders(
         train=SequenceBatchLoader([np.arange(train_gen.num_train_samples)], train_gen.columns,
-                                  global_batch_size=global_batch, last_batch="drop", **common),
+                                  SequenceLoaderSpec(global_batch_size=global_batch, last_batch="drop", **common)),
         eval=SequenceBatchLoader([np.arange(eval_gen.num_eval_samples)],
                                  lambda ids: eval_gen.columns(ids, eval_split=True),
-                                 global_batch_size=eval_batch, last_batch="pad", **common),
+                                 SequenceLoaderSpec(global_batch_size=eval_batch, last_batch="pad", **common)),
         table_rows=train_gen.table_rows())
 
 
@@ -73,10 +73,11 @@ def _prepared(data: DataConfig, rank: int, world_size: int, global_batch: int, e
     store = train_samples.store
     common = dict(rank=rank, world_size=world_size, slicing="round_robin", prefetch=prefetch)
     return YambdaLoaders(
-        train=SequenceBatchLoader(windows, train_samples.columns, global_batch_size=global_batch,
-                                  last_batch="drop", **common),
+        train=SequenceBatchLoader(windows, train_samples.columns, SequenceLoaderSpec(
+            global_batch_size=global_batch, last_batch="drop", **common)),
         eval=SequenceBatchLoader([eval_samples.eval_indices(y.eval_window, y.eval_num_windows)],
-                                 eval_samples.columns, global_batch_size=eval_batch, last_batch="pad", **common),
+                                 eval_samples.columns, SequenceLoaderSpec(
+                                     global_batch_size=eval_batch, last_batch="pad", **common)),
         table_rows={"item_id": store.num_items, "artist_id": int(np.max(store.item_to_artist, initial=0)) + 1,
                     "album_id": int(np.max(store.item_to_album, initial=0)) + 1, "uid": len(store.user_start),
                     **{name: rows for name, _k, rows, _s in cross_specs(data)}})

@@ -18,14 +18,13 @@ yields exactly the tail of a full pass from position k, on every rank.
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
 
+from dlrmtrain.data.prefetch import Prefetcher
 from dlrmtrain.data.yambda.batch import SampleColumns, to_sequence_batch
 from dlrmtrain.sequence_features import SequenceBatch
 
@@ -48,10 +47,25 @@ class Windows:
         return cls([len(a) for a in arrays], arrays.__getitem__)
 
 
+@dataclass(frozen=True)
+class SequenceLoaderSpec:
+    """What one rank's SequenceBatchLoader cuts from the windows, and how it makes the batches."""
+
+    rank: int
+    world_size: int
+    global_batch_size: int
+    slicing: RankSlicing = "round_robin"
+    last_batch: LastBatch = "drop"
+    prefetch: int = 0
+    """Batches made ahead on a background thread (0: made where they are read)."""
+    pin_memory: bool = False
+    """Pinned batches for a GPU (data.loader.pins_for), built on the prefetch thread."""
+
+
 class SequenceBatchLoader:
     def __init__(self, windows: Windows | Sequence[np.ndarray], make_columns: Callable[[np.ndarray], SampleColumns],
-                 rank: int, world_size: int, global_batch_size: int, slicing: RankSlicing = "round_robin",
-                 last_batch: LastBatch = "drop", prefetch: int = 0, pin_memory: bool = False) -> None:
+                 spec: SequenceLoaderSpec) -> None:
+        rank, world_size, global_batch_size = spec.rank, spec.world_size, spec.global_batch_size
         if global_batch_size % world_size:
             raise ValueError(f"global batch {global_batch_size} does not divide by the world size {world_size}")
         if not 0 <= rank < world_size:
@@ -59,8 +73,9 @@ class SequenceBatchLoader:
         self.windows = windows if isinstance(windows, Windows) else Windows.of(windows)
         self.make_columns, self.rank, self.world = make_columns, rank, world_size
         self.global_batch, self.local_batch = global_batch_size, global_batch_size // world_size
-        self.slicing, self.last_batch, self.prefetch = slicing, last_batch, prefetch
-        self.pin_memory = pin_memory  # pinned batches for a GPU (data.loader.pins_for), built on the prefetch thread
+        self.slicing, self.last_batch, self.prefetch = spec.slicing, spec.last_batch, spec.prefetch
+        self.pin_memory = spec.pin_memory  # set by build_datasets from the device
+        last_batch = spec.last_batch
         per_window = [n // global_batch_size if last_batch == "drop" else -(-n // global_batch_size)
                       for n in self.windows.sizes]
         self._first_batch = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
@@ -121,33 +136,8 @@ class SequenceBatchLoader:
                 yield self._batch(p)
             return
         # Build batches ahead on one thread (numpy and the KJT build release the GIL for much of it).
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-
-        def fill() -> None:
-            try:
-                for p in positions:
-                    if stop.is_set():
-                        return
-                    q.put(self._batch(p))
-                q.put(None)
-            except BaseException as e:  # handed to the consumer, raised there
-                q.put(e)
-
-        worker = threading.Thread(target=fill, daemon=True, name="yambda-prefetch")
-        worker.start()
-        try:
-            while (item := q.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while worker.is_alive():  # unblock a worker waiting on a full queue
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    worker.join(0.01)
+        with Prefetcher(self._batch, positions, self.prefetch, name="yambda-prefetch") as made:
+            yield from made
 
     def batches_from(self, start: int = 0) -> Iterator[SequenceBatch]:
         """This rank's batches from global batch position `start` to the end."""

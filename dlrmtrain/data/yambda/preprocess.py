@@ -137,12 +137,49 @@ def _prepare(events: Path, artists, albums, out: Path, rows: int, t_max: int, ui
         shutil.rmtree(spill)
     (out / "events").mkdir(parents=True, exist_ok=True)
     spill.mkdir()
+    bucket_rows, popularity, test_parts = _spill_by_user_bucket(
+        events, spill, rows, split, num_buckets, uids_per_bucket, batch_rows)
+    n = int(bucket_rows.sum())
+    if n == 0:
+        raise ValueError(f"{events}: no events in the training window {split}")
+    if int(np.flatnonzero(popularity).max()) >= 2**32:
+        raise ValueError(f"{events}: item ids do not fit the store's uint32")
+    user_start, user_end = _write_sorted_events(out, spill, bucket_rows, uid_max, session_gap_seconds)
+    shutil.rmtree(spill)
+
+    to_artist, to_album = _catalog(Path(artists), Path(albums))
+    if len(popularity) != len(to_artist):
+        # The reference refuses this too: the item table would silently change size.
+        raise ValueError(f"item popularity covers {len(popularity)} items but {artists} / {albums} map "
+                         f"{len(to_artist)}: the events and the catalog maps come from different releases")
+    np.save(out / "user_start.npy", user_start)
+    np.save(out / "user_end.npy", user_end)
+    np.save(out / "item_to_artist.npy", to_artist)
+    np.save(out / "item_to_album.npy", to_album)
+    np.save(out / "item_popularity.npy", popularity)
+    num_test_events = _write_test_events(out, test_parts, user_start, uid_max)
+
+    meta = {"format": FORMAT, "source": str(events), "num_raw_events": rows, "num_events": n,
+            "num_test_events": num_test_events, "num_users": int((user_start >= 0).sum()),
+            "num_items": int(len(to_artist)), "t_max": t_max, "train_start": split.train_start,
+            "train_end": split.train_end, "test_start": split.test_start, "test_end": split.test_end,
+            "train_days": train_days, "gap_minutes": gap_minutes, "test_days": test_days,
+            "session_gap_seconds": session_gap_seconds}
+    (out / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _spill_by_user_bucket(events: Path, spill: Path, rows: int, split: TemporalSplit, num_buckets: int,
+                          uids_per_bucket: int, batch_rows: int
+                          ) -> tuple[np.ndarray, np.ndarray, list[dict[str, np.ndarray]]]:
+    """Pass 2: the training events into one spill file per (uid bucket, column); returns the
+    rows per bucket, the items' training popularity and the test events' parts."""
     files = {(b, c): open(spill / f"{b}_{c}.bin", "wb") for b in range(num_buckets) for c in RAW_COLUMNS}
     bucket_rows = np.zeros(num_buckets, np.int64)
     popularity = np.zeros(0, np.int64)
     test_parts: list[dict[str, np.ndarray]] = []
     try:
-        for cols in iter_event_batches(events, batch_rows):                       # pass 2
+        for cols in iter_event_batches(events, batch_rows):
             train = split.is_train(cols["timestamp"])
             test = split.is_test(cols["timestamp"])
             if test.any():
@@ -170,18 +207,20 @@ def _prepare(events: Path, artists, albums, out: Path, rows: int, t_max: int, ui
     finally:
         for f in files.values():
             f.close()
+    return bucket_rows, popularity, test_parts
 
+
+def _write_sorted_events(out: Path, spill: Path, bucket_rows: np.ndarray, uid_max: int,
+                         session_gap_seconds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 3: each bucket sorted by (uid, time) into the store's event columns, its spill
+    files removed as it goes; returns each user's [start, end) in the store (-1: none)."""
     n = int(bucket_rows.sum())
-    if n == 0:
-        raise ValueError(f"{events}: no events in the training window {split}")
-    if int(np.flatnonzero(popularity).max()) >= 2**32:
-        raise ValueError(f"{events}: item ids do not fit the store's uint32")
     cols_out = {c: open_memmap(out / "events" / f"{c}.npy", mode="w+", dtype=dt, shape=(n,))
                 for c, dt in EVENT_DTYPES.items()}
     user_start = np.full(uid_max + 1, -1, np.int64)
     user_end = np.full(uid_max + 1, -1, np.int64)
     at = 0
-    for b in range(num_buckets):                                                  # pass 3
+    for b in range(len(bucket_rows)):
         m = int(bucket_rows[b])
         if m == 0:
             continue
@@ -201,34 +240,19 @@ def _prepare(events: Path, artists, albums, out: Path, rows: int, t_max: int, ui
             (spill / f"{b}_{c}.bin").unlink()
     for arr in cols_out.values():
         arr.flush()
-    shutil.rmtree(spill)
+    return user_start, user_end
 
-    to_artist, to_album = _catalog(Path(artists), Path(albums))
-    if len(popularity) != len(to_artist):
-        # The reference refuses this too: the item table would silently change size.
-        raise ValueError(f"item popularity covers {len(popularity)} items but {artists} / {albums} map "
-                         f"{len(to_artist)}: the events and the catalog maps come from different releases")
-    np.save(out / "user_start.npy", user_start)
-    np.save(out / "user_end.npy", user_end)
-    np.save(out / "item_to_artist.npy", to_artist)
-    np.save(out / "item_to_album.npy", to_album)
-    np.save(out / "item_popularity.npy", popularity)
 
+def _write_test_events(out: Path, test_parts: list[dict[str, np.ndarray]], user_start: np.ndarray,
+                       uid_max: int) -> int:
+    """The test window's events of users the store knows, sorted by (uid, time); how many."""
     test = {c: np.concatenate([p[c] for p in test_parts]) if test_parts else np.zeros(0, EVENT_DTYPES[c])
             for c in RAW_COLUMNS}
     keep = user_start[np.minimum(test["uid"], uid_max)] >= 0
     test = {c: v[keep] for c, v in test.items()}
     order = np.lexsort((test["timestamp"], test["uid"]))
     np.savez(out / "test_events.npz", **{c: v[order] for c, v in test.items()})
-
-    meta = {"format": FORMAT, "source": str(events), "num_raw_events": rows, "num_events": n,
-            "num_test_events": int(len(order)), "num_users": int((user_start >= 0).sum()),
-            "num_items": int(len(to_artist)), "t_max": t_max, "train_start": split.train_start,
-            "train_end": split.train_end, "test_start": split.test_start, "test_end": split.test_end,
-            "train_days": train_days, "gap_minutes": gap_minutes, "test_days": test_days,
-            "session_gap_seconds": session_gap_seconds}
-    (out / "store.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return int(len(order))
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -29,7 +29,7 @@ from dlrmtrain.models.hstu import jagged
 from dlrmtrain.models.hstu.head import PredictionHead, item_mlp, weighted_bce
 from dlrmtrain.models.hstu.positional import PositionalEncoder
 from dlrmtrain.models.hstu.postprocessor import build_postprocessor
-from dlrmtrain.models.hstu.preprocessor import ContextualPreprocessor
+from dlrmtrain.models.hstu.preprocessor import ContextualPreprocessor, PreprocessorSpec
 from dlrmtrain.models.hstu.stu import STULayer, STUStack
 from dlrmtrain.models.hstu.tables import embedding_collection, hstu_table_rows
 from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES, UIH_TO_CANDIDATE, SequenceBatch
@@ -66,10 +66,10 @@ class DlrmHSTU(nn.Module):
         self.loss_weight = hstu.loss_weight
         self.embedding_collection = embedding_collection(dict(rows), table_dim, table_device)
         with torch.device(dense_device):
-            self.preprocessor = ContextualPreprocessor(
+            self.preprocessor = ContextualPreprocessor(PreprocessorSpec(
                 table_dim, hstu.preprocessor_hidden_dim, hstu.dim, len(CONTEXTUAL_FEATURES),
                 len(HISTORY_ADDITIONAL), ACTION_BITS, hstu.action_embedding_dim,
-                hstu.action_embedding_init_std)
+                hstu.action_embedding_init_std))
             self.positional = PositionalEncoder(hstu.num_position_buckets, hstu.num_time_buckets,
                                                 hstu.dim, len(CONTEXTUAL_FEATURES))
             self.stu = STUStack([STULayer(hstu.dim, hstu.num_heads, hstu.attn_qk_dim,

@@ -14,6 +14,8 @@ masked), so it is not modelled.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -23,11 +25,31 @@ from dlrmtrain.models.hstu.action_encoder import ActionEncoder, action_encoder_p
 from dlrmtrain.models.hstu.layers import swish_mlp, swish_mlp_params
 
 
+@dataclass(frozen=True)
+class PreprocessorSpec:
+    """The contextual preprocessor's shape."""
+
+    table_dim: int
+    """E: the tables' embedding width."""
+    hidden_dim: int
+    """The hidden width of its MLPs."""
+    dim: int
+    """D: the transducer's width."""
+    num_contextual: int
+    """Contextual tokens in front of every sequence (uid and the crosses)."""
+    num_additional: int
+    """Additional tables per row (artist, album), concatenated into the additional MLP."""
+    action_bits: Sequence[int]
+    """The action encoder's bits (see ActionEncoder)."""
+    action_dim: int
+    action_init_std: float
+
+
 class ContextualPreprocessor(nn.Module):
-    def __init__(self, table_dim: int, hidden_dim: int, dim: int, num_contextual: int,
-                 num_additional: int, action_bits: list[int], action_dim: int,
-                 action_init_std: float) -> None:
+    def __init__(self, spec: PreprocessorSpec) -> None:
         super().__init__()
+        table_dim, hidden_dim, dim = spec.table_dim, spec.hidden_dim, spec.dim
+        num_contextual, num_additional = spec.num_contextual, spec.num_additional
         self.num_contextual, self.dim = num_contextual, dim
         std = math.sqrt(2.0 / (table_dim + dim))
         self.contextual_weight = nn.Parameter(
@@ -35,7 +57,7 @@ class ContextualPreprocessor(nn.Module):
         self.contextual_bias = nn.Parameter(torch.zeros(num_contextual, dim))
         self.content_mlp = swish_mlp(table_dim, hidden_dim, dim)
         self.additional_mlp = swish_mlp(table_dim * num_additional, hidden_dim, dim)
-        self.action_encoder = ActionEncoder(action_bits, action_dim, action_init_std)
+        self.action_encoder = ActionEncoder(list(spec.action_bits), spec.action_dim, spec.action_init_std)
         self.action_mlp = swish_mlp(self.action_encoder.output_dim, hidden_dim, dim)
 
     def forward(self, items: torch.Tensor, additional: torch.Tensor, history_actions: torch.Tensor,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.sources import detect_format, open_parts
 from dlrmtrain.data.splits import mlperf_split
 
@@ -24,7 +24,7 @@ def write_torchrec_day(d, day, rows):
 
 
 def collect(parts, batch=16):
-    out = list(CriteoBatchLoader(parts, batch, last_batch="partial", prefetch=0))
+    out = list(CriteoBatchLoader(parts, CriteoLoaderSpec(batch, last_batch="partial", prefetch=0)))
     return out
 
 

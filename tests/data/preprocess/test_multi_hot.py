@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from dlrmtrain.data.formats.foreign import TorchRecDayPart, TorchRecMultiHotPart
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart, materialize_day
 
 SIZES = [50 + 7 * t for t in range(26)]
@@ -57,7 +57,7 @@ def test_materialized_day_reads_back_as_on_the_fly_bags(tmp_path):
     on_the_fly = MultiHotPart(one_hot, lookup)
     want = reference_tables(SIZES, BAGS)
     for part in (on_disk, on_the_fly):
-        batches = list(CriteoBatchLoader([part], 16, last_batch="partial", prefetch=0))
+        batches = list(CriteoBatchLoader([part], CriteoLoaderSpec(16, last_batch="partial", prefetch=0)))
         for t in (0, 13, 25):
             values = torch.cat([b.sparse_features[f"cat_{t}"].values() for b in batches]).numpy()
             np.testing.assert_array_equal(values, want[t][sparse[:, t] % SIZES[t]].reshape(-1))

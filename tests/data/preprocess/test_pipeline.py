@@ -12,7 +12,7 @@ import torch
 
 from dlrmtrain.data.formats import binary as bf
 from dlrmtrain.data.formats.criteo_text import BadLineError
-from dlrmtrain.data.loader import CriteoBatchLoader
+from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.data.sources import open_parts
 from tests.data.raw_rows import (
@@ -24,7 +24,7 @@ HASH_RANGE = 1000  # small modulus: collisions happen, and the vocabulary stays 
 
 def load_everything(out_dir):
     """Every row of a preprocessed dataset through the loader, as numpy (dense, ids [N, 26], labels)."""
-    loader = CriteoBatchLoader(open_parts(out_dir), global_batch_size=64, last_batch="partial")
+    loader = CriteoBatchLoader(open_parts(out_dir), CriteoLoaderSpec(global_batch_size=64, last_batch="partial"))
     dense, ids, labels = [], [], []
     for batch in loader:
         n = batch.labels.shape[0]

@@ -8,7 +8,7 @@ import torch
 
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.yambda import build_yambda_loaders
-from dlrmtrain.data.yambda.loader import SequenceBatchLoader
+from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, CROSS_SPECS, UIH_FEATURES
 
@@ -54,7 +54,7 @@ def test_batches_from_k_are_the_tail_of_a_full_pass_on_every_rank():
 def test_rank_slices_are_disjoint_and_cover_the_kept_samples(slicing):
     windows = [np.arange(0, 23), np.arange(100, 110)]                   # 23 and 10 samples
     for last_batch, world, gbs in (("drop", 2, 8), ("drop", 4, 8), ("pad", 3, 9), ("pad", 2, 8)):
-        loaders = [SequenceBatchLoader(windows, lambda ids: ids, r, world, gbs, slicing, last_batch)
+        loaders = [SequenceBatchLoader(windows, lambda ids: ids, SequenceLoaderSpec(r, world, gbs, slicing, last_batch))
                    for r in range(world)]
         assert len({ld.num_batches for ld in loaders}) == 1
         seen: list[int] = []
@@ -71,8 +71,8 @@ def test_rank_slices_are_disjoint_and_cover_the_kept_samples(slicing):
 
 
 def test_round_robin_is_the_references_strided_slice():
-    ld = SequenceBatchLoader([np.arange(40)], lambda ids: ids, rank=1, world_size=4, global_batch_size=8,
-                             slicing="round_robin")
+    ld = SequenceBatchLoader([np.arange(40)], lambda ids: ids, SequenceLoaderSpec(rank=1, world_size=4, global_batch_size=8,
+                             slicing="round_robin"))
     # StreamingWindowSampler: rank r reads indices[r::W] in batches of 2
     assert [ld.rank_sample_ids(p)[0].tolist() for p in range(ld.num_batches)] == \
         np.arange(40)[1::4].reshape(-1, 2).tolist()
@@ -92,7 +92,7 @@ def test_eval_pads_with_weight_zero():
 
 def test_the_batch_layout_is_the_contract():
     gen = YambdaLikeGenerator(PROFILE, CROSSES)
-    ld = SequenceBatchLoader([np.arange(40)], gen.columns, 0, 1, 8, "contiguous")
+    ld = SequenceBatchLoader([np.arange(40)], gen.columns, SequenceLoaderSpec(0, 1, 8, "contiguous"))
     batch = next(ld.batches_from(1))
     cols = gen.columns(np.arange(8, 16))
     assert batch.uih.keys() == UIH_FEATURES and batch.candidates.keys() == CANDIDATE_FEATURES

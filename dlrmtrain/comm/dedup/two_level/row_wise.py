@@ -73,30 +73,11 @@ class TwoLevelRowWisePlanner:
         return start_row_flags(sample_kjt, self.layout, self.pg)
 
     def plan(self, step: DedupStep) -> TwoLevelPlan | None:
-        topo, W, F = self.topology, self.world_size, len(self.entries)
+        topo, F = self.topology, len(self.entries)
         L, N = topo.ranks_per_node, topo.nodes
-        sizes, starts, B, GB, device = step.sizes, step.starts, step.batch, step.global_batch, step.device
-        blocks = host_to_device(self.block_sizes, device)
-        node = topo.node_ranks(topo.node)
-        NB = sum(sizes[r] for r in node)
-
-        # owner: every node's bags with ids in this rank's row block; key (destination node, feature, id)
-        o_ids, o_valid, _ = _bags(step.owner_kjt)
-        o_feature = torch.arange(F, device=device).repeat_interleave(GB)
-        node_ends = host_to_device([starts[n * L] + sum(sizes[n * L:(n + 1) * L]) for n in range(N)], device)
-        o_node = torch.bucketize(torch.arange(GB, device=device), node_ends, right=True).repeat(F)
-        o_bad = o_valid & ((o_ids < 0) | (o_ids >= blocks[o_feature]))
-        o_uid, o_first, o_counts = sorted_unique_one_hot(o_node * F + o_feature, o_ids, o_valid & ~o_bad,
-                                                         N * F, self.radix)
-        # sample rank: its own bags, key (row shard, feature, id in the shard), as one-level row-wise
-        s_ids, s_valid, _ = _bags(step.sample_kjt)
-        s_feature = torch.arange(F, device=device).repeat_interleave(B)
-        s_shard = torch.div(s_ids, blocks[s_feature], rounding_mode="floor")
-        s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= host_to_device(
-            [e.num_embeddings for e in self.entries], device)[s_feature]))
-        s_group = s_shard * F + s_feature
-        s_uid, _, s_counts = sorted_unique_one_hot(s_group, s_ids - s_shard * blocks[s_feature],
-                                                   s_valid & ~s_bad, W * F, self.radix)
+        blocks = host_to_device(self.block_sizes, step.device)
+        o_first, o_counts = self._owner_keys(step, blocks)
+        s_uid, s_group, s_counts = self._sample_keys(step, blocks)
         # the flags every rank agrees on, launched with the ids (row_wise.start_row_flags), are read
         # in the id exchange's host sync
         ex = exchange_node_ids(step, topo, self.groups, self.all_features, extra=agreed_flags(step)).wait()
@@ -106,8 +87,56 @@ class TwoLevelRowWisePlanner:
                              f"ids outside their table reached the codec")
         if multi:
             return None
+        chosen, p_counts, sub_counts = self._forwarder_keys(step, ex, blocks)
 
-        # forwarder: the node's bags in the row blocks of its rail; key (shard's node, feature, id)
+        host = torch.cat([o_counts, p_counts, sub_counts.view(-1), s_counts]).tolist()  # the second host sync
+        o_n, p_n, sub_n = N * F, N * F, L * N * F
+        counts = {"owner": host[:o_n], "fwd": host[o_n:o_n + p_n],
+                  "sub": [host[o_n + p_n + k * N * F:o_n + p_n + (k + 1) * N * F] for k in range(L)],
+                  "own": host[o_n + p_n + sub_n:]}
+        plan = self._build(step, o_first, counts, chosen, s_uid, s_group)
+        self._account(step, ex, counts)
+        return plan
+
+    def _owner_keys(self, step: DedupStep, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Owner: every node's bags with ids in this rank's row block; key (destination node,
+        feature, id). Returns (first occurrence of each unique key, counts per group)."""
+        topo, F = self.topology, len(self.entries)
+        L, N = topo.ranks_per_node, topo.nodes
+        sizes, starts, GB, device = step.sizes, step.starts, step.global_batch, step.device
+        o_ids, o_valid, _ = _bags(step.owner_kjt)
+        o_feature = torch.arange(F, device=device).repeat_interleave(GB)
+        node_ends = host_to_device([starts[n * L] + sum(sizes[n * L:(n + 1) * L]) for n in range(N)], device)
+        o_node = torch.bucketize(torch.arange(GB, device=device), node_ends, right=True).repeat(F)
+        o_bad = o_valid & ((o_ids < 0) | (o_ids >= blocks[o_feature]))
+        _, o_first, o_counts = sorted_unique_one_hot(o_node * F + o_feature, o_ids, o_valid & ~o_bad,
+                                                     N * F, self.radix)
+        return o_first, o_counts
+
+    def _sample_keys(self, step: DedupStep, blocks: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample rank: its own bags, key (row shard, feature, id in the shard), as one-level
+        row-wise. Returns (unique key of each bag, its group, counts per group)."""
+        W, F, B, device = self.world_size, len(self.entries), step.batch, step.device
+        s_ids, s_valid, _ = _bags(step.sample_kjt)
+        s_feature = torch.arange(F, device=device).repeat_interleave(B)
+        s_shard = torch.div(s_ids, blocks[s_feature], rounding_mode="floor")
+        s_bad = s_valid & ((s_ids < 0) | (s_shard >= W) | (s_ids >= host_to_device(
+            [e.num_embeddings for e in self.entries], device)[s_feature]))
+        s_group = s_shard * F + s_feature
+        s_uid, _, s_counts = sorted_unique_one_hot(s_group, s_ids - s_shard * blocks[s_feature],
+                                                   s_valid & ~s_bad, W * F, self.radix)
+        return s_uid, s_group, s_counts
+
+    def _forwarder_keys(self, step: DedupStep, ex, blocks: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Forwarder: the node's bags (from the id exchange `ex`) in the row blocks of its rail;
+        key (shard's node, feature, id). Returns (the unique keys each rank of the node uses,
+        in order, per rank), counts per group, and those counts per rank of the node."""
+        topo, F, device, sizes = self.topology, len(self.entries), step.device, step.sizes
+        L, N = topo.ranks_per_node, topo.nodes
+        node = topo.node_ranks(topo.node)
+        NB = sum(sizes[r] for r in node)
         p_ids, p_valid, _ = _first_ids(ex.lengths, torch.cumsum(ex.lengths, 0) - ex.lengths, ex.values)
         p_feature = torch.arange(F, device=device).repeat_interleave(NB)
         p_shard = torch.div(p_ids, blocks[p_feature], rounding_mode="floor")
@@ -130,15 +159,7 @@ class TwoLevelRowWisePlanner:
         position = torch.cumsum(used.long(), 1) - 1
         chosen = torch.zeros(L, cap + 1, dtype=torch.int64, device=device).scatter_(
             1, torch.where(used, position, cap), torch.arange(cap, device=device).expand(L, cap).contiguous())
-
-        host = torch.cat([o_counts, p_counts, sub_counts.view(-1), s_counts]).tolist()  # the second host sync
-        o_n, p_n, sub_n = N * F, N * F, L * N * F
-        counts = {"owner": host[:o_n], "fwd": host[o_n:o_n + p_n],
-                  "sub": [host[o_n + p_n + k * N * F:o_n + p_n + (k + 1) * N * F] for k in range(L)],
-                  "own": host[o_n + p_n + sub_n:]}
-        plan = self._build(step, o_first, counts, chosen, s_uid, s_group)
-        self._account(step, ex, counts)
-        return plan
+        return chosen, p_counts, sub_counts
 
     def _build(self, step: DedupStep, o_first: torch.Tensor, counts: dict, chosen: torch.Tensor,
                s_uid: torch.Tensor, s_group: torch.Tensor) -> TwoLevelPlan:
