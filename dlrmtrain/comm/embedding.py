@@ -29,6 +29,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.install import CodecChoice, codec_choice, install_codec_dists
+from dlrmtrain.comm.registry import check_source_codecs
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 
@@ -83,20 +84,8 @@ def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[
                                hierarchy: str) -> None:
     """`comm.dedup_at: source` on sequence embeddings is TorchRec's index dedup: the lossless
     `dedup` on every table of the EC, flat. What it does not build is refused, naming the key."""
-    if dedup_at == "owner":
-        return
-    if dedup_at != "source":
-        raise ValueError(f"comm.dedup_at: {dedup_at!r} is not one of owner, source")
-    where = "comm.dedup_at: source"
-    if codec != "dedup":
-        raise ValueError(f"{where} needs comm.codec: dedup (the lossless codec), got {codec!r} (auto and the "
-                         f"lossy dedup+fp16/bf16 are not built at the source); use comm.dedup_at: owner")
-    for table, name in table_codecs.items():
-        if name != "dedup":
-            raise ValueError(f"comm.table_codecs.{table}: {name!r} cannot run under {where}: TorchRec's "
-                             f"index dedup covers every table of the EmbeddingCollection")
-    if hierarchy != "flat":
-        raise ValueError(f"{where} runs over comm.hierarchy: flat only, got {hierarchy}")
+    check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup",),
+                        "TorchRec's index dedup covers every table of the EmbeddingCollection")
 
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
