@@ -2,13 +2,11 @@
 
 Each has the same two calls: `progress(batches)` trains one step on the next batch of the
 iterator (raising StopIteration once it is spent) and returns the model's outputs
-(loss, logits, labels), and `detach()` gives the model to evaluate.
+(loss, logits, labels), and `detach()` gives the model to evaluate; so the trainer has
+one loop. Every choice trains the plain loop's numbers (tests/multiproc/test_pipelines.py
+checks the losses bitwise): batch i+1 is always looked up after batch i's embedding update.
 
 - `off` (PlainLoop): one batch at a time, forward, backward, optimizer step.
-
-Every choice trains the plain loop's numbers (tests/multiproc/test_pipelines.py checks
-the losses bitwise): batch i+1 is always looked up after batch i's embedding update.
-
 - `sparse_dist` (TrainPipelineSparseDist): batch i+1's id all-to-all (the input dist)
   runs during batch i's forward and backward.
 - `fused_sparse_dist` (TrainPipelineFusedSparseDist): that, and batch i's lookup and
