@@ -1,8 +1,12 @@
-"""`run.pipeline` → the TorchRec train pipeline that runs the steps (None: the plain loop).
+"""`run.pipeline` → the pipeline object that runs the training steps.
 
-Every choice trains the plain loop's numbers (tests/multiproc/test_pipelines.py checks
-the losses bitwise): batch i+1 is always looked up after batch i's embedding update.
+Each has the same two calls: `progress(batches)` trains one step on the next batch of the
+iterator (raising StopIteration once it is spent) and returns the model's outputs
+(loss, logits, labels), and `detach()` gives the model to evaluate; so the trainer has
+one loop. Every choice trains the plain loop's numbers (tests/multiproc/test_pipelines.py
+checks the losses bitwise): batch i+1 is always looked up after batch i's embedding update.
 
+- `off` (PlainLoop): one batch at a time, forward, backward, optimizer step.
 - `sparse_dist` (TrainPipelineSparseDist): batch i+1's id all-to-all (the input dist)
   runs during batch i's forward and backward.
 - `fused_sparse_dist` (TrainPipelineFusedSparseDist): that, and batch i's lookup and
@@ -23,23 +27,66 @@ CompAutograd (torch.compile), the experimental memory-stashing ones.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterator, Union
 
 import torch
 from torchrec.distributed.train_pipeline import TrainPipeline
 
 from dlrmtrain.comm.torchrec_hooks import PlanAheadStreamlessFusedSparseDist, PlanAheadTrainPipelineSparseDist
+from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
+
+Timer = Union[StepBreakdown, NoStepBreakdown]
+
+
+class PlainLoop:
+    """run.pipeline `off`: forward, backward (the embedding update happens inside it), dense
+    update; each phase timed on its own (logging.step_breakdown)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 forward: Callable, timer: Timer) -> None:
+        self.model, self.optimizer, self.forward, self.timer = model, optimizer, forward, timer
+
+    def progress(self, batches: Iterator) -> tuple:
+        batch = next(batches)  # StopIteration at the end of the data, as TorchRec's pipelines
+        self.optimizer.zero_grad()  # also hands the new rate to the fused optimizer
+        with self.timer.phase("forward"):
+            loss, outputs = self.forward(batch)
+        with self.timer.phase("backward"):
+            loss.backward()
+        with self.timer.phase("optimizer"):
+            self.optimizer.step()
+        return outputs
+
+    def detach(self) -> torch.nn.Module:
+        return self.model
+
+
+class TorchRecPipeline:
+    """A TorchRec train pipeline, its steps timed whole (`pipelined step`: its phases
+    overlap). At the end of the data it drains the batches in flight by itself."""
+
+    def __init__(self, pipeline: TrainPipeline, timer: Timer) -> None:
+        self.pipeline, self.timer = pipeline, timer
+
+    def progress(self, batches: Iterator) -> tuple:
+        with self.timer.phase("pipelined step"):
+            return self.pipeline.progress(batches)
+
+    def detach(self) -> torch.nn.Module:
+        return self.pipeline.detach()
 
 
 def build_train_pipeline(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                         device: torch.device, forward: Callable) -> Optional[TrainPipeline]:
-    """The pipeline for run.pipeline `mode` over the sharded `model` (its steps call
-    `forward(batch)`, e.g. under autocast); None for `off`. It drains the batches in
-    flight at the end of the data by itself."""
+                         device: torch.device, forward: Callable, timer: Timer
+                         ) -> Union[PlainLoop, TorchRecPipeline]:
+    """The pipeline for run.pipeline `mode` (resolved: no `auto`) over the sharded `model`
+    (its steps call `forward(batch)`, e.g. under autocast), timed by `timer`."""
     if mode == "off":
-        return None
+        return PlainLoop(model, optimizer, forward, timer)
     if mode == "sparse_dist":
-        return PlanAheadTrainPipelineSparseDist(model, optimizer, device, custom_model_fwd=forward)
+        return TorchRecPipeline(PlanAheadTrainPipelineSparseDist(
+            model, optimizer, device, custom_model_fwd=forward), timer)
     if mode == "fused_sparse_dist":
-        return PlanAheadStreamlessFusedSparseDist(model, optimizer, device, custom_model_fwd=forward)
+        return TorchRecPipeline(PlanAheadStreamlessFusedSparseDist(
+            model, optimizer, device, custom_model_fwd=forward), timer)
     raise ValueError(f"run.pipeline: unknown mode {mode!r}")  # the loader checks the choices

@@ -6,8 +6,6 @@ Reads top to bottom as the architecture: config → data → model → sharding
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -22,7 +20,7 @@ from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
 from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
 from dlrmtrain.distributed.planner import summarize_plan
-from dlrmtrain.metrics.auc import gather_eval_outputs, roc_auc
+from dlrmtrain.metrics.auc import evaluate_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
 from dlrmtrain.mlperf.benchmarks import COUNTS_SAMPLES
 from dlrmtrain.mlperf.eval_grid import EvalGrid, eval_grid_for_config
@@ -30,27 +28,27 @@ from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
-from dlrmtrain.run.checkpoint import (TRAINER_STATE, Checkpointer, TrainerPosition,
-                                      estimate_checkpoint_bytes, free_bytes, human_bytes,
-                                      read_manifest)
-from dlrmtrain.run.console import comm_summary, plan_summary
-from dlrmtrain.run.directory import (RECORD_FILES, RunClaim, checkpoint_dir_of, claim_run_dir,
-                                    run_dir_of)
-from dlrmtrain.run.errors import (EXIT_USER_ERROR, CheckpointWriteError, DataError,
-                                  RunAlreadyFinished, RunError, RunInterrupted, SetupError,
-                                  data_errors, signal_name)
-from dlrmtrain.run.identity import lossless_codec_changes, math_config
+from dlrmtrain.run.cadence import Cadence, refuse_empty_epochs
+from dlrmtrain.run.checkpoint import Checkpointer, TrainerPosition
+from dlrmtrain.run.console import codec_label, comm_summary, plan_summary
+from dlrmtrain.run.directory import RunClaim, checkpoint_dir_of, claim_run_dir, run_dir_of
+from dlrmtrain.run.errors import (CheckpointWriteError, DataError, RunError, RunInterrupted,
+                                  SetupError, data_errors)
+from dlrmtrain.run.failure import (agreed_failure, as_run_stop, interrupted_message,
+                                   last_checkpoint_text)
+from dlrmtrain.run.identity import math_config
 from dlrmtrain.run.leftovers import remove_dead_partials
 from dlrmtrain.run.lock import RunLock
-from dlrmtrain.run.parent import PARENT_DEATH_SIGNAL, parent_gone
-from dlrmtrain.run.peers import note_step, peer_failure
+from dlrmtrain.run.peers import note_step
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
-from dlrmtrain.run.resume import refuse_resume_without_checkpoint
+from dlrmtrain.run.resume import (codec_changes_since, refuse_finished_checkpoint,
+                                  refuse_resume_without_checkpoint)
 from dlrmtrain.run.signals import stop_signal, stop_signals_held
-from dlrmtrain.run.stop import StopAtLoggingSteps, announce_stop, announced_stop
+from dlrmtrain.run.stop import StopAtLoggingSteps
+from dlrmtrain.run.teardown import FailureRecords, undo_start
 from dlrmtrain.train_pipeline import build_train_pipeline
-from dlrmtrain.validation import resolved_pipeline, unresolved_keys
+from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_datasets, build_sharded_model, workload_of
 
 
@@ -66,14 +64,13 @@ def _mlperf_eval_grid(cfg: Config, train_samples: int) -> Optional[EvalGrid]:
         raise SetupError(str(e)) from None
 
 
-
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv) -> None:
         """`cfg` is resolved (validation.resolve_config) and validated."""
-        missing = unresolved_keys(cfg)
+        missing = unresolved_keys(cfg) + (["run.pipeline"] if cfg.run.pipeline == "auto" else [])
         if missing:
             raise ValueError(f"Trainer needs a resolved config (validation.resolve_config): "
-                             f"{', '.join(missing)} still null")
+                             f"{', '.join(missing)} still to resolve")
         self.cfg = cfg
         self.env = env
         self.math = math_config(cfg, env.world_size)
@@ -85,8 +82,9 @@ class Trainer:
         try:
             self._build(claim)
         except BaseException as e:  # noqa: BLE001 - re-raised, as the agreed error where it is one
-            failure = self._agreed_failure(e, step=0)
-            self._undo_start(claim)
+            failure = agreed_failure(e, 0, self._last_checkpoint_step())
+            undo_start(self._failure_records(), run_dir_of(cfg),
+                       remove_records=env.is_main and not claim.resuming)
             self.run_lock.release()  # refused or broken before training: free the directory
             if failure is e:
                 raise
@@ -103,17 +101,26 @@ class Trainer:
                        if cfg.checkpoint.resume else None)
         with data_errors(SetupError):
             self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
-        self._check_data_fills_a_step()
-        self._check_not_finished(resume_from, claim)
+        refuse_empty_epochs(self.data.num_train_samples, self.data.steps_per_epoch,
+                            cfg.run.global_batch_size, env.world_size)
+        self.cadence = Cadence(cfg, self.data.steps_per_epoch)
+        # a resume with nothing to train, or no checkpoint for its records, stops here (resume.py)
+        if resume_from is not None:
+            refuse_finished_checkpoint(run_dir_of(cfg), resume_from, self.cadence.planned_steps())
+        elif cfg.checkpoint.resume and claim.resuming:
+            decide_on_rank0(lambda: refuse_resume_without_checkpoint(
+                run_dir_of(cfg), self.checkpointer.root, self.checkpointer.rejected,
+                self.cadence.planned_steps()), env.rank)
         workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
-        self.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
+        self.cadence.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
             set_aside_torn_lines(run_dir_of(cfg), log=self._print)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
         self.records = open_run_records(cfg, env.rank, claim)
-        self.model, self.plan_text = self._build_sharded_model()
+        self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
+                                                         env.world_size)
         if cfg.comm.dedup_at == "source" and workload_of(cfg).collection_kind == "pooled":  # the loader
             # keeps each feature's distinct bags (sequence embeddings dedup in their sharder)
             self.data.set_sparse_transform(source_transform(self.model, cfg.comm.table_codecs))
@@ -124,75 +131,22 @@ class Trainer:
         self.step = 0           # optimizer steps taken
         self.epoch = 0          # current pass over the training data
         self.step_in_epoch = 0  # batches of this epoch already trained on
-        mode = resolved_pipeline(cfg, env.device.type)  # `auto`: by the device
-        self.pipeline = build_train_pipeline(mode, self.model, self.optimizer,
-                                             env.device, self._autocast_forward)
         self.timer = (StepBreakdown(env.device) if cfg.logging.step_breakdown
                       else NoStepBreakdown())
+        self.pipeline = build_train_pipeline(cfg.run.pipeline, self.model, self.optimizer,
+                                             env.device, self._autocast_forward, self.timer)
         plan_path = self.records.write_text("plan.txt", self.plan_text + "\n")
         rows = self.data.table_rows
         self._print(plan_summary(f"sharding plan ({cfg.sharding.planner}, {len(rows)} tables)",
                                  summarize_plan(self.model.plan, rows, cfg.model.embedding_dim),
                                  str(plan_path) if plan_path else None))
-        self._check_checkpoint_space()
+        if cfg.checkpoint.every_steps or cfg.checkpoint.at_end:  # room for keep + 1 of them?
+            self.checkpointer.expect_size(self.model, self.optimizer, env.device)
         self._resume(resume_from, claim)
         if cfg.mlperf.enabled:  # dlrmv4's setup reads its eval grid: only where MLPerf asks
             log_run_setup(self.mlperf, cfg, self.data.num_train_samples,
                           self.data.num_eval_samples)
             self.mlperf.init_stop()
-
-    def _checkpoints_enabled(self) -> bool:
-        return bool(self.cfg.checkpoint.every_steps or self.cfg.checkpoint.at_end)
-
-    def _check_checkpoint_space(self) -> None:
-        """Warn at start when the checkpoint directory cannot hold `keep` + 1 checkpoints
-        (retention deletes the oldest only after the next one is complete)."""
-        if not self._checkpoints_enabled():
-            return
-        size = estimate_checkpoint_bytes(self.model, self.optimizer, self.env.rank,
-                                         self.env.device)  # a collective
-        self.checkpointer.expected_bytes = size
-        needed = (self.cfg.checkpoint.keep + 1) * size
-        free = free_bytes(self.checkpointer.root)
-        if free < needed:
-            self._print(f"warning: {self.checkpointer.root} has {human_bytes(free)} free; "
-                        f"checkpoint.keep={self.cfg.checkpoint.keep} needs room for "
-                        f"{self.cfg.checkpoint.keep + 1} checkpoints of about "
-                        f"{human_bytes(size)} ({human_bytes(needed)})")
-
-    def _check_not_finished(self, resume_from: Optional[Path], claim: RunClaim) -> None:
-        """A resume whose checkpoint already is at the planned last step stops here, before
-        any record is opened: a second summary of zero steps would replace the first. So
-        does one that found no checkpoint to load in a directory holding records (resume.py)."""
-        if resume_from is None:
-            if self.cfg.checkpoint.resume and claim.resuming:
-                decide_on_rank0(lambda: refuse_resume_without_checkpoint(
-                    run_dir_of(self.cfg), self.checkpointer.root, self.checkpointer.rejected,
-                    self.planned_steps()), self.env.rank)
-            return
-        step = json.loads((resume_from / TRAINER_STATE).read_text())["step"]
-        planned = self.planned_steps()
-        if step >= planned:
-            raise RunAlreadyFinished(
-                f"{run_dir_of(self.cfg)} already finished: its checkpoint {resume_from.name} "
-                f"is at step {step}, the planned last step is {planned}; nothing trained, "
-                f"every record left as it was. Raise run.max_steps or run.epochs to train on.")
-
-    def _check_data_fills_a_step(self) -> None:
-        """No full global batch means no step ever: stop now rather than loop over
-        empty epochs (the same numbers on every rank, so every rank stops)."""
-        if self.data.steps_per_epoch > 0:
-            return
-        gbs, world = self.cfg.run.global_batch_size, self.env.world_size
-        raise SetupError(
-            f"{self.data.num_train_samples} training rows do not fill one global batch of "
-            f"{gbs} ({gbs // world} per rank × world size {world}): no training step can run. "
-            f"Lower run.global_batch_size or use more training data.")
-
-    # ---- building ---------------------------------------------------------
-    def _build_sharded_model(self) -> tuple[torch.nn.Module, str]:
-        return build_sharded_model(self.cfg, self.data.table_rows, self.env.device,
-                                   self.env.world_size)
 
     def _print(self, text: str) -> None:
         if self.env.is_main:
@@ -206,21 +160,6 @@ class Trainer:
     def _autocast_forward(self, batch):
         with self._autocast():
             return self.model(batch)
-
-    def train_step(self, batch) -> torch.Tensor:
-        """Forward, backward (embedding update happens inside it), dense update.
-        Returns this rank's loss, detached; no host sync."""
-        self.step += 1
-        self.schedule.apply(self.step, [self.optimizer])
-        self.optimizer.zero_grad()  # also hands the new rate to the fused optimizer
-        with self.timer.phase("forward"), self._autocast():
-            loss, _ = self.model(batch)
-        with self.timer.phase("backward"):
-            loss.backward()
-        with self.timer.phase("optimizer"):
-            self.optimizer.step()
-        self.timer.step_ends()
-        return loss.detach()
 
     def _batches(self, epoch: int, skip: int):
         """This rank's training batches of `epoch` on the device, from batch `skip` on,
@@ -237,22 +176,13 @@ class Trainer:
             yield batch
 
     def train_on(self, batches) -> Iterator[torch.Tensor]:
-        """Train on `batches` (on the device) as run.pipeline says; yields each step's
-        local loss. A pipeline drains the batches in flight at their end."""
-        if self.pipeline is None:
-            return (self.train_step(b) for b in batches)
-        return self._pipelined_steps(batches)
-
-    def _pipelined_steps(self, batches) -> Iterator[torch.Tensor]:
-        """Steps through the run.pipeline pipeline (dlrmtrain/train_pipeline.py): the
-        plain loop's numbers, batch i+1 looked up after batch i's update. At the end
-        of the data it drains the batches in flight by itself."""
+        """Train on `batches` (on the device) through run.pipeline's pipeline (train_pipeline.py),
+        yielding each step's local loss, detached; it drains the batches in flight at their end."""
         it = iter(batches)
         while True:
             self.schedule.apply(self.step + 1, [self.optimizer])  # before its zero_grad
             try:
-                with self.timer.phase("pipelined step"):
-                    loss, _, _ = self.pipeline.progress(it)
+                loss, _, _ = self.pipeline.progress(it)
             except StopIteration:
                 return
             self.step += 1
@@ -282,33 +212,19 @@ class Trainer:
     # ---- evaluation -------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> tuple[float, int]:
-        """Exact AUC over the whole eval set (every rank gets the same value)."""
-        model = self.pipeline.detach() if self.pipeline is not None else self.model
-        model.eval()
-        scores, labels, weights = [], [], []
-        for batch, weight in data_errors(DataError).wrap(self.data.eval_batches()):
-            self._stop_during_eval()  # a SIGTERM does not wait for the whole evaluation
-            with self._autocast():
-                _, (_, logits, batch_labels) = model(batch.to(self.env.device))
-            scores.append(logits.float())  # fp32 already: models compute logits in fp32 (precision.py)
-            labels.append(batch_labels.float())
-            weights.append(weight.to(self.env.device))
-        model.train()  # the pipeline re-attaches itself on its next step
-        all_scores, all_labels = gather_eval_outputs(torch.cat(scores), torch.cat(labels),
-                                                     torch.cat(weights))
-        return roc_auc(all_scores, all_labels), all_scores.numel()
+        """Exact AUC over the whole eval set (every rank gets the same value); a SIGTERM
+        does not wait for the whole evaluation (_stop_during_eval)."""
+        return evaluate_auc(self.pipeline.detach(), data_errors(DataError).wrap(self.data.eval_batches()),
+                            self.env.device, self._autocast, before_batch=self._stop_during_eval)
 
     # ---- checkpoints ------------------------------------------------------
     def save_checkpoint(self) -> None:
         """Save; a failed save stops the run (CheckpointWriteError, on every rank), or
         with `checkpoint.on_error=warn` is reported and training goes on. A second stop
         signal during the save stops the run once it has ended (and is recorded)."""
-        with stop_signals_held(f"the checkpoint save of step {self.step}", self._last_checkpoint):
+        with stop_signals_held(f"the checkpoint save of step {self.step}",
+                               lambda: last_checkpoint_text(self.checkpointer.last_step)):
             self._save_checkpoint()
-
-    def _last_checkpoint(self) -> str:
-        last = self.checkpointer.last_step
-        return "last checkpoint " + (f"step {last}" if last is not None else "none")
 
     def _save_checkpoint(self) -> None:
         position = TrainerPosition(step=self.step, epoch=self.epoch,
@@ -331,57 +247,31 @@ class Trainer:
             self._print(f"resume: no complete checkpoint of this run in "
                         f"{self.checkpointer.root}; starting from step 0")
         if path is not None:
-            if claim.adopt_run_id:  # no run.json (e.g. records lost): the checkpoint's run
-                self.checkpointer.run_id = self.checkpointer.run_id_of(path)
-            pos = self.checkpointer.load(path, self.model, self.optimizer)
+            pos = self.checkpointer.resume(path, self.model, self.optimizer, claim.adopt_run_id)
             self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
             self.schedule.load_state_dict(pos.schedule)
-            self._print(f"resumed from {path} at step {self.step} (epoch {self.epoch}, "
-                        f"batch {self.step_in_epoch})")
-        codecs = self._codec_changes(path)
+        codecs = codec_changes_since(path, self.math, log=self._print)
         if not claim.resuming or claim.adopt_run_id:
             self.records.set_identity(self.checkpointer.run_id, self.math)
         if claim.resuming:
             self.records.log_resumed(self.step, str(path) if path else None, epoch=self.epoch,
                                      step_in_epoch=self.step_in_epoch, codec_changes=codecs)
 
-    def _codec_changes(self, path: Optional[Path]) -> dict[str, list]:
-        """`key: [checkpoint's, now]` of a lossless codec change since the checkpoint
-        (allowed: the same model trains on), said once and kept in the resumed record."""
-        saved = (read_manifest(path) or {}).get("math_config") if path is not None else None
-        changes = {k: [a, b] for k, a, b in lossless_codec_changes(saved or {}, self.math)} \
-            if saved else {}
-        for key, (before, now) in changes.items():
-            self._print(f"resume: {key} {before} → {now} (lossless both: the same model trains on)")
-        return changes
-
     # ---- the loop -----------------------------------------------------------
-    def planned_steps(self) -> int:
-        steps = math.floor(self.cfg.run.epochs * self.data.steps_per_epoch)
-        if self.cfg.run.max_steps is not None:
-            steps = min(steps, self.cfg.run.max_steps)
-        return max(steps, 1)
-
-    def eval_interval(self) -> int:
-        per_epoch = self.cfg.eval.evals_per_epoch
-        if not self.cfg.eval.enabled or per_epoch == 0:
-            return 0
-        return max(1, self.data.steps_per_epoch // per_epoch)
-
     def train(self) -> Summary:
         """Train to the planned step or the target AUC; each step is a checklist.
         A run stopped by a signal or an error closes its records and raises RunError."""
         run = self._begin_run()
         stops = self._stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
         try:
-            for loss in self._steps_until(run.total):
+            for loss in (self._steps() if self.step < run.total else ()):
                 self._record_step(run, loss)
                 self._stop_if_signalled(stops.after_step(self.step, stop_signal()))
                 pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
-                evaluated = self._eval_due(run)
+                evaluated = self.cadence.eval_due(self.step, run.last)
                 if evaluated:
                     self._run_eval(run.summary, run.start)
-                if self._checkpoint_due(run):
+                if self.cadence.checkpoint_due(self.step, run.finished):
                     self.save_checkpoint()
                 run.end_pause(pause_start)
                 if evaluated:  # a rank signalled during it asked to stop here (_stop_during_eval)
@@ -399,10 +289,8 @@ class Trainer:
         """A stop signal in an evaluation: a world of one stops at once; ranks ask for the stop
         after this evaluation (its gather is their meeting point: run/stop.py) and go on."""
         signum = stop_signal()
-        if signum is None:
-            return
-        if self.env.world_size == 1:
-            raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
+        if signum is not None and self.env.world_size == 1:
+            raise self._interrupted(signum)
         if self._stops is not None:
             self._stops.during_pause(self.step, signum)
 
@@ -410,86 +298,33 @@ class Trainer:
         """Stop where every rank stops: at the step the job's stop request names (this rank's
         or another rank's stop signal asked for it: run/stop.py)."""
         if request is not None:
-            signum = request["exit_code"] - 128
-            raise RunInterrupted(signum, self._interrupted_message(signum, self.step))
+            raise self._interrupted(request["exit_code"] - 128)
 
-    def _interrupted_message(self, signum: int, step: int) -> str:
-        last = self.checkpointer.last_step
-        why = " (its launcher died)" if parent_gone() else ""
-        return (f"interrupted by {signal_name(signum)}{why} at step {step}; last checkpoint "
-                + (f"step {last}" if last is not None else "none"))
+    def _interrupted(self, signum: int) -> RunInterrupted:
+        return RunInterrupted(signum, interrupted_message(signum, self.step, self._last_checkpoint_step()))
 
-    def _agreed_failure(self, error: BaseException, step: int) -> BaseException:
-        """The error this rank ends with, the same on every rank. A rank that decided
-        (a SetupError or RunError of its own) leaves it in the job's store for the
-        others; a rank whose collective then broke reads it there and ends the same
-        way. A collective that broke because a peer is gone or does not answer is a
-        PeerFailure naming it (run/peers.py), also after the stop signal torchrun sends
-        when it sees a rank die. An error after a stop signal is the interruption.
-        Anything else is a bug and is returned as it is (it keeps its traceback)."""
-        # the job's store lives in the launcher: once that is dead, asking it only waits
-        store_alive = not parent_gone()
-        if not store_alive and not isinstance(error, RunInterrupted):  # whatever broke after
-            return RunInterrupted(PARENT_DEATH_SIGNAL,
-                                  self._interrupted_message(PARENT_DEATH_SIGNAL, step))
-        if isinstance(error, (SetupError, RunError)):
-            if store_alive and not isinstance(error, RunAlreadyFinished):
-                announce_stop(str(error), getattr(error, "exit_code", EXIT_USER_ERROR))
-            return error
-        announced = announced_stop() if store_alive else None
-        if announced is not None:  # a peer stopped first: that broke our collective
-            code = announced["exit_code"]
-            if code == EXIT_USER_ERROR:
-                return SetupError(announced["message"])
-            stop = (RunInterrupted(code - 128, announced["message"]) if code > 128
-                    else RunError(announced["message"]))
-            stop.exit_code = code
-            return stop
-        checkpoint = self.checkpointer.last_step if hasattr(self, "checkpointer") else None
-        lost = peer_failure(error, step, checkpoint)
-        if lost is not None:  # a peer died, froze or timed out: named, and told to the others
-            announce_stop(str(lost), lost.exit_code)
-            return lost
-        signum = stop_signal()
-        if signum is not None:
-            return RunInterrupted(signum, self._interrupted_message(signum, step))
-        return error
+    def _last_checkpoint_step(self) -> Optional[int]:
+        return self.checkpointer.last_step if hasattr(self, "checkpointer") else None
 
-    def _undo_start(self, claim: RunClaim) -> None:
-        """A start that failed leaves nothing behind: the records a new run began are
-        removed (a retry then needs no run.overwrite), those of a resumed one closed."""
-        for opened in ("records", "mlperf"):
-            if hasattr(self, opened):
-                getattr(self, opened).close()
-        if self.env.is_main and not claim.resuming:
-            for name in RECORD_FILES:
-                (run_dir_of(self.cfg) / name).unlink(missing_ok=True)
+    def _failure_records(self) -> FailureRecords:
+        return FailureRecords(getattr(self, "records", None), getattr(self, "mlperf", None))
 
     def _stop_run(self, run: RunProgress, error: BaseException) -> BaseException:
-        """Close the progress bar and the records of a run that cannot go on; return the
-        error to raise. An error after a stop signal (a peer that stopped first broke a
-        collective) is the interruption; one after another rank announced its stop ends
-        this rank the same way. Anything else is a bug and keeps its traceback."""
+        """Close the bar and the records of a run that cannot go on; return the error every
+        rank ends with (run/failure.py). Anything but a RunError is a bug: its traceback stays."""
         run.bar.close()  # what follows is printed on its own line
-        error = self._agreed_failure(error, run.completed)
-        if isinstance(error, SetupError):  # a peer refused the start this rank got past
-            refused = RunError(str(error))
-            refused.exit_code = EXIT_USER_ERROR
-            error = refused
+        error = as_run_stop(agreed_failure(error, run.completed, self._last_checkpoint_step()))
         if not isinstance(error, RunError):
             return error
-        try:
-            self.records.log("stopped", step=run.completed, reason=str(error))
-            self.mlperf.run_stop("aborted", self.step / self.data.steps_per_epoch,
-                                samples_count=self._samples_trained())
-        except Exception:  # noqa: BLE001 - the records themselves may be what failed
-            pass
+        self._failure_records().stopped(run.completed, str(error),
+                                        self.step / self.data.steps_per_epoch,
+                                        self._samples_trained())
         self.close()
         return error
 
     def _begin_run(self) -> RunProgress:
         cfg, env = self.cfg, self.env
-        total = self.planned_steps()
+        total = self.cadence.planned_steps()
         bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
                    dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
         if env.world_size > 1:
@@ -498,26 +333,14 @@ class Trainer:
         return RunProgress(
             total=total, first_step=self.step, completed=self.step, bar=bar,
             summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
-                            codec=self._codec_label()),
+                            codec=codec_label(cfg.comm.codec, cfg.comm.table_codecs)),
             window_loss=torch.zeros((), device=env.device))
-
-    def _codec_label(self) -> str:
-        """The run's codec and its per-table overrides, e.g. `dedup (t_cat_3: none)`."""
-        overrides = ", ".join(f"{t}: {c}" for t, c in sorted(self.cfg.comm.table_codecs.items()))
-        return self.cfg.comm.codec + (f" ({overrides})" if overrides else "")
-
-    def _steps_until(self, total: int) -> Iterator[torch.Tensor]:
-        return self._steps() if self.step < total else iter(())
 
     def _record_step(self, run: RunProgress, loss: torch.Tensor) -> None:
         """Add the step to the metrics window; every `metrics_every_steps` steps (and at
         the last) log the window's mean loss over ranks, the lr and the sample rate."""
-        run.window_loss += loss
-        run.window_steps += 1
-        run.completed = self.step
+        run.count(self.step, loss)
         note_step(self.step)  # for the heartbeat's thread (run/peers.py)
-        run.bar.update(1)
-        run.last = self.step >= run.total
         if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
             return
         mean_loss = self._global_mean(run.window_loss / run.window_steps)
@@ -526,23 +349,11 @@ class Trainer:
         run.summary.losses.append((self.step, mean_loss))
         self.records.log("train", step=self.step, loss=mean_loss, lr=lr, samples_per_s=rate)
         run.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.3g}", sps=f"{rate:,.0f}")
-        run.window_loss.zero_()
-        run.window_steps = 0
+        run.new_window()
 
     def _samples_trained(self) -> int:
         """Global samples trained so far (what dlrmv4's MLPerf log counts in)."""
         return self.step * self.cfg.run.global_batch_size
-
-    def _eval_due(self, run: RunProgress) -> bool:
-        if self.eval_grid is not None:  # the benchmark's rules place every eval
-            return self.cfg.eval.enabled and self.eval_grid.is_eval_step(self.step)
-        interval = self.eval_interval()
-        return self.cfg.eval.enabled and ((interval and self.step % interval == 0) or run.last)
-
-    def _checkpoint_due(self, run: RunProgress) -> bool:
-        every = self.cfg.checkpoint.every_steps
-        # at_end: also a run that stops early at its target AUC ends here
-        return bool((every and self.step % every == 0) or (run.finished and self.cfg.checkpoint.at_end))
 
     def _end_run(self, run: RunProgress) -> Summary:
         """Stop the MLPerf clock; report comm stats, step breakdown and the summary."""
@@ -558,11 +369,7 @@ class Trainer:
         if isinstance(self.timer, StepBreakdown):
             self._print(self.timer.render())
             self.records.write_json("step_breakdown.json", self.timer.report())
-        summary.steps = self.step
-        summary.samples = (self.step - run.first_step) * self.cfg.run.global_batch_size
-        summary.wall_seconds = time.perf_counter() - run.start
-        summary.stalled_seconds = run.stalled_seconds()
-        summary.train_seconds = summary.wall_seconds - run.paused - summary.stalled_seconds
+        run.closed_summary(self.step, self.cfg.run.global_batch_size)
         if self.step > run.first_step or summary.evals:  # a run that did nothing keeps the last
             self.records.write_json("summary.json", summary.as_dict())
         self._print(summary.render())

@@ -55,7 +55,7 @@ def _wrap(owner, name: str, label: str, static: bool = False) -> None:
 def _instrument() -> None:
     from dlrmtrain.comm.dedup import transport
     from dlrmtrain.comm.dedup.dist import DedupDist
-    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.train_pipeline import PlainLoop
 
     _wrap(DedupDist, "forward", "dist.forward")
     _wrap(DedupDist, "plan_ahead", "dist.plan_ahead")
@@ -64,15 +64,15 @@ def _instrument() -> None:
     for fn in (transport._DedupStart, transport._DedupWait):
         for half in ("forward", "backward"):
             _wrap(fn, half, f"{fn.__name__.lstrip('_')}.{half}", static=True)
-    step = Trainer.train_step
-    Trainer._counted_steps = 0
+    step = PlainLoop.progress
+    PlainLoop._counted_steps = 0
 
-    def counted_step(self, batch):
+    def counted_step(self, batches):
         import torch
-        with torch.profiler.record_function(f"step::{Trainer._counted_steps}"):
-            Trainer._counted_steps += 1
-            return step(self, batch)
-    Trainer.train_step = counted_step
+        with torch.profiler.record_function(f"step::{PlainLoop._counted_steps}"):
+            PlainLoop._counted_steps += 1
+            return step(self, batches)
+    PlainLoop.progress = counted_step
 
 
 def _count(events, warmup: int) -> dict:

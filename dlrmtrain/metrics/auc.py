@@ -7,6 +7,8 @@ ranks in float64, so it is exact (no histogram binning) and tie-correct.
 
 from __future__ import annotations
 
+from typing import Callable, ContextManager, Iterable
+
 import torch
 import torch.distributed as dist
 
@@ -43,3 +45,24 @@ def gather_eval_outputs(scores: torch.Tensor, labels: torch.Tensor,
         stacked = torch.cat(parts, dim=1)
     keep = stacked[2] > 0
     return stacked[0][keep], stacked[1][keep]
+
+
+@torch.no_grad()
+def evaluate_auc(model: torch.nn.Module, batches: Iterable, device: torch.device,
+                 autocast: Callable[[], ContextManager], before_batch: Callable[[], None]
+                 ) -> tuple[float, int]:
+    """Exact AUC of `model` over every rank's weighted eval `batches` (each rank gets the
+    same value) and the number of samples; `before_batch()` runs before each batch."""
+    model.eval()
+    scores, labels, weights = [], [], []
+    for batch, weight in batches:
+        before_batch()
+        with autocast():
+            _, (_, logits, batch_labels) = model(batch.to(device))
+        scores.append(logits.float())  # fp32 already: models compute logits in fp32 (precision.py)
+        labels.append(batch_labels.float())
+        weights.append(weight.to(device))
+    model.train()  # a pipeline re-attaches itself on its next step
+    all_scores, all_labels = gather_eval_outputs(torch.cat(scores), torch.cat(labels),
+                                                 torch.cat(weights))
+    return roc_auc(all_scores, all_labels), all_scores.numel()

@@ -5,12 +5,15 @@
   lock.py        one run per directory: rank 0 holds an fcntl lock for the run's life
   records.py     metrics.jsonl, summary.json and the other files a run writes
   checkpoint.py  atomic, verified checkpoints; retention; size against free space
-  resume.py      a resume with no checkpoint to load: refused, or the no-op of a finished run
+  resume.py      a resume with nothing to train or no checkpoint to load: refused, or a no-op
+  cadence.py     when a run ends, evaluates and checkpoints (in optimizer steps)
   leftovers.py   temporary folders of writers that died
   signals.py     SIGTERM / SIGINT: stop at a step boundary, say where, exit 128+signal
   parent.py      a rank never outlives its launcher, nor a launcher its mlperf runner
   stop.py        a rank that stops the job on purpose tells the others why
   peers.py       a heartbeat through the job's store; a peer that died, froze or stalls, named
+  failure.py     the error a rank ends with when its run cannot go on, the same on every rank
+  teardown.py    what a failed start or a stopped run leaves behind (its records, its MLPerf log)
   progress.py    the per-step state of Trainer.train and the closing summary
   console.py     what a person reads: the compact plan and comm summary, errors on their own line
   errors.py      the errors a user can act on, and the exit codes they map to

@@ -176,6 +176,17 @@ def free_bytes(directory: Path) -> int:
     return shutil.disk_usage(directory).free
 
 
+def space_warning(root: Path, keep: int, size: int) -> Optional[str]:
+    """The warning for a checkpoint directory that cannot hold `keep` + 1 checkpoints of
+    `size` bytes (retention deletes the oldest only after the next one is complete)."""
+    needed = (keep + 1) * size
+    free = free_bytes(root)
+    if free >= needed:
+        return None
+    return (f"warning: {root} has {human_bytes(free)} free; checkpoint.keep={keep} needs "
+            f"room for {keep + 1} checkpoints of about {human_bytes(size)} ({human_bytes(needed)})")
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1024 or unit == "TB":
@@ -216,6 +227,14 @@ class Checkpointer:
         self.last_step: Optional[int] = None       # step of the newest checkpoint written or loaded
         self._verified: set[Path] = set()  # checked (or written) by this process: valid
         self.rejected: list[str] = []  # why latest_valid passed over each newer one (rank 0)
+
+    def expect_size(self, model: torch.nn.Module, optimizer, device: torch.device) -> None:
+        """Estimate a checkpoint's size (a collective); warn when the directory cannot hold
+        `keep` + 1 of them (retention deletes the oldest only after the next one is complete)."""
+        self.expected_bytes = estimate_checkpoint_bytes(model, optimizer, self.rank, device)
+        warning = space_warning(self.root, self.keep, self.expected_bytes)
+        if warning:
+            self.log(warning)
 
     def _barrier(self) -> None:
         if dist.is_initialized():
@@ -371,6 +390,17 @@ class Checkpointer:
 
     def run_id_of(self, path: Path) -> Optional[str]:
         return (read_manifest(path) or {}).get("run_id")
+
+    def resume(self, path: Path, model: torch.nn.Module, optimizer,
+               adopt_run_id: bool) -> TrainerPosition:
+        """`load`, and say so; `adopt_run_id` (no run.json, e.g. records lost): the run
+        trained on is the checkpoint's."""
+        if adopt_run_id:
+            self.run_id = self.run_id_of(path)
+        pos = self.load(path, model, optimizer)
+        self.log(f"resumed from {path} at step {pos.step} (epoch {pos.epoch}, "
+                 f"batch {pos.step_in_epoch})")
+        return pos
 
     def load(self, path: Path, model: torch.nn.Module, optimizer) -> TrainerPosition:
         state = {"model": model.state_dict(), "optim": optimizer.state_dict()}

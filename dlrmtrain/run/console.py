@@ -102,3 +102,9 @@ def plan_summary(title: str, lines: list[str], full_path: Optional[str] = None) 
     """The compact plan (distributed.planner.summarize_plan) under a title line."""
     head = title + (f" (full plan: {full_path})" if full_path else "")
     return "\n".join([head, *lines])
+
+
+def codec_label(codec: str, table_codecs: dict[str, str]) -> str:
+    """The run's codec and its per-table overrides, e.g. `dedup (t_cat_3: none)`."""
+    overrides = ", ".join(f"{t}: {c}" for t, c in sorted(table_codecs.items()))
+    return codec + (f" ({overrides})" if overrides else "")

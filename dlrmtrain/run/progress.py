@@ -100,6 +100,18 @@ class RunProgress:
     completed: int = 0       # the last step whose loss was recorded (a step that broke off is not)
     last: bool = False       # this step is the planned last one
 
+    def count(self, step: int, loss: torch.Tensor) -> None:
+        """`step` is done: its local loss joins the metrics window."""
+        self.window_loss += loss
+        self.window_steps += 1
+        self.completed = step
+        self.bar.update(1)
+        self.last = step >= self.total
+
+    def new_window(self) -> None:
+        self.window_loss.zero_()
+        self.window_steps = 0
+
     def end_pause(self, pause_start: float) -> None:
         now = time.perf_counter()  # a stall within the pause is counted once, as a stall
         self.paused += now - pause_start - stalled_seconds(pause_start, now)
@@ -114,6 +126,16 @@ class RunProgress:
     def stalled_seconds(self) -> float:
         """Seconds since the run's start in which a rank was silent (run/peers.py)."""
         return stalled_seconds(self.start, time.perf_counter())
+
+    def closed_summary(self, step: int, global_batch_size: int) -> Summary:
+        """The summary of the run ended after `step`: its steps, samples and times."""
+        summary = self.summary
+        summary.steps = step
+        summary.samples = (step - self.first_step) * global_batch_size
+        summary.wall_seconds = time.perf_counter() - self.start
+        summary.stalled_seconds = self.stalled_seconds()
+        summary.train_seconds = summary.wall_seconds - self.paused - summary.stalled_seconds
+        return summary
 
     @property
     def finished(self) -> bool:

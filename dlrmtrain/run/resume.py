@@ -9,17 +9,21 @@ opened):
   - any other is refused (`ResumeWithoutCheckpoint`, exit 2, nothing written), naming
     every checkpoint that was passed over and why, and how to start afresh.
 A resume into a directory without records (a first start with checkpoint.resume=true)
-starts from step 0 as before.
+starts from step 0 as before. A resume whose checkpoint already is at the planned last
+step is `RunAlreadyFinished` too (`refuse_finished_checkpoint`). A resume that loads one
+says which lossless codec changes it trains on under (`codec_changes_since`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from dlrmtrain.run.checkpoint import TRAINER_STATE, read_manifest
 from dlrmtrain.run.directory import RECORD_FILES
 from dlrmtrain.run.errors import RunAlreadyFinished, SetupError
+from dlrmtrain.run.identity import lossless_codec_changes
 
 
 class ResumeWithoutCheckpoint(SetupError):
@@ -56,3 +60,26 @@ def refuse_resume_without_checkpoint(run_dir: Path, checkpoint_dir: Path, reject
         f"step 0 would add a second trajectory to its records ({', '.join(records)}); nothing "
         f"was written. To start afresh, use another run.name, or checkpoint.resume=false "
         f"with run.overwrite=true (removes this run's records and checkpoints).")
+
+
+def refuse_finished_checkpoint(run_dir: Path, checkpoint: Path, planned_steps: int) -> None:
+    """A resume whose `checkpoint` already is at the planned last step stops before any
+    record is opened: a second summary of zero steps would replace the first."""
+    step = json.loads((checkpoint / TRAINER_STATE).read_text())["step"]
+    if step >= planned_steps:
+        raise RunAlreadyFinished(
+            f"{run_dir} already finished: its checkpoint {checkpoint.name} "
+            f"is at step {step}, the planned last step is {planned_steps}; nothing trained, "
+            f"every record left as it was. Raise run.max_steps or run.epochs to train on.")
+
+
+def codec_changes_since(checkpoint: Optional[Path], math: dict[str, Any],
+                        log: Callable[[str], None]) -> dict[str, list]:
+    """`key: [checkpoint's, now]` of each lossless codec change since `checkpoint` (allowed:
+    the same model trains on), each said once with `log`; empty without a checkpoint or a
+    manifest that says."""
+    saved = (read_manifest(checkpoint) or {}).get("math_config") if checkpoint is not None else None
+    changes = {k: [a, b] for k, a, b in lossless_codec_changes(saved, math)} if saved else {}
+    for key, (before, now) in changes.items():
+        log(f"resume: {key} {before} → {now} (lossless both: the same model trains on)")
+    return changes

@@ -251,3 +251,17 @@ def test_validation_checks_without_changing_the_config_and_resolve_fills_in():
     resolved = resolve_config(cfg)
     assert cfg.data.table_sizes is None and len(resolved.data.table_sizes) == 26
     assert unresolved_keys(resolved) == []
+
+
+def test_the_trainer_reads_run_pipeline_resolved_and_refuses_auto(tmp_path):
+    """`resolve_config` resolves `run.pipeline: auto` once; the Trainer refuses it unresolved
+    (as it does null table sizes) before it touches the run directory or the device."""
+    from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config
+    from tests.common import tiny_overrides
+
+    cfg = load_config(None, tiny_overrides(str(tmp_path)))
+    assert cfg.run.pipeline == "auto" and resolve_config(cfg).run.pipeline in ("off", "sparse_dist")
+    with pytest.raises(ValueError, match=r"resolve_config.*run\.pipeline still to resolve"):
+        Trainer(cfg, env=None)
+    assert not any(tmp_path.iterdir())

@@ -20,11 +20,11 @@ BASE = ["run.epochs=2", "eval.evals_per_epoch=0", "eval.enabled=false", "optim.n
 def _train_and_weights(rank, world_size, out_dir, overrides):
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-    from dlrmtrain.validation import validate_config
+    from dlrmtrain.validation import resolve_config, validate_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
 
-    cfg = tiny_config(out_dir, *overrides)
+    cfg = resolve_config(tiny_config(out_dir, *overrides))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
     start_step = trainer.step

@@ -73,9 +73,10 @@ def test_step_breakdown_on_request(two_ranks):
 def _ddp_bucket_bytes(rank: int, world_size: int, out_dir: str, bucket_mb: float) -> int:
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
-    from dlrmtrain.validation import validate_config
+    from dlrmtrain.validation import resolve_config, validate_config
 
-    cfg = load_config(None, tiny_overrides(out_dir, f"run.ddp_bucket_mb={bucket_mb}", f"run.name=b{bucket_mb}"))
+    cfg = resolve_config(load_config(None, tiny_overrides(out_dir, f"run.ddp_bucket_mb={bucket_mb}",
+                                                          f"run.name=b{bucket_mb}")))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
     ddp = trainer.model._dmp_wrapped_module  # DMP wraps the dense part in DDP

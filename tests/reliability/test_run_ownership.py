@@ -72,7 +72,7 @@ def _runs(out_dir, runs):
     """Train once per override list, in order (a tuple (function, *args) is called in
     between); each result is the summary or the SetupError's message."""
     from dlrmtrain.config import load_config
-    from dlrmtrain.validation import validate_config
+    from dlrmtrain.validation import resolve_config, validate_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.run.errors import SetupError
     from dlrmtrain.trainer import Trainer
@@ -82,7 +82,7 @@ def _runs(out_dir, runs):
         if isinstance(overrides, tuple):
             overrides[0](out_dir, *overrides[1:])
             continue
-        cfg = load_config(None, tiny_overrides(out_dir, *RUN, *overrides))
+        cfg = resolve_config(load_config(None, tiny_overrides(out_dir, *RUN, *overrides)))
         validate_config(cfg, 1)
         try:
             trainer = Trainer(cfg, init_distributed("cpu"))
