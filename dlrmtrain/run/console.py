@@ -36,8 +36,23 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
     steps = max(stats["steps"], 1)
     tables: dict[str, dict] = stats["tables"]
     lines = [f"comm: embedding all-to-all over {stats['steps']} forward passes "
-             f"({stats['scope']}; MiB per pass)",
-             f"  {'codec':<12} {'tables':>6} {'distinct':>8} {'fwd recv':>9} {'none':>9} "
+             f"({stats['scope']}; MiB per pass)", *_codec_rows(tables, steps), _total_line(stats, steps)]
+    if stats.get("ids_sent_per_step") is not None:
+        lines.append(f"  per pass: ids sent {stats['ids_sent_per_step']:,.0f}, rows looked up "
+                     f"{stats['rows_looked_up_per_step']:,.0f}, rows sent {stats['rows_sent_per_step']:,.0f}")
+    largest = sorted(tables.items(), key=lambda kv: -kv[1]["payload_fwd_recv_bytes"])[:top]
+    lines.append("  most bytes: " + ", ".join(
+        f"{name} {_mib(t['payload_fwd_recv_bytes'] / steps)}" for name, t in largest))
+    lines.append(_time_line(stats))
+    lines += _when_present(stats)
+    if full_path:
+        lines.append(f"  per table: {full_path}")
+    return "\n".join(lines)
+
+
+def _codec_rows(tables: dict[str, dict], steps: int) -> list[str]:
+    """The header and one row per codec: tables, distinct fraction, MiB received, none's, ratio."""
+    lines = [f"  {'codec':<12} {'tables':>6} {'distinct':>8} {'fwd recv':>9} {'none':>9} "
              f"{'ratio':>6} {'ids sent':>9}"]
     by_codec: dict[str, list[dict]] = {}
     for row in tables.values():
@@ -52,28 +67,34 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
         ids = sum(r["id_sent_bytes"] for r in rows)
         lines.append(f"  {codec:<12} {len(rows):>6} {distinct:>8} {_mib(recv / steps):>9} "
                      f"{_mib(stock / steps):>9} {ratio:>6} {_mib(ids / steps):>9}")
+    return lines
+
+
+def _total_line(stats: dict[str, Any], steps: int) -> str:
     tot = stats["total"]
     payload = tot["payload_fwd_recv_bytes"] + tot["payload_bwd_recv_bytes"]
     stock = 2 * tot["uncompressed_fwd_recv_bytes"]
     ids = tot["id_recv_bytes"]
     with_ids = (f", {(stock + ids) / (payload + ids):.2f}x with the id all-to-all" if ids
                 else " (id all-to-all not counted)")
-    lines.append(f"  total: {_mib(tot['payload_fwd_recv_bytes'] / steps)} MiB fwd recv per pass; "
-                 + (f"payload ratio to none (fwd+bwd) {stock / payload:.2f}x{with_ids}"
-                    if payload and stock else "payload 0 bytes" if not payload
-                    else "no full-batch figure to compare with (dedup at the source: see a none run)"))
-    if stats.get("ids_sent_per_step") is not None:
-        lines.append(f"  per pass: ids sent {stats['ids_sent_per_step']:,.0f}, rows looked up "
-                     f"{stats['rows_looked_up_per_step']:,.0f}, rows sent {stats['rows_sent_per_step']:,.0f}")
-    largest = sorted(tables.items(), key=lambda kv: -kv[1]["payload_fwd_recv_bytes"])[:top]
-    lines.append("  most bytes: " + ", ".join(
-        f"{name} {_mib(t['payload_fwd_recv_bytes'] / steps)}" for name, t in largest))
+    return (f"  total: {_mib(tot['payload_fwd_recv_bytes'] / steps)} MiB fwd recv per pass; "
+            + (f"payload ratio to none (fwd+bwd) {stock / payload:.2f}x{with_ids}"
+               if payload and stock else "payload 0 bytes" if not payload
+               else "no full-batch figure to compare with (dedup at the source: see a none run)"))
+
+
+def _time_line(stats: dict[str, Any]) -> str:
     syncs = ("" if stats.get("host_syncs_per_step") is None else
              f"; host syncs on the critical path {stats['host_syncs_per_step']:.2f}/step (plans made "
              f"ahead at the pipeline's input stage: {stats['planned_ahead_steps']} of {stats['steps']} passes)")
-    lines.append(f"  codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, transfer "
-                 f"{stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step{syncs}; extra host syncs "
-                 f"{stats['extra_syncs']}")
+    return (f"  codec {stats['codec_seconds_per_step'] * 1e3:.2f} ms/step, transfer "
+            f"{stats['transfer_seconds_per_step'] * 1e3:.2f} ms/step{syncs}; extra host syncs "
+            f"{stats['extra_syncs']}")
+
+
+def _when_present(stats: dict[str, Any]) -> list[str]:
+    """The lines only some runs have: auto's decisions, two levels, row-wise fallbacks, LOSSY."""
+    lines = []
     decisions = stats.get("auto_decisions", [])
     if decisions:
         lines.append(f"  auto: {decisions[0]}" + (f" (+{len(decisions) - 1} more decisions)"
@@ -93,9 +114,7 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
     if stats.get("lossy_codecs"):
         lines.append(f"  LOSSY codecs {', '.join(stats['lossy_codecs'])}: embeddings and "
                      f"gradients rounded on the wire; training differs from codec none")
-    if full_path:
-        lines.append(f"  per table: {full_path}")
-    return "\n".join(lines)
+    return lines
 
 
 def plan_summary(title: str, lines: list[str], full_path: Optional[str] = None) -> str:
