@@ -118,6 +118,16 @@ def _quiet_agent() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _killed_rank(failures: dict) -> tuple[int, object] | None:
+    """The lowest rank killed by a signal other than a stop signal (SIGKILL, a crash), if any.
+    torchrun reports as first the failure it saw first; when the rank left ends (exit 3, having
+    named the dead one) within the same poll as the kill, that can be the rank left."""
+    for rank, failure in sorted(failures.items()):
+        if failure.exitcode is not None and failure.exitcode < 0 and -failure.exitcode not in STOP_SIGNALS:
+            return rank, failure
+    return None
+
+
 def launch(spec: LaunchSpec) -> int:
     """Run `spec` to completion; 0 on success, else the first failed rank's exit code."""
     spec.check()
@@ -137,7 +147,10 @@ def launch(spec: LaunchSpec) -> int:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        if code in (EXIT_USER_ERROR, EXIT_RUN_FAILED) or code - 128 in STOP_SIGNALS:
+        killed = _killed_rank(e.failures)
+        if killed is not None and failure.exitcode > 0:  # a rank left ended first, in the same poll
+            rank, failure = killed
+        elif code in (EXIT_USER_ERROR, EXIT_RUN_FAILED) or code - 128 in STOP_SIGNALS:
             return code  # refused or stopped on purpose: rank 0 said why, in one line
         if failure.exitcode < 0:  # killed: the ranks left named it and closed the records
             signum = -failure.exitcode  # a SIGKILL leaves no words; a crash (SIGSEGV) may

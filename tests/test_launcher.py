@@ -188,3 +188,27 @@ def test_train_behind_a_shaped_link(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "linked" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
+
+
+def test_a_killed_rank_is_named_when_the_rank_left_ends_in_the_same_poll(monkeypatch, capsys):
+    """torchrun reports the failure it saw first; when rank 0 (exit 3, having named the dead
+    peer) and the SIGKILLed rank 1 end within one poll, that can be rank 0's. The launcher
+    still names the killed rank (the race behind a flaky tests/reliability/test_peer_failures)."""
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from dlrmtrain import launch
+
+    failures = {0: ProcessFailure(local_rank=0, pid=1, exitcode=3, error_file="/nonexistent"),
+                1: ProcessFailure(local_rank=1, pid=2, exitcode=-9, error_file="/nonexistent")}
+    failures[1].timestamp = failures[0].timestamp + 1  # rank 0's is the first failure
+
+    def run(_args):
+        raise ChildFailedError("train", failures)
+
+    monkeypatch.setattr(torch.distributed.run, "run", run)
+    monkeypatch.setattr(launch, "_quiet_agent", lambda: None)
+    for name in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL"):  # launch sets what is unset: keep
+        monkeypatch.setenv(name, os.environ.get(name, "1" if name[0] == "O" else "WARNING"))
+    assert launch.launch(LaunchSpec(nproc=2, args=["--config", "c.yaml"])) == 3
+    assert "dlrmtrain: rank 1 was killed by SIGKILL" in capsys.readouterr().err
