@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dlrmtrain.known_warnings import checkpoint_calls_quiet
+from dlrmtrain.run.console import human_bytes
 from dlrmtrain.run.errors import CheckpointWriteError, SetupError
 from dlrmtrain.run.identity import differing_keys, fingerprint
 from dlrmtrain.run.leftovers import OWNER, owner_record
@@ -185,14 +185,6 @@ def space_warning(root: Path, keep: int, size: int) -> Optional[str]:
         return None
     return (f"warning: {root} has {human_bytes(free)} free; checkpoint.keep={keep} needs "
             f"room for {keep + 1} checkpoints of about {human_bytes(size)} ({human_bytes(needed)})")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 def _cause(exc: BaseException) -> str:

@@ -10,6 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+
+def human_bytes(n: float) -> str:
+    """`n` bytes as a person reads them: 512 B, 1.5 KB, 124.0 MB."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
 NOT_MEASURED = "—"
 
 

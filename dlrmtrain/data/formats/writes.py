@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from dlrmtrain.run.console import human_bytes
 from dlrmtrain.run.errors import SetupError
 
 
@@ -32,14 +33,6 @@ class OutputWriteError(OSError):
     def __init__(self, message: str, code: Optional[int] = None) -> None:
         super().__init__(message)  # one argument: str() is the message alone, no "[Errno 28]"
         self.errno = code
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 def free_bytes_at(path: str | Path) -> int:
@@ -57,8 +50,8 @@ def check_free_space(out: Path, needed: int, detail: str, advice: str,
     free = free_bytes_at(out)
     if free + reclaimed < needed:
         raise NotEnoughSpace(
-            f"{out} needs about {format_bytes(needed)} ({detail}) but its file system has "
-            f"{format_bytes(free)} free" + (f" (+{format_bytes(reclaimed)} it would replace)" if reclaimed else "")
+            f"{out} needs about {human_bytes(needed)} ({detail}) but its file system has "
+            f"{human_bytes(free)} free" + (f" (+{human_bytes(reclaimed)} it would replace)" if reclaimed else "")
             + f": {advice} (nothing was written)")
 
 
@@ -69,11 +62,11 @@ def write_failed(path: Path, error: OSError, written: int, expected: Optional[in
     if error.errno == errno_codes.ENOSPC:
         reason = "no space left on device"
     try:
-        free = f"; {format_bytes(free_bytes_at(path))} free there"
+        free = f"; {human_bytes(free_bytes_at(path))} free there"
     except OSError:
         free = ""
-    of = f" of about {format_bytes(expected)} expected" if expected else ""
-    return OutputWriteError(f"could not write {path} ({reason}) after {format_bytes(written)}{of}{free}"
+    of = f" of about {human_bytes(expected)} expected" if expected else ""
+    return OutputWriteError(f"could not write {path} ({reason}) after {human_bytes(written)}{of}{free}"
                             + (f"; removed {removed}" if removed else ""), error.errno)
 
 

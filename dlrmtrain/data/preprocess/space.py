@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlrmtrain.data.formats import binary as bf
-from dlrmtrain.data.formats.writes import check_free_space, format_bytes
+from dlrmtrain.data.formats.writes import check_free_space
+from dlrmtrain.run.console import human_bytes
 from dlrmtrain.data.preprocess.vocab import distinct_bytes, vocabulary_bytes
 
 SAMPLE_BYTES = 1 << 20
@@ -69,7 +70,7 @@ class SpaceEstimate:
     def render(self) -> str:
         kinds = [("parts", self.parts), ("staging", self.staging), ("vocabulary", self.vocabulary),
                  ("pass-1 distinct values", self.distinct)]
-        return ", ".join(f"{k} {format_bytes(v)}" for k, v in kinds if v)
+        return ", ".join(f"{k} {human_bytes(v)}" for k, v in kinds if v)
 
 
 def estimate_space(parts: dict[str, str], out: Path, mode: str, hash_range: int, workers: int,

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.format import open_memmap
 
-from dlrmtrain.data.formats.writes import OutputWriteError, check_free_space, format_bytes, write_failed
+from dlrmtrain.data.formats.writes import OutputWriteError, check_free_space, write_failed
+from dlrmtrain.run.console import human_bytes
 from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR, SetupError
 from dlrmtrain.data.yambda.events import TemporalSplit, session_ids
 from dlrmtrain.data.yambda.parquet import (
@@ -78,8 +79,8 @@ def _space_needed(rows: int, uid_max: int, bucket_events: int) -> tuple[int, str
     store = rows * STORE_EVENT_BYTES
     spill = min(rows, bucket_events) * SPILL_EVENT_BYTES
     users = 2 * 8 * (uid_max + 1)
-    detail = (f"store {format_bytes(store)}, one bucket's spill {format_bytes(spill)}, "
-              f"user index {format_bytes(users)}")
+    detail = (f"store {human_bytes(store)}, one bucket's spill {human_bytes(spill)}, "
+              f"user index {human_bytes(users)}")
     return store + spill + users + (1 << 16), detail  # + store.json and the .npy headers
 
 
