@@ -85,7 +85,7 @@ def distinct_bags(kjt: KeyedJaggedTensor, keep: Collection[str] = ()) -> KeyedJa
     if one_hot:
         per_feature = _one_hot(lengths, values, F, B, lo, span)
     else:
-        per_feature = _multi_hot(lengths_2d, values, longest)
+        per_feature = _multi_hot(lengths_2d, values, longest, {f for f, k in enumerate(keys) if k in keep})
     out_values, out_lengths, strides, inverse = [], [], [], []
     starts = torch.cumsum(lengths_2d.sum(1), 0).tolist()
     for f, key in enumerate(keys):
@@ -130,16 +130,20 @@ def _one_hot(lengths: torch.Tensor, values: torch.Tensor, F: int, B: int, lo: in
     return out
 
 
-def _multi_hot(lengths_2d: torch.Tensor, values: torch.Tensor, longest: int
-               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _multi_hot(lengths_2d: torch.Tensor, values: torch.Tensor, longest: int, whole: Collection[int]
+               ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """Bags as rows [length, id_0, ..., id_{L-1}] (zero-padded: the length tells a padded id from a
-    real one), one unique over the rows per feature. Per feature: (distinct bags' ids, lengths, inverse)."""
+    real one), one unique over the rows per feature. Per feature: (distinct bags' ids, lengths,
+    inverse); None for the features in `whole`, which travel whole (no unique to throw away)."""
     F, B = lengths_2d.shape
     device = values.device
     pos = torch.arange(longest, device=device)
     out = []
     feature_ids = torch.split(values, lengths_2d.sum(1).tolist())
     for f in range(F):
+        if f in whole:
+            out.append(None)
+            continue
         lens = lengths_2d[f].to(torch.int64)
         width = int(lens.max()) if B else 0
         rows = torch.zeros(B, width + 1, dtype=torch.int64, device=device)
