@@ -22,6 +22,14 @@ SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.
 column-wise tables and an eval, through the loader's prefetch thread"""
 
 
+SOURCE_RUN = ["eval.evals_per_epoch=1", "optim.name=sgd", "optim.lr=0.5", "sharding.default_type=column_wise"]
+
+ACROSS = [["run.max_steps=2", "comm.dedup_at=owner"],
+          ["run.max_steps=4", "comm.dedup_at=source", "checkpoint.resume=true"],
+          ["run.max_steps=6", "comm.dedup_at=owner", "checkpoint.resume=true"]]
+"""one run checkpointed under dedup at the owner, resumed under source, and back"""
+
+
 def _none_and_dedup(rank: int, world_size: int, out_dir: str) -> dict:
     """Every (layout, codec) run in one spawned group (a spawn costs as much as a run);
     the none runs first, so that no dedup run came before them in this process."""
@@ -29,9 +37,10 @@ def _none_and_dedup(rank: int, world_size: int, out_dir: str) -> dict:
                                     RUN + extra + [f"run.name={codec}", f"comm.codec={codec}"])
             for codec in ("none", "dedup") for layout, extra in LAYOUTS.items()}
     for name, extra in SOURCE.items():
-        runs["source", name] = _train(rank, world_size, f"{out_dir}/source", [
-            "run.max_steps=6", "eval.evals_per_epoch=1", "optim.name=sgd", "optim.lr=0.5",
-            "sharding.default_type=column_wise", f"run.name={name}", *extra])
+        runs["source", name] = _train(rank, world_size, f"{out_dir}/source",
+                                      ["run.max_steps=6", *SOURCE_RUN, f"run.name={name}", *extra])
+    runs["source", "across"] = [_train(rank, world_size, f"{out_dir}/source", [
+        *SOURCE_RUN, "run.name=across", "comm.codec=dedup", "checkpoint.at_end=true", *leg]) for leg in ACROSS]
     return runs
 
 
@@ -74,3 +83,18 @@ def test_dedup_at_the_source_trains_like_none_in_the_trainer(trained):
     assert stats["rows_looked_up_per_step"] == stats["rows_sent_per_step"] < plain["rows_sent_per_step"]
     assert plain["rows_looked_up_per_step"] == plain["rows_sent_per_step"]
     assert stats["total"]["payload_fwd_recv_bytes"] < plain["total"]["payload_fwd_recv_bytes"]
+
+
+def test_a_run_resumes_across_dedup_at_owner_and_source(trained):
+    """Issue 33, 4: `comm.dedup_at` changes only where the distinct bags are found (the tables and
+    their optimizer state are the same), so a run checkpointed under owner resumes under source
+    and back, and trains on as an uninterrupted run does; the resumed records say so."""
+    runs, out = trained
+    legs, none = runs["source", "across"], runs["source", "none_sgd"]
+    assert [leg["steps"] for leg in legs] == [2, 4, 6], legs
+    losses = [loss for leg in legs for loss in leg["losses"]]
+    assert [s for s, _ in losses] == list(range(1, 7))
+    assert [l for _, l in losses] == pytest.approx([l for _, l in none["losses"]], rel=1e-5)
+    records = [json.loads(x) for x in (out / "source" / "across" / "metrics.jsonl").read_text().splitlines()]
+    markers = [r["codec_changes"] for r in records if r["kind"] == "resumed"]
+    assert markers == [{"comm.dedup_at": ["owner", "source"]}, {"comm.dedup_at": ["source", "owner"]}]
