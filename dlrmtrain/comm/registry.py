@@ -97,11 +97,12 @@ def check_source_codecs(dedup_at: str, codec: str, table_codecs: Mapping[str, st
 
 
 def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                      pipeline: str, optimizer: str) -> None:
+                      optimizer: str) -> None:
     """`comm.dedup_at: source` on pooled tables (comm/dedup/source.py, through TorchRec's
-    variable-batch EBC) is built for the lossless `dedup`, flat, in the plain loop, with an
-    embedding optimizer fbgemm's variable-batch TBE trains (SGD); per-table `none` is kept whole.
-    Sequence embeddings: embedding.py's `validate_sequence_dedup_at`. Errors name the key."""
+    variable-batch EBC) is built for the lossless `dedup`, flat, in the plain loop and every
+    pipeline, with an embedding optimizer fbgemm's variable-batch TBE trains (SGD); per-table
+    `none` is kept whole. Sequence embeddings: embedding.py's `validate_sequence_dedup_at`.
+    Errors name the key."""
     if not check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup", "none"),
                                "it carries 'dedup' and per-table 'none' only"):
         return
@@ -110,9 +111,6 @@ def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str]
         raise ValueError(f"{where}: fbgemm's variable-batch TBE does not train EXACT_ADAGRAD tables "
                          f"(optim.name: adagrad; it takes SGD, row-wise Adagrad and Adam); use optim.name: "
                          f"sgd or comm.dedup_at: owner")
-    if pipeline != "off":
-        raise ValueError(f"{where} runs in the plain loop only (run.pipeline: off), got run.pipeline: "
-                         f"{pipeline}; or use comm.dedup_at: owner")
 
 
 def warn_if_lossy(codec: str, table_codecs: Mapping[str, str], what: str) -> None:

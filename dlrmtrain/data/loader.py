@@ -73,6 +73,26 @@ def check_ids_in_range(block: RowBlock, table_rows: Sequence[int], first_row: in
                              f"smaller than the data's vocabulary)")
 
 
+@dataclass
+class PooledBatch(Batch):
+    """TorchRec's `Batch` whose `record_stream` also reaches its KJT's inverse indices, which
+    `KeyedJaggedTensor.record_stream` leaves out: a pipeline copies a variable-batch KJT
+    (comm.dedup_at: source) on its copy stream, and the sharded EBC expands the rows with them
+    on the default one. `to` and `pin_memory` keep the class (TorchRec's build a `Batch`)."""
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "PooledBatch":
+        return PooledBatch(**vars(super().to(device, non_blocking=non_blocking)))
+
+    def pin_memory(self) -> "PooledBatch":
+        return PooledBatch(**vars(super().pin_memory()))
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        super().record_stream(stream)
+        inverse = self.sparse_features.inverse_indices_or_none()
+        if inverse is not None:
+            inverse[1].record_stream(stream)
+
+
 def block_to_batch(block: RowBlock) -> Batch:
     """RowBlock -> torchrec Batch (dense float32 [n, 13], KJT int64 keyed cat_0..cat_25, labels [n])."""
     n = len(block)
@@ -87,7 +107,7 @@ def block_to_batch(block: RowBlock) -> Batch:
         values = values.view(-1)
         lengths = torch.ones(ids.shape[1] * n, dtype=torch.int32)
     sparse = KeyedJaggedTensor(keys=CAT_KEYS, values=values, lengths=lengths, stride=n)
-    return Batch(
+    return PooledBatch(
         dense_features=torch.from_numpy(np.array(block.dense, dtype=np.float32)),
         sparse_features=sparse,
         labels=torch.from_numpy(np.array(block.labels, dtype=np.float32)),
