@@ -50,8 +50,7 @@ def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_
     """Add one variable-batch pass (comm.dedup_at: source) of the stock dist to `stats`: rows per
     (sample rank, owner feature) in the owner's feature order (TorchRec's `batch_size_per_rank_per_feature`,
     the layout's order), and this rank's rows per feature of the sharding (`batch_size_per_feature_pre_a2a`,
-    rank-major: `DistLayout.all_entries`). Row-wise features travel whole: every one of a sample rank's
-    features has its batch. The full batch is not in the dist's context: the uncompressed figures
+    rank-major: `DistLayout.all_entries`). The full batch is not in the dist's context: the uncompressed figures
     (and the bags) are left uncounted (0: the summary shows no ratio); a `none` run gives them, and
     comm/lookups.py counts what was sent and looked up. Row-wise: each feature's partial sums go
     to every sample rank, `sizes_per_rank_per_feature[s][j]` rows to rank s, in the layout's order."""
