@@ -21,7 +21,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torchrec
 from torchrec.distributed.comm_ops import Request, ReduceScatterV_Wait, reduce_scatter_v_per_feature_pooled
-from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable, VariableBatchPooledEmbeddingsReduceScatter
+from torchrec.distributed.dist_data import (
+    PooledEmbeddingsAwaitable,
+    PooledEmbeddingsReduceScatter,
+    VariableBatchPooledEmbeddingsReduceScatter,
+)
 from torchrec.distributed.embedding import (
     EmbeddingCollectionContext,
     EmbeddingCollectionSharder,
@@ -494,12 +498,14 @@ def lookups(ebc: ShardedEmbeddingBagCollection) -> list[nn.Module]:
     return list(ebc._lookups)
 
 
-# Row-wise tables at the source on Gloo. TorchRec's variable-batch row-wise output dist
-# reduce-scatters each sample rank's rows (uneven sizes: Gloo takes them), and its backward
+# Row-wise tables at the source. TorchRec's variable-batch row-wise output dist reduce-scatters
+# each sample rank's rows (uneven sizes: Gloo takes them), and its backward
 # (`ReduceScatterV_Wait.backward`) all-gathers the gradient in those uneven sizes with
 # `dist.all_gather`, which Gloo refuses ("all inputs must have the same size"). On Gloo the
 # backward below gathers every rank's part padded to the longest (one even
-# `all_gather_into_tensor`) and keeps each rank's own; NCCL takes the uneven all-gather.
+# `all_gather_into_tensor`) and keeps each rank's own; NCCL takes the uneven all-gather. And
+# TorchRec's dist serves one batch kind only (the first call's), where `auto` at the source
+# sends both.
 class _UnpadWork:
     """The padded all-gather's work: `wait` copies each rank's part out of its padded slot."""
 
@@ -544,24 +550,35 @@ class _EvenGatherVariableBatchReduceScatter(VariableBatchPooledEmbeddingsReduceS
         return PooledEmbeddingsAwaitable(tensor_awaitable=request)
 
 
-class _EvenGatherRwPooledEmbeddingDist(RwPooledEmbeddingDist):
-    """TorchRec's row-wise output dist, made variable-batch with `_EvenGatherVariableBatchReduceScatter`."""
+class _SourceRwPooledEmbeddingDist(RwPooledEmbeddingDist):
+    """TorchRec's row-wise output dist taking a variable batch (dedup at the source) and a fixed one
+    (`auto`'s `none` steps) on any call: TorchRec's builds the module of its first call's kind and
+    keeps it. Over Gloo the variable-batch backward gathers evenly (`_EvenAllGatherWait`)."""
 
-    def _create_output_dist_module(self, sharding_ctx=None) -> None:
-        super()._create_output_dist_module(sharding_ctx)
-        if isinstance(self._dist, VariableBatchPooledEmbeddingsReduceScatter):
-            self._dist = _EvenGatherVariableBatchReduceScatter(self._pg, self._codecs)
+    def __init__(self, pg: dist.ProcessGroup, embedding_dims: list[int], qcomm_codecs_registry: Any,
+                 even_gather: bool) -> None:
+        super().__init__(pg, embedding_dims, qcomm_codecs_registry)
+        variable = (_EvenGatherVariableBatchReduceScatter if even_gather
+                    else VariableBatchPooledEmbeddingsReduceScatter)
+        self._variable = variable(pg, self._codecs)
+        self._fixed = PooledEmbeddingsReduceScatter(pg, self._codecs)
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None):
+        if sharding_ctx is not None and sharding_ctx.variable_batch_per_feature:
+            return self._variable(local_embs, batch_size_per_rank_per_feature=sharding_ctx.batch_size_per_rank_per_feature,
+                                  embedding_dims=self._embedding_dims)
+        return self._fixed(local_embs, input_splits=None if sharding_ctx is None else sharding_ctx.batch_size_per_rank)
 
 
-def gather_row_wise_evenly(ebc: ShardedEmbeddingBagCollection) -> int:
-    """Give each row-wise output dist of `ebc` the even all-gather backward above (where its
-    process group is Gloo's and no codec is set); how many were given it."""
+def row_wise_dists_for_source(ebc: ShardedEmbeddingBagCollection) -> int:
+    """Give each stock row-wise output dist of `ebc` (no codec set) one that takes both batch kinds
+    and, over Gloo, gathers the variable batch's gradient evenly; how many were given one."""
     given = 0
     for i, out_dist in enumerate(output_dists(ebc)):
-        if (type(out_dist) is RwPooledEmbeddingDist and out_dist._codecs is None
-                and dist.get_backend(out_dist._pg) == "gloo"):
-            replace_output_dist(ebc, i, _EvenGatherRwPooledEmbeddingDist(
-                out_dist._pg, out_dist._embedding_dims, out_dist._qcomm_codecs_registry))
+        if type(out_dist) is RwPooledEmbeddingDist and out_dist._codecs is None:
+            replace_output_dist(ebc, i, _SourceRwPooledEmbeddingDist(
+                out_dist._pg, out_dist._embedding_dims, out_dist._qcomm_codecs_registry,
+                even_gather=dist.get_backend(out_dist._pg) == "gloo"))
             given += 1
     return given
 

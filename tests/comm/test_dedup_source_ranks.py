@@ -37,14 +37,14 @@ SCENARIOS = {
 
 
 def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
-    from dlrmtrain.comm.dedup.source import gather_row_wise_evenly, source_transform
+    from dlrmtrain.comm.dedup.source import row_wise_dists_for_source, source_transform
     from dlrmtrain.comm.lookups import count_lookups
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
     dmp, dense_opt = build(sc, "none", world_size)  # under source: TorchRec's stock sharder
     if source:
-        gather_row_wise_evenly(dmp)
+        row_wise_dists_for_source(dmp)
     count_stock_dists(dmp, "dedup" if source else "none")
     count_lookups(dmp)
     transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)

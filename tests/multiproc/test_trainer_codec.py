@@ -17,9 +17,11 @@ LAYOUTS = {"table_wise": [], "pipelined_column_wise": ["run.pipeline=true",
                                                       "sharding.default_type=column_wise"]}
 
 
-SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.dedup_at=source"]}
-"""comm.dedup_at: source (SGD: fbgemm's variable-batch TBE does not train Adagrad) and its none;
-column-wise tables and an eval, through the loader's prefetch thread"""
+SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.dedup_at=source"],
+          "auto_source": ["comm.codec=auto", "comm.dedup_at=source"]}
+"""comm.dedup_at: source (SGD: fbgemm's variable-batch TBE does not train Adagrad), `auto` choosing
+per step between it and none, and their none; column-wise tables and an eval, through the loader's
+prefetch thread"""
 
 
 SOURCE_RUN = ["eval.evals_per_epoch=1", "optim.name=sgd", "optim.lr=0.5", "sharding.default_type=column_wise"]
@@ -98,3 +100,19 @@ def test_a_run_resumes_across_dedup_at_owner_and_source(trained):
     records = [json.loads(x) for x in (out / "source" / "across" / "metrics.jsonl").read_text().splitlines()]
     markers = [r["codec_changes"] for r in records if r["kind"] == "resumed"]
     assert markers == [{"comm.dedup_at": ["owner", "source"]}, {"comm.dedup_at": ["source", "owner"]}]
+
+
+def test_auto_at_the_source_takes_both_forms_and_trains_like_none(trained):
+    """comm.codec auto with comm.dedup_at: source: each step takes the full batch or its distinct
+    bags (the loader made both); over its first steps it times both, so what it sent lies between
+    none's and source's, and every step trains as none's."""
+    runs, out = trained
+    none, auto = runs["source", "none_sgd"], runs["source", "auto_source"]
+    assert auto["losses"][0] == none["losses"][0]
+    assert [l for _, l in auto["losses"]] == pytest.approx([l for _, l in none["losses"]], rel=1e-5)
+    assert auto["final_auc"] == pytest.approx(none["final_auc"], abs=1e-3)
+    stats = {name: json.loads((out / "source" / name / "comm_stats.json").read_text())
+             for name in ("none_sgd", "source", "auto_source")}
+    assert stats["auto_source"]["codecs"] == ["auto"]
+    ids = {name: s["ids_sent_per_step"] for name, s in stats.items()}
+    assert ids["source"] < ids["auto_source"] < ids["none_sgd"], ids

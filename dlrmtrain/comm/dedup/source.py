@@ -29,7 +29,7 @@ from dlrmtrain.comm import torchrec_hooks as hooks
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 """the sharding types whose features `source` deduplicates (the others travel whole); row-wise
-over Gloo needs `gather_row_wise_evenly` on the sharded model"""
+needs `row_wise_dists_for_source` on the sharded model"""
 _KEY_LIMIT = 2 ** 62
 """one-hot keys (feature · span + id) stay below this, else the multi-hot path keys them"""
 
@@ -47,14 +47,15 @@ def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> fr
     return frozenset(kept)
 
 
-def gather_row_wise_evenly(model: nn.Module) -> None:
-    """Let row-wise tables of sharded `model` take distinct bags over Gloo: TorchRec's
-    variable-batch reduce-scatter backward all-gathers uneven sizes, which Gloo refuses;
-    each such dist gathers padded to the longest instead (comm/torchrec_hooks.py). NCCL takes
-    the uneven all-gather and keeps TorchRec's."""
+def row_wise_dists_for_source(model: nn.Module) -> None:
+    """Let row-wise tables of sharded `model` take distinct bags: TorchRec's variable-batch
+    reduce-scatter backward all-gathers uneven sizes, which Gloo refuses, and its dist serves
+    only the batch kind of its first call (`auto` at the source sends both). Each such dist is
+    given one that serves both and, over Gloo, gathers padded to the longest part
+    (comm/torchrec_hooks.py); NCCL keeps TorchRec's uneven all-gather."""
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
-            hooks.gather_row_wise_evenly(m)
+            hooks.row_wise_dists_for_source(m)
 
 
 def source_transform(model: nn.Module, table_codecs: Mapping[str, str]
