@@ -99,19 +99,15 @@ def check_source_codecs(dedup_at: str, codec: str, table_codecs: Mapping[str, st
 
 
 def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                      pipeline: str, optimizer: str) -> None:
+                      optimizer: str) -> None:
     """`comm.dedup_at: source` on pooled tables (comm/dedup/source.py, through TorchRec's
-    variable-batch EBC) is built for the lossless `dedup`, flat, in the plain loop and every
-    pipeline, and for `auto` (comm/auto/source.py) in the plain loop, with an embedding optimizer
-    fbgemm's variable-batch TBE trains (SGD); per-table `none` is kept whole. Sequence
-    embeddings: embedding.py's `validate_sequence_dedup_at`. Errors name the key."""
+    variable-batch EBC) is built for the lossless `dedup` and `auto` (comm/auto/source.py), flat,
+    in the plain loop and every pipeline, with an embedding optimizer fbgemm's variable-batch TBE
+    trains (SGD); per-table `none` is kept whole. Sequence embeddings: embedding.py's
+    `validate_sequence_dedup_at`. Errors name the key."""
     if not check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup", "none"),
                                "it carries 'dedup' and per-table 'none' only", ("dedup", "auto")):
         return
-    if codec == "auto" and pipeline != "off":  # the pipeline starts a batch's input dist steps early
-        raise ValueError(f"comm.codec: auto with comm.dedup_at: source runs in the plain loop only "
-                         f"(run.pipeline: off), got run.pipeline: {pipeline}; use comm.codec: dedup, "
-                         f"or comm.dedup_at: owner")
     where = "comm.dedup_at: source"
     if optimizer == "adagrad":  # fbgemm's TBE asserts it in its variable-batch metadata
         raise ValueError(f"{where}: fbgemm's variable-batch TBE does not train EXACT_ADAGRAD tables "

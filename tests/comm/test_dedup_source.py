@@ -90,8 +90,6 @@ SOURCE = ["comm.codec=dedup", "comm.dedup_at=source", "optim.name=sgd", "run.pip
 
 @pytest.mark.parametrize("overrides, message", [
     (["comm.codec=none"], "comm.dedup_at: source needs comm.codec: dedup"),
-    (["comm.codec=auto", "run.pipeline=sparse_dist"], "comm.codec: auto with comm.dedup_at: source runs in the "
-                                                       "plain loop only"),
     (["comm.codec=dedup+fp16"], "comm.dedup_at: source needs comm.codec: dedup"),
     (["comm.table_codecs={t_cat_3: auto}"], "comm.table_codecs.t_cat_3: 'auto' cannot run under comm.dedup_at"),
     (["comm.hierarchy=node", "comm.ranks_per_node=1"], "comm.hierarchy: node takes comm.dedup_at: owner"),
@@ -105,7 +103,8 @@ def test_source_is_refused_where_it_is_not_built(tmp_path, overrides, message):
     validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.table_codecs={t_cat_3: none}"), 2)
     for pipeline in ("sparse_dist", "fused_sparse_dist"):  # tests/multiproc/test_pipelines.py trains them
         validate_config(tiny_config(str(tmp_path), *SOURCE, f"run.pipeline={pipeline}"), 2)
-    validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.codec=auto"), 2)  # auto: the plain loop
+        validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.codec=auto", f"run.pipeline={pipeline}"), 2)
+    validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.codec=auto"), 2)
     with pytest.raises(ConfigError, match=message):
         validate_config(tiny_config(str(tmp_path), *SOURCE, *overrides), 2)
 

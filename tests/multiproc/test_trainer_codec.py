@@ -18,7 +18,8 @@ LAYOUTS = {"table_wise": [], "pipelined_column_wise": ["run.pipeline=true",
 
 
 SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.dedup_at=source"],
-          "auto_source": ["comm.codec=auto", "comm.dedup_at=source"]}
+          "auto_source": ["comm.codec=auto", "comm.dedup_at=source"],
+          "auto_source_pipelined": ["comm.codec=auto", "comm.dedup_at=source", "run.pipeline=sparse_dist"]}
 """comm.dedup_at: source (SGD: fbgemm's variable-batch TBE does not train Adagrad), `auto` choosing
 per step between it and none, and their none; column-wise tables and an eval, through the loader's
 prefetch thread"""
@@ -102,17 +103,18 @@ def test_a_run_resumes_across_dedup_at_owner_and_source(trained):
     assert markers == [{"comm.dedup_at": ["owner", "source"]}, {"comm.dedup_at": ["source", "owner"]}]
 
 
-def test_auto_at_the_source_takes_both_forms_and_trains_like_none(trained):
-    """comm.codec auto with comm.dedup_at: source: each step takes the full batch or its distinct
-    bags (the loader made both); over its first steps it times both, so what it sent lies between
-    none's and source's, and every step trains as none's."""
+@pytest.mark.parametrize("name", ["auto_source", "auto_source_pipelined"])
+def test_auto_at_the_source_takes_both_forms_and_trains_like_none(trained, name):
+    """comm.codec auto with comm.dedup_at: source, in the plain loop and pipelined: each step takes
+    the full batch or its distinct bags (the loader made both); over its first steps it times both,
+    so what it sent lies between none's and source's, and every step trains as none's."""
     runs, out = trained
-    none, auto = runs["source", "none_sgd"], runs["source", "auto_source"]
+    none, auto = runs["source", "none_sgd"], runs["source", name]
     assert auto["losses"][0] == none["losses"][0]
     assert [l for _, l in auto["losses"]] == pytest.approx([l for _, l in none["losses"]], rel=1e-5)
     assert auto["final_auc"] == pytest.approx(none["final_auc"], abs=1e-3)
-    stats = {name: json.loads((out / "source" / name / "comm_stats.json").read_text())
-             for name in ("none_sgd", "source", "auto_source")}
-    assert stats["auto_source"]["codecs"] == ["auto"]
-    ids = {name: s["ids_sent_per_step"] for name, s in stats.items()}
-    assert ids["source"] < ids["auto_source"] < ids["none_sgd"], ids
+    stats = {run: json.loads((out / "source" / run / "comm_stats.json").read_text())
+             for run in ("none_sgd", "source", name)}
+    assert stats[name]["codecs"] == ["auto"]
+    ids = {run: s["ids_sent_per_step"] for run, s in stats.items()}
+    assert ids["source"] < ids[name] < ids["none_sgd"], ids

@@ -4,19 +4,24 @@ distinct bags (`dedup` at the source), whichever `AutoPolicy` (policy.py) measur
 The choice is made before the batch reaches the sharded EBC, so it is made per batch, not per
 all-to-all: the row loader's prefetch thread builds both forms of every batch (the full KJT in
 `sparse_features`, the variable-batch KJT of its distinct bags in `distinct_features`), and
-`pick` hands the step the one its path takes. Both run through TorchRec's stock dists and give
-`none`'s forward bitwise, so a step may take either. The step is timed from `pick` to
-`step_ended` (the forward, backward and optimizer step, nothing else), on the device's clock
-(comm/timing.py); the policy's decisions and drift checks are agreed over ranks as `AutoDist`'s.
-The drift check also watches the batch's distinct fraction (host integers, free). All features
-take the chosen path (no per-table choice). Evaluation batches take the current choice (`none`
-while probing). The plain loop only: a pipeline starts a batch's input dist a step or two before
-its training step, so the path a step takes is not the one the policy has for it (the design
-for pipelines: comm/README.md, "Dedup at the source").
+`pick` hands the batch on in the form its training step's path takes. Both run through
+TorchRec's stock dists and give `none`'s forward bitwise, so any step may take either.
+
+A pipeline takes a batch one or two steps before its training step (its input dist starts
+early), so `pick` chooses by the policy's path that many steps ahead (`path_ahead`: the batches
+picked and not yet trained) and queues the path; `step_ended` times the step's period (from the
+previous step's end, on the device's clock, comm/timing.py, as `AutoDist`) under the path its
+batch actually took. Where a decision or a drift check changes the path after a batch was
+picked, that batch keeps its form: lossless either way, and timed as what it took. A period that
+held an evaluation is not timed. Decisions and drift checks are agreed over ranks as
+`AutoDist`'s; the drift check also watches the batch's distinct fraction (host integers, free).
+All features take the chosen path (no per-table choice). Evaluation batches take the current
+choice (`none` while probing).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import Any
@@ -46,7 +51,9 @@ class SourceAuto:
     def __init__(self, policy: AutoPolicy, device: torch.device, group: dist.ProcessGroup | None = None,
                  rank: int = 0) -> None:
         self.policy, self.device, self.group, self.rank = policy, device, group, rank
-        self._started: timing.Stamp | None = None
+        self._picked: collections.deque[str] = collections.deque()  # paths of batches not yet trained
+        self._last_end: timing.Stamp | None = None
+        self._untimed = False  # the running period held something else (an evaluation)
         self._fraction: float | None = None
         self.decisions: list[str] = []
         self._say(f"comm auto (dedup at the source): timing none and dedup steps in turn over the first "
@@ -54,13 +61,17 @@ class SourceAuto:
                   f" training steps; dedup is used only if its step is > {policy.margin:.0%} faster")
 
     def pick(self, batch: Any) -> Any:
-        """The training batch in the form this step's path takes; the step's clock starts."""
+        """The training batch in the form its step's path takes (that step is the first one after
+        the batches picked before it)."""
         self._fraction = distinct_fraction(batch)
-        self._started = timing.stamp(self.device)
-        return self._form(batch, self.policy.path())
+        path = self.policy.path_ahead(len(self._picked))
+        self._picked.append(path)
+        return self._form(batch, path)
 
     def pick_for_eval(self, batch: Any) -> Any:
-        """An evaluation batch in the current choice's form (`none` while probing)."""
+        """An evaluation batch in the current choice's form (`none` while probing); the training
+        period it runs in is not timed."""
+        self._untimed = True
         return self._form(batch, self.policy.choice if self.policy.phase == "steady" else "none")
 
     @staticmethod
@@ -73,11 +84,15 @@ class SourceAuto:
         return dataclasses.replace(batch, sparse_features=sparse, distinct_features=None)
 
     def step_ended(self) -> None:
-        """The step `pick` started has ended: time it, then decide or check drift where due."""
-        if self._started is None:
-            return
-        self.policy.observe(timing.elapsed(self._started, timing.stamp(self.device)))
-        self._started = None
+        """A training step has ended (it trained the oldest picked batch): time its period, then
+        decide or check drift where due."""
+        used = self._picked.popleft() if self._picked else None
+        now = timing.stamp(self.device)
+        if self._last_end is None or self._untimed or used is None:
+            self.policy.skip()
+        else:
+            self.policy.observe(timing.elapsed(self._last_end, now), used)
+        self._last_end, self._untimed = now, False
         if self.policy.needs_decision() or (self.policy.early_check_due() and self.policy.clear_cut(
                 self._agree(self.policy.local_extremes(), dist.ReduceOp.MAX))):
             self._decide()
