@@ -18,11 +18,11 @@ LAYOUTS = {"table_wise": [], "pipelined_column_wise": ["run.pipeline=true",
 
 
 SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.dedup_at=source"],
-          "auto_source": ["comm.codec=auto", "comm.dedup_at=source"],
           "auto_source_pipelined": ["comm.codec=auto", "comm.dedup_at=source", "run.pipeline=sparse_dist"]}
 """comm.dedup_at: source (SGD: fbgemm's variable-batch TBE does not train Adagrad), `auto` choosing
-per step between it and none, and their none; column-wise tables and an eval, through the loader's
-prefetch thread"""
+per step between it and none (pipelined: its picks run ahead; the plain loop's, the same code with
+none in flight, in tests/comm/test_auto_source.py), and their none; column-wise tables and an eval,
+through the loader's prefetch thread"""
 
 
 SOURCE_RUN = ["eval.evals_per_epoch=1", "optim.name=sgd", "optim.lr=0.5", "sharding.default_type=column_wise"]
@@ -43,7 +43,8 @@ def _none_and_dedup(rank: int, world_size: int, out_dir: str) -> dict:
         runs["source", name] = _train(rank, world_size, f"{out_dir}/source",
                                       ["run.max_steps=6", *SOURCE_RUN, f"run.name={name}", *extra])
     runs["source", "across"] = [_train(rank, world_size, f"{out_dir}/source", [
-        *SOURCE_RUN, "run.name=across", "comm.codec=dedup", "checkpoint.at_end=true", *leg]) for leg in ACROSS]
+        *SOURCE_RUN, "eval.enabled=false", "run.name=across", "comm.codec=dedup", "checkpoint.at_end=true", *leg])
+        for leg in ACROSS]
     return runs
 
 
@@ -103,9 +104,9 @@ def test_a_run_resumes_across_dedup_at_owner_and_source(trained):
     assert markers == [{"comm.dedup_at": ["owner", "source"]}, {"comm.dedup_at": ["source", "owner"]}]
 
 
-@pytest.mark.parametrize("name", ["auto_source", "auto_source_pipelined"])
+@pytest.mark.parametrize("name", ["auto_source_pipelined"])
 def test_auto_at_the_source_takes_both_forms_and_trains_like_none(trained, name):
-    """comm.codec auto with comm.dedup_at: source, in the plain loop and pipelined: each step takes
+    """comm.codec auto with comm.dedup_at: source, pipelined: each step takes
     the full batch or its distinct bags (the loader made both); over its first steps it times both,
     so what it sent lies between none's and source's, and every step trains as none's."""
     runs, out = trained
