@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from dlrmtrain.comm.auto.source import SourceAuto, attach_source_auto
 from dlrmtrain.comm.dedup.source import source_transform
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
@@ -121,9 +122,7 @@ class Trainer:
         self.records = open_run_records(cfg, env.rank, claim)
         self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
                                                          env.world_size)
-        if cfg.comm.dedup_at == "source" and workload_of(cfg).collection_kind == "pooled":  # the loader
-            # keeps each feature's distinct bags (sequence embeddings dedup in their sharder)
-            self.data.set_sparse_transform(source_transform(self.model, cfg.comm.table_codecs))
+        self.source_auto = self._dedup_at_the_source(cfg)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
@@ -147,6 +146,16 @@ class Trainer:
             log_run_setup(self.mlperf, cfg, self.data.num_train_samples,
                           self.data.num_eval_samples)
             self.mlperf.init_stop()
+
+    def _dedup_at_the_source(self, cfg: Config) -> Optional[SourceAuto]:
+        """comm.dedup_at: source on pooled tables: the loader keeps each feature's distinct bags
+        (sequence embeddings dedup in their sharder); under `auto` beside the full batch, and
+        the returned `SourceAuto` picks one per step."""
+        if cfg.comm.dedup_at != "source" or workload_of(cfg).collection_kind != "pooled":
+            return None
+        auto = cfg.comm.codec == "auto"
+        self.data.set_sparse_transform(source_transform(self.model, cfg.comm.table_codecs), keep_full=auto)
+        return attach_source_auto(self.model, self.env.device) if auto else None
 
     def _print(self, text: str) -> None:
         if self.env.is_main:
@@ -173,7 +182,7 @@ class Trainer:
                     batch = batch.to(self.env.device, non_blocking=True)
             if batch is None:
                 return
-            yield batch
+            yield batch if self.source_auto is None else self.source_auto.pick(batch)
 
     def train_on(self, batches) -> Iterator[torch.Tensor]:
         """Train on `batches` (on the device) through run.pipeline's pipeline (train_pipeline.py),
@@ -186,6 +195,8 @@ class Trainer:
             except StopIteration:
                 return
             self.step += 1
+            if self.source_auto is not None:
+                self.source_auto.step_ended()
             self.timer.step_ends()
             yield loss.detach()
 
@@ -214,8 +225,11 @@ class Trainer:
     def evaluate(self) -> tuple[float, int]:
         """Exact AUC over the whole eval set (every rank gets the same value); a SIGTERM
         does not wait for the whole evaluation (_stop_during_eval)."""
-        return evaluate_auc(self.pipeline.detach(), data_errors(DataError).wrap(self.data.eval_batches()),
-                            self.env.device, self._autocast, before_batch=self._stop_during_eval)
+        batches = data_errors(DataError).wrap(self.data.eval_batches())
+        if self.source_auto is not None:  # the current choice's form
+            batches = ((self.source_auto.pick_for_eval(b), w) for b, w in batches)
+        return evaluate_auc(self.pipeline.detach(), batches, self.env.device, self._autocast,
+                            before_batch=self._stop_during_eval)
 
     # ---- checkpoints ------------------------------------------------------
     def save_checkpoint(self) -> None:

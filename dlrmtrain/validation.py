@@ -59,7 +59,7 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
         validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
         if workload_of(cfg).collection_kind == "pooled":  # sequence: its workload's own check
             validate_dedup_at(cfg.comm.dedup_at, cfg.comm.codec, cfg.comm.table_codecs,
-                              cfg.comm.hierarchy, cfg.run.pipeline, cfg.optim.name)
+                              cfg.comm.hierarchy, cfg.optim.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

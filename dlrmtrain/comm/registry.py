@@ -76,17 +76,19 @@ def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[s
 
 
 def check_source_codecs(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                        per_table: tuple[str, ...], per_table_rule: str) -> bool:
-    """The rules every `comm.dedup_at: source` path shares (the lossless `dedup`, only the
+                        per_table: tuple[str, ...], per_table_rule: str, codecs: tuple[str, ...] = ("dedup",)
+                        ) -> bool:
+    """The rules every `comm.dedup_at: source` path shares (a lossless codec of `codecs`, only the
     per-table codecs `per_table`, flat); True when `source` is asked for. Errors name the key."""
     if dedup_at == "owner":
         return False
     if dedup_at != "source":
         raise ValueError(f"comm.dedup_at: {dedup_at!r} is not one of owner, source")
     where = "comm.dedup_at: source"
-    if codec != "dedup":
-        raise ValueError(f"{where} needs comm.codec: dedup (the lossless codec), got {codec!r} (auto and the "
-                         f"lossy dedup+fp16/bf16 are not built at the source); use comm.dedup_at: owner")
+    if codec not in codecs:
+        raise ValueError(f"{where} needs comm.codec: {' or '.join(codecs)}, got {codec!r} (the lossy "
+                         f"dedup+fp16/bf16{'' if 'auto' in codecs else ' and auto'} are not built at the source "
+                         f"here); use comm.dedup_at: owner")
     for table, name in table_codecs.items():
         if name not in per_table:
             raise ValueError(f"comm.table_codecs.{table}: {name!r} cannot run under {where}: {per_table_rule}")
@@ -97,22 +99,20 @@ def check_source_codecs(dedup_at: str, codec: str, table_codecs: Mapping[str, st
 
 
 def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                      pipeline: str, optimizer: str) -> None:
+                      optimizer: str) -> None:
     """`comm.dedup_at: source` on pooled tables (comm/dedup/source.py, through TorchRec's
-    variable-batch EBC) is built for the lossless `dedup`, flat, in the plain loop, with an
-    embedding optimizer fbgemm's variable-batch TBE trains (SGD); per-table `none` is kept whole.
-    Sequence embeddings: embedding.py's `validate_sequence_dedup_at`. Errors name the key."""
+    variable-batch EBC) is built for the lossless `dedup` and `auto` (comm/auto/source.py), flat,
+    in the plain loop and every pipeline, with an embedding optimizer fbgemm's variable-batch TBE
+    trains (SGD); per-table `none` is kept whole. Sequence embeddings: embedding.py's
+    `validate_sequence_dedup_at`. Errors name the key."""
     if not check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup", "none"),
-                               "it carries 'dedup' and per-table 'none' only"):
+                               "it carries 'dedup' and per-table 'none' only", ("dedup", "auto")):
         return
     where = "comm.dedup_at: source"
     if optimizer == "adagrad":  # fbgemm's TBE asserts it in its variable-batch metadata
         raise ValueError(f"{where}: fbgemm's variable-batch TBE does not train EXACT_ADAGRAD tables "
                          f"(optim.name: adagrad; it takes SGD, row-wise Adagrad and Adam); use optim.name: "
                          f"sgd or comm.dedup_at: owner")
-    if pipeline != "off":
-        raise ValueError(f"{where} runs in the plain loop only (run.pipeline: off), got run.pipeline: "
-                         f"{pipeline}; or use comm.dedup_at: owner")
 
 
 def warn_if_lossy(codec: str, table_codecs: Mapping[str, str], what: str) -> None:

@@ -50,10 +50,10 @@ def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_
     """Add one variable-batch pass (comm.dedup_at: source) of the stock dist to `stats`: rows per
     (sample rank, owner feature) in the owner's feature order (TorchRec's `batch_size_per_rank_per_feature`,
     the layout's order), and this rank's rows per feature of the sharding (`batch_size_per_feature_pre_a2a`,
-    rank-major: `DistLayout.all_entries`). Row-wise features travel whole: every one of a sample rank's
-    features has its batch. The full batch is not in the dist's context: the uncompressed figures
+    rank-major: `DistLayout.all_entries`). The full batch is not in the dist's context: the uncompressed figures
     (and the bags) are left uncounted (0: the summary shows no ratio); a `none` run gives them, and
-    comm/lookups.py counts what was sent and looked up."""
+    comm/lookups.py counts what was sent and looked up. Row-wise: each feature's partial sums go
+    to every sample rank, `sizes_per_rank_per_feature[s][j]` rows to rank s, in the layout's order."""
     if isinstance(layout, DistLayout):
         for j, entry in enumerate(layout.entries_per_rank[rank]):
             for per_feature in sizes_per_rank_per_feature:
@@ -61,13 +61,13 @@ def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_
         for entry, n in zip(layout.all_entries(), own_sizes, strict=True):
             stats.table(entry.table).add_rows(entry.dim, elem, elem, received=n)  # bags: the full batch's
         stats.steps += 1
-    else:
-        one = DistCommStats(codec=stats.codec, sharding_type=stats.sharding_type)
-        count_stock_step(one, layout, rank, [max(per_feature, default=0) for per_feature in
-                                             sizes_per_rank_per_feature], elem)
-        for name, t in one.tables.items():
-            t.uncompressed_fwd_sent_bytes = t.uncompressed_fwd_recv_bytes = t.bags = 0
-        stats.add(one)
+    else:  # row-wise, per feature: deduplicated features differ in their distinct bags
+        for j, entry in enumerate(layout.entries):
+            t = stats.table(entry.table)
+            for per_feature in sizes_per_rank_per_feature:
+                t.add_rows(entry.dim, elem, elem, sent=per_feature[j])
+            t.add_rows(entry.dim, elem, elem, received=layout.world_size * own_sizes[j], distinct=own_sizes[j])
+        stats.steps += 1
 
 
 PassKey = tuple[tuple[int, ...], int, int]

@@ -17,13 +17,21 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torchrec
+from torchrec.distributed.comm_ops import Request, ReduceScatterV_Wait, reduce_scatter_v_per_feature_pooled
+from torchrec.distributed.dist_data import (
+    PooledEmbeddingsAwaitable,
+    PooledEmbeddingsReduceScatter,
+    VariableBatchPooledEmbeddingsReduceScatter,
+)
 from torchrec.distributed.embedding import (
     EmbeddingCollectionContext,
     EmbeddingCollectionSharder,
     ShardedEmbeddingCollection,
 )
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
 from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     EmbeddingBagCollectionSharder,
@@ -277,9 +285,10 @@ class PlanAheadPipeline:
             new = after.get(name)
             if new is None or new is old:
                 continue
-            if isinstance(old, EmbeddingCollectionContext):
+            if isinstance(old, EmbeddingCollectionContext) or getattr(old, "variable_batch_per_feature", False):
                 # the forward consumes the input dist started before the detach, which fills
-                # the old context's sequence splits: keep it (the fresh one never gets them)
+                # the old context's sequence splits, or a variable batch's sizes per sample rank
+                # (comm.dedup_at: source): keep it (the fresh one never gets them)
                 after[name] = old
                 continue
             for old_sharding, new_sharding in zip(getattr(old, "sharding_contexts", ()),
@@ -487,6 +496,91 @@ def lookups(ebc: ShardedEmbeddingBagCollection) -> list[nn.Module]:
     """The owner-side lookup module of each sharding (`_lookups`), in `shardings` order: each is
     called with the KJT the owner looks up (after the id all-to-all)."""
     return list(ebc._lookups)
+
+
+# Row-wise tables at the source. TorchRec's variable-batch row-wise output dist reduce-scatters
+# each sample rank's rows (uneven sizes: Gloo takes them), and its backward
+# (`ReduceScatterV_Wait.backward`) all-gathers the gradient in those uneven sizes with
+# `dist.all_gather`, which Gloo refuses ("all inputs must have the same size"). On Gloo the
+# backward below gathers every rank's part padded to the longest (one even
+# `all_gather_into_tensor`) and keeps each rank's own; NCCL takes the uneven all-gather. And
+# TorchRec's dist serves one batch kind only (the first call's), where `auto` at the source
+# sends both.
+class _UnpadWork:
+    """The padded all-gather's work: `wait` copies each rank's part out of its padded slot."""
+
+    def __init__(self, work: dist.Work, gathered: torch.Tensor, parts: list[torch.Tensor]) -> None:
+        self.work, self.gathered, self.parts = work, gathered, parts
+
+    def wait(self) -> bool:
+        self.work.wait()
+        for part, slot in zip(self.parts, self.gathered.view(len(self.parts), -1)):
+            part.copy_(slot[:part.numel()])
+        return True
+
+
+class _EvenAllGatherWait(ReduceScatterV_Wait):
+    """`ReduceScatterV_Wait` whose backward all-gathers the 1-d gradient padded to the longest
+    part (the variable-batch dist's `input_splits`, elements per rank; no codecs at the source)."""
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):  # type: ignore[override]
+        myreq = ctx.myreq
+        splits = list(myreq.rsi.input_splits)
+        longest = max(splits)
+        padded = grad_output.new_zeros(longest)
+        padded[:grad_output.numel()] = grad_output.reshape(-1)
+        gathered = grad_output.new_empty(len(splits) * longest)
+        work = dist.all_gather_into_tensor(gathered, padded, group=ctx.pg, async_op=True)
+        grad_input = grad_output.new_empty(myreq.rsi.total_input_size)
+        myreq.req = _UnpadWork(work, gathered, list(torch.split(grad_input, splits)))
+        myreq.tensor = grad_input
+        return (None, None, myreq.dummy_tensor)
+
+
+class _EvenGatherVariableBatchReduceScatter(VariableBatchPooledEmbeddingsReduceScatter):
+    """TorchRec's variable-batch reduce-scatter, its backward gathering evenly (`_EvenAllGatherWait`)."""
+
+    def forward(self, local_embs: torch.Tensor, batch_size_per_rank_per_feature: list[list[int]],
+                embedding_dims: list[int]) -> PooledEmbeddingsAwaitable:
+        request = reduce_scatter_v_per_feature_pooled(local_embs, batch_size_per_rank_per_feature,
+                                                      embedding_dims, self._pg, self._codecs)
+        if isinstance(request, Request):  # else one rank, or synchronous collectives: no all-gather
+            request.wait_function = _EvenAllGatherWait
+        return PooledEmbeddingsAwaitable(tensor_awaitable=request)
+
+
+class _SourceRwPooledEmbeddingDist(RwPooledEmbeddingDist):
+    """TorchRec's row-wise output dist taking a variable batch (dedup at the source) and a fixed one
+    (`auto`'s `none` steps) on any call: TorchRec's builds the module of its first call's kind and
+    keeps it. Over Gloo the variable-batch backward gathers evenly (`_EvenAllGatherWait`)."""
+
+    def __init__(self, pg: dist.ProcessGroup, embedding_dims: list[int], qcomm_codecs_registry: Any,
+                 even_gather: bool) -> None:
+        super().__init__(pg, embedding_dims, qcomm_codecs_registry)
+        variable = (_EvenGatherVariableBatchReduceScatter if even_gather
+                    else VariableBatchPooledEmbeddingsReduceScatter)
+        self._variable = variable(pg, self._codecs)
+        self._fixed = PooledEmbeddingsReduceScatter(pg, self._codecs)
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None):
+        if sharding_ctx is not None and sharding_ctx.variable_batch_per_feature:
+            return self._variable(local_embs, batch_size_per_rank_per_feature=sharding_ctx.batch_size_per_rank_per_feature,
+                                  embedding_dims=self._embedding_dims)
+        return self._fixed(local_embs, input_splits=None if sharding_ctx is None else sharding_ctx.batch_size_per_rank)
+
+
+def row_wise_dists_for_source(ebc: ShardedEmbeddingBagCollection) -> int:
+    """Give each stock row-wise output dist of `ebc` (no codec set) one that takes both batch kinds
+    and, over Gloo, gathers the variable batch's gradient evenly; how many were given one."""
+    given = 0
+    for i, out_dist in enumerate(output_dists(ebc)):
+        if type(out_dist) is RwPooledEmbeddingDist and out_dist._codecs is None:
+            replace_output_dist(ebc, i, _SourceRwPooledEmbeddingDist(
+                out_dist._pg, out_dist._embedding_dims, out_dist._qcomm_codecs_registry,
+                even_gather=dist.get_backend(out_dist._pg) == "gloo"))
+            given += 1
+    return given
 
 
 # ====================== sequence dedup at the source (comm.dedup_at: source, EC index dedup)

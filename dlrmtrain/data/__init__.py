@@ -46,9 +46,10 @@ class Datasets:
     steps_per_epoch: int
     table_rows: dict[str, int]
     """Embedding table → rows, in the model's table order (ids of the data are below them)."""
-    set_sparse_transform: Optional[Callable[[Callable], None]] = None
+    set_sparse_transform: Optional[Callable[..., None]] = None
     """Where the source has one (the row loader): sets a KJT → KJT transform that every
-    train and eval batch takes where it is made (comm.dedup_at: source), before its first batch."""
+    train and eval batch takes where it is made (comm.dedup_at: source), before its first batch;
+    `keep_full=True` keeps the full KJT too (the transform's goes to `distinct_features`)."""
 
 
 def data_table_sizes(cfg: Config) -> list[int]:
@@ -72,8 +73,9 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
         train.set_epoch(epoch)
         return train.batches_from(start)
 
-    def set_sparse_transform(transform: Callable) -> None:
+    def set_sparse_transform(transform: Callable, keep_full: bool = False) -> None:
         train.sparse_transform = evaluation.sparse_transform = transform
+        train.keep_full_batch = evaluation.keep_full_batch = keep_full
 
     return Datasets(
         train_batches=train_for_epoch,

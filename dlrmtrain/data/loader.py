@@ -73,6 +73,39 @@ def check_ids_in_range(block: RowBlock, table_rows: Sequence[int], first_row: in
                              f"smaller than the data's vocabulary)")
 
 
+@dataclass
+class PooledBatch(Batch):
+    """TorchRec's `Batch` whose `record_stream` also reaches its KJT's inverse indices, which
+    `KeyedJaggedTensor.record_stream` leaves out: a pipeline copies a variable-batch KJT
+    (comm.dedup_at: source) on its copy stream, and the sharded EBC expands the rows with them
+    on the default one. `to` and `pin_memory` keep the class (TorchRec's build a `Batch`).
+
+    `distinct_features`: under `comm.codec: auto` at the source, the variable-batch KJT of the
+    batch's distinct bags beside the full one (comm/auto/source.py picks one per step)."""
+
+    distinct_features: KeyedJaggedTensor | None = None
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "PooledBatch":
+        moved = Batch(self.dense_features, self.sparse_features, self.labels).to(device, non_blocking)
+        distinct = self.distinct_features
+        return PooledBatch(**vars(moved), distinct_features=None if distinct is None
+                           else distinct.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "PooledBatch":
+        pinned = Batch(self.dense_features, self.sparse_features, self.labels).pin_memory()
+        distinct = self.distinct_features
+        return PooledBatch(**vars(pinned), distinct_features=None if distinct is None else distinct.pin_memory())
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        super().record_stream(stream)
+        for kjt in (self.sparse_features, self.distinct_features):
+            inverse = kjt.inverse_indices_or_none() if kjt is not None else None
+            if inverse is not None:
+                inverse[1].record_stream(stream)
+        if self.distinct_features is not None:
+            self.distinct_features.record_stream(stream)
+
+
 def block_to_batch(block: RowBlock) -> Batch:
     """RowBlock -> torchrec Batch (dense float32 [n, 13], KJT int64 keyed cat_0..cat_25, labels [n])."""
     n = len(block)
@@ -87,7 +120,7 @@ def block_to_batch(block: RowBlock) -> Batch:
         values = values.view(-1)
         lengths = torch.ones(ids.shape[1] * n, dtype=torch.int32)
     sparse = KeyedJaggedTensor(keys=CAT_KEYS, values=values, lengths=lengths, stride=n)
-    return Batch(
+    return PooledBatch(
         dense_features=torch.from_numpy(np.array(block.dense, dtype=np.float32)),
         sparse_features=sparse,
         labels=torch.from_numpy(np.array(block.labels, dtype=np.float32)),
@@ -156,7 +189,8 @@ class CriteoBatchLoader:
 
     `sparse_transform`: applied to each batch's KJT where the batch is made (the prefetch
     thread), e.g. comm.dedup_at: source's distinct bags (set by the trainer once the model
-    is sharded: `Datasets.set_sparse_transform`).
+    is sharded: `Datasets.set_sparse_transform`); with `keep_full_batch` its KJT goes beside
+    the full one (`PooledBatch.distinct_features`: comm.codec auto at the source).
     """
 
     def __init__(self, parts: Sequence[Part], spec: CriteoLoaderSpec) -> None:
@@ -174,6 +208,7 @@ class CriteoBatchLoader:
         self.last_batch, self.prefetch = spec.last_batch, spec.prefetch
         self.pin_memory = spec.pin_memory  # set by build_datasets from the device (pins_for)
         self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
+        self.keep_full_batch = False  # True: the transform's KJT goes beside the full one (distinct_features)
         self.fold_to_rows = list(spec.fold_to_rows) if spec.fold_to_rows is not None else None
         self.table_rows = list(spec.table_rows) if spec.table_rows is not None else None
         self.full_batches, self.remainder = divmod(self.source.rows, global_batch_size)
@@ -223,7 +258,9 @@ class CriteoBatchLoader:
             check_ids_in_range(block, self.table_rows, spec.start)
         batch = block_to_batch(block)
         if self.sparse_transform is not None:  # here too: the step's thread never waits for it
-            batch = dataclasses.replace(batch, sparse_features=self.sparse_transform(batch.sparse_features))
+            made = self.sparse_transform(batch.sparse_features)
+            batch = dataclasses.replace(batch, **{"distinct_features" if self.keep_full_batch
+                                                  else "sparse_features": made})
         if self.pin_memory:  # here, on the prefetch thread when there is one
             return batch.pin_memory(), weight.pin_memory()
         return batch, weight

@@ -14,6 +14,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
+from dlrmtrain.comm.dedup.source import row_wise_dists_for_source
 from dlrmtrain.comm.embedding import make_ec_sharder
 from dlrmtrain.comm.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.embeddingbag import make_ebc_sharder
@@ -56,8 +57,10 @@ def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConf
     sharder = build_ebc_sharder(comm, fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ebc_path)
     dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
+    if comm.dedup_at == "source":  # row-wise tables take the distinct bags over Gloo too
+        row_wise_dists_for_source(dmp)
     # bytes of the all-to-alls left to TorchRec's stock dist (codec none; dedup at the source)
-    count_stock_dists(dmp, "dedup" if comm.dedup_at == "source" else "none")
+    count_stock_dists(dmp, comm.codec if comm.dedup_at == "source" else "none")  # dedup, or auto's two forms
     count_lookups(dmp)  # ids and rows each lookup takes, every codec alike
     return dmp, describe_plan(plan)
 

@@ -67,13 +67,15 @@ def _changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, 
             if saved.get(k, "<absent>") != current.get(k, "<absent>")]
 
 
-CODEC_KEYS = ("comm.codec", "comm.table_codecs")
-"""The math entries that only choose how the embedding all-to-all is carried."""
+CODEC_KEYS = ("comm.codec", "comm.table_codecs", "comm.dedup_at")
+"""The math entries that only choose how the embedding all-to-all is carried (`comm.dedup_at`:
+where lossless `dedup` finds the distinct bags; the tables and their optimizer state are the same)."""
 
 
 def lossless_codec_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, saved, current) of the codec entries that changed with every codec before
-    and after lossless (none, dedup, auto: their forward is bitwise none's), so resuming
+    and after lossless (none, dedup, auto: their forward is bitwise none's, with dedup at the
+    owner or at the source), so resuming
     across them trains the same model; a change to or from a lossy codec is not one."""
     from dlrmtrain.comm.registry import lossy_codecs  # torch: only when resuming
 

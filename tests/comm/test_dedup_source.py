@@ -90,11 +90,9 @@ SOURCE = ["comm.codec=dedup", "comm.dedup_at=source", "optim.name=sgd", "run.pip
 
 @pytest.mark.parametrize("overrides, message", [
     (["comm.codec=none"], "comm.dedup_at: source needs comm.codec: dedup"),
-    (["comm.codec=auto"], "comm.dedup_at: source needs comm.codec: dedup"),
     (["comm.codec=dedup+fp16"], "comm.dedup_at: source needs comm.codec: dedup"),
     (["comm.table_codecs={t_cat_3: auto}"], "comm.table_codecs.t_cat_3: 'auto' cannot run under comm.dedup_at"),
     (["comm.hierarchy=node", "comm.ranks_per_node=1"], "comm.hierarchy: node takes comm.dedup_at: owner"),
-    (["run.pipeline=sparse_dist"], "plain loop only"),
     (["optim.name=adagrad"], "EXACT_ADAGRAD"),
 ])
 def test_source_is_refused_where_it_is_not_built(tmp_path, overrides, message):
@@ -103,13 +101,17 @@ def test_source_is_refused_where_it_is_not_built(tmp_path, overrides, message):
     from tests.common import tiny_config
 
     validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.table_codecs={t_cat_3: none}"), 2)
+    for pipeline in ("sparse_dist", "fused_sparse_dist"):  # tests/multiproc/test_pipelines.py trains them
+        validate_config(tiny_config(str(tmp_path), *SOURCE, f"run.pipeline={pipeline}"), 2)
+        validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.codec=auto", f"run.pipeline={pipeline}"), 2)
+    validate_config(tiny_config(str(tmp_path), *SOURCE, "comm.codec=auto"), 2)
     with pytest.raises(ConfigError, match=message):
         validate_config(tiny_config(str(tmp_path), *SOURCE, *overrides), 2)
 
 
 def test_sequence_embeddings_take_source_through_their_own_check(tmp_path):
     """DLRMv4's EC dedups at the source through TorchRec's index dedup: the pooled refusals
-    (the plain loop only, no Adagrad) are not its; its own (comm/embedding.py) still apply."""
+    (no Adagrad) are not its; its own (comm/embedding.py) still apply."""
     from dlrmtrain.config import ConfigError, load_config
     from dlrmtrain.validation import validate_config
 
@@ -117,3 +119,29 @@ def test_sequence_embeddings_take_source_through_their_own_check(tmp_path):
     validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["run.pipeline=sparse_dist"]), 2)
     with pytest.raises(ConfigError, match="comm.dedup_at: source needs comm.codec: dedup"):
         validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["comm.codec=auto"]), 2)
+
+
+def test_a_pipelines_copy_keeps_the_inverse_and_records_its_stream(monkeypatch):
+    """TorchRec's pipelines move the batch (`to`) and record it on the stream that reads it:
+    the variable-batch KJT's inverse indices go along both times. `KeyedJaggedTensor.record_stream`
+    leaves them out, so on CUDA the allocator could hand their memory to the next batch's copy
+    while the expansion still reads it."""
+    import dataclasses
+
+    import numpy as np
+
+    from dlrmtrain.data.loader import PooledBatch, block_to_batch
+    from dlrmtrain.data.parts import RowBlock
+
+    sparse = np.arange(4 * 26, dtype=np.int64).reshape(4, 26) % 3
+    batch = block_to_batch(RowBlock(np.zeros((4, 13), np.float32), sparse, np.zeros(4, np.float32)))
+    batch = dataclasses.replace(batch, sparse_features=distinct_bags(batch.sparse_features))
+    moved = batch.to(torch.device("cpu"), non_blocking=True)
+    assert isinstance(moved, PooledBatch)
+    inverse = moved.sparse_features.inverse_indices()[1]
+    assert torch.equal(inverse, batch.sparse_features.inverse_indices()[1])
+    recorded: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, stream: recorded.append(t))
+    moved.record_stream(object())  # CPU memory has no streams: the calls are what is checked
+    assert any(t is inverse for t in recorded)
+    assert any(t is moved.sparse_features.values() for t in recorded)

@@ -1,7 +1,8 @@
 """comm.dedup_at: source on real Gloo ranks: TorchRec's stock sharded EBC fed the distinct bags
 (comm/dedup/source.py) against the same EBC fed the full batch (`none`).
 
-Table-, column- and row-wise (row-wise travels whole), one-hot and multi-hot, in one spawn:
+Table-, column- and row-wise (row-wise over Gloo through the even all-gather of
+comm/torchrec_hooks.py), one-hot and multi-hot, in one spawn:
 the first forward is bitwise none's (the tables are the same); the losses track none's within float summation
 order (rtol 1e-5, as test_dedup_training.py); the lookups (comm/lookups.py) take exactly the
 distinct bags of every (sample rank, owner) and their ids, counted independently from the ids.
@@ -36,12 +37,14 @@ SCENARIOS = {
 
 
 def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
-    from dlrmtrain.comm.dedup.source import source_transform
+    from dlrmtrain.comm.dedup.source import row_wise_dists_for_source, source_transform
     from dlrmtrain.comm.lookups import count_lookups
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
     dmp, dense_opt = build(sc, "none", world_size)  # under source: TorchRec's stock sharder
+    if source:
+        row_wise_dists_for_source(dmp)
     count_stock_dists(dmp, "dedup" if source else "none")
     count_lookups(dmp)
     transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)
@@ -76,13 +79,13 @@ def expected_lookups(sc: Scenario, rank: int, world_size: int, source: bool) -> 
         for t in sc.tables:
             for s in range(world_size):
                 theirs = per_rank[s][f"f_{t.name}"]
-                if t.placement[0] == "rw":  # travels whole; every rank gets every bag, its rows' ids
+                sent = [list(b) for b in {tuple(b): None for b in theirs}] if source else theirs
+                if t.placement[0] == "rw":  # every rank gets every bag sent, its rows' ids
                     block = -(-t.rows // world_size)
-                    bags += len(theirs)
-                    ids += sum(1 for b in theirs for i in b if i // block == rank)
+                    bags += len(sent)
+                    ids += sum(1 for b in sent for i in b if i // block == rank)
                     continue
                 owners = [t.placement[1]] if t.placement[0] == "tw" else list(t.placement[1])
-                sent = [list(b) for b in {tuple(b): None for b in theirs}] if source else theirs
                 bags += len(sent) * owners.count(rank)
                 ids += sum(len(b) for b in sent) * owners.count(rank)
     return ids, bags

@@ -19,7 +19,7 @@ PRIVATE_NAMES = {"_output_dists", "_create_input_dist", "_input_dists", "_groupe
                  "_grouped_embedding_configs_per_rank", "_callbacks", "_codecs", "_is_weighted", "_env",
                  "_embedding_shardings", "_sharding_types", "_sharded_module_order_overwrite",
                  "_storage_Use_Count", "_C", "_dist", "_cdata", "_pipelined_modules", "_stream_context",
-                 "_data_dist_stream"}
+                 "_data_dist_stream", "_pg", "_embedding_dims", "_qcomm_codecs_registry"}
 
 
 def test_installed_torchrec_is_the_supported_one():
@@ -76,6 +76,28 @@ def test_pipeline_methods_planning_ahead_relies_on_still_exist():
     assert callable(TrainPipelineSparseDist.dequeue_batch)
     fields = TrainPipelineContext.__dataclass_fields__
     assert {"input_dist_tensors_requests", "module_contexts"} <= set(fields)
+
+
+def test_row_wise_variable_batch_internals_keep_their_shape():
+    """`row_wise_dists_for_source` (row-wise tables at the source) rebuilds TorchRec's row-wise
+    output dist from its attributes and repeats its forward for both batch kinds; over Gloo it
+    replaces the request's wait function, whose backward is the uneven all-gather."""
+    from torchrec.distributed.comm_ops import ReduceScatterV_Req, ReduceScatterV_Wait
+    from torchrec.distributed.dist_data import PooledEmbeddingsReduceScatter, VariableBatchPooledEmbeddingsReduceScatter
+    from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
+
+    assert list(inspect.signature(RwPooledEmbeddingDist.__init__).parameters) == [
+        "self", "pg", "embedding_dims", "qcomm_codecs_registry"]
+    forward = inspect.getsource(RwPooledEmbeddingDist.forward)
+    for call in ("sharding_ctx.variable_batch_per_feature", "batch_size_per_rank_per_feature=sharding_ctx."
+                 "batch_size_per_rank_per_feature", "embedding_dims=self._embedding_dims",
+                 "input_splits=sharding_ctx.batch_size_per_rank"):
+        assert call in forward, call
+    for cls in (PooledEmbeddingsReduceScatter, VariableBatchPooledEmbeddingsReduceScatter):
+        assert list(inspect.signature(cls.__init__).parameters) == ["self", "pg", "codecs"]
+    assert "myreq.wait_function = ReduceScatterV_Wait" in inspect.getsource(ReduceScatterV_Req.forward)
+    assert "dist.all_gather(" in inspect.getsource(ReduceScatterV_Wait.backward)
+    assert "myreq.req.wait()" in inspect.getsource(ReduceScatterV_Req.backward)
 
 
 def private_names_used(path: Path) -> set[str]:

@@ -13,7 +13,7 @@ from torchrec.datasets.utils import Batch
 
 from dlrmtrain.config import load_config
 from dlrmtrain.workloads import build_datasets
-from dlrmtrain.data.loader import pins_for
+from dlrmtrain.data.loader import PooledBatch, pins_for
 from dlrmtrain.sequence_features import SequenceBatch
 from tests.common import TINY
 from tests.multiproc.test_dlrmv4 import MINI, TINY as TINY_V4
@@ -36,6 +36,7 @@ def pinned(monkeypatch) -> list[tuple[str, str, int]]:
         return pin
 
     monkeypatch.setattr(Batch, "pin_memory", stand_in("batch"))
+    monkeypatch.setattr(PooledBatch, "pin_memory", stand_in("batch"))  # the row loader's batch
     monkeypatch.setattr(SequenceBatch, "pin_memory", stand_in("batch"))
     monkeypatch.setattr(torch.Tensor, "pin_memory", stand_in("weights"))
     return calls

@@ -1,5 +1,7 @@
 """Every run.pipeline choice trains bitwise the plain loop's numbers (2 real Gloo ranks,
-one launch): codecs none and dedup, table- and row-wise tables, DLRM v1 and DCNv2, under a
+one launch): codecs none and dedup (at the owner, and at the source: the loader's
+variable-batch KJT through the pipelines' copy and input dist), table- and row-wise tables,
+DLRM v1 and DCNv2, under a
 rate that changes every step (warmup, then decay: fbgemm's fused table update takes the rate
 set before its lookup, which the fused pipeline starts early)."""
 
@@ -14,12 +16,17 @@ from tests.multiproc import run_ranks
 RUN = ["run.max_steps=20", "run.epochs=2", "eval.evals_per_epoch=4", "optim.warmup_steps=6",
        "optim.decay_start_step=10", "optim.decay_steps=10",
        "sharding.tables={t_cat_2: row_wise, t_cat_9: row_wise}"]
+SOURCE = ["comm.codec=dedup", "comm.dedup_at=source", "optim.name=sgd"]
+"""dedup at the source (SGD: fbgemm's variable-batch TBE does not train Adagrad)"""
 RUNS = {  # name: (pipeline, the run's other overrides)
     "none/off": ("off", []),
     "none/sparse_dist": ("sparse_dist", []),
     "none/fused_sparse_dist": ("fused_sparse_dist", []),
     "dedup dcnv2/off": ("off", ["comm.codec=dedup", "model.arch=dlrm_dcnv2"]),
     "dedup dcnv2/fused_sparse_dist": ("fused_sparse_dist", ["comm.codec=dedup", "model.arch=dlrm_dcnv2"]),
+    "source/off": ("off", SOURCE),
+    "source/sparse_dist": ("sparse_dist", SOURCE),
+    "source/fused_sparse_dist": ("fused_sparse_dist", SOURCE),
 }
 
 
@@ -40,3 +47,4 @@ def test_every_pipeline_trains_the_plain_loops_numbers(tmp_path):
         assert len(run["evals"]) == 5, name  # steps 4, 8, 12, 16 and the last
     # the pairs differ from each other: the codec and model changes reached the runs
     assert summaries["none/off"]["losses"] != summaries["dedup dcnv2/off"]["losses"]
+    assert summaries["none/off"]["losses"] != summaries["source/off"]["losses"]

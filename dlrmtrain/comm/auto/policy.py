@@ -102,9 +102,10 @@ class AutoPolicy:
             return PATHS[(self.step - self._phase_start) % 2]
         return self.choice
 
-    def observe(self, seconds: SupportsFloat) -> None:
-        """The time of the step just finished (it used `path()`); then advance one step."""
-        used = self.path()
+    def observe(self, seconds: SupportsFloat, used: str | None = None) -> None:
+        """The time of the step just finished (it used `path()`, or `used` where the caller fixed
+        its path earlier: auto at the source under a pipeline); then advance one step."""
+        used = used or self.path()
         if self.phase == "probe":
             self._samples[used].append(seconds)
         elif self.phase == "steady" and used == self.choice:
@@ -118,6 +119,15 @@ class AutoPolicy:
         self.step += 1
         if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
             self._start("probe")
+
+    def path_ahead(self, steps: int) -> str:
+        """The path of the training step `steps` after the current one, were every step until then
+        observed and nothing decided (a decision or drift check on the way may change it)."""
+        ahead = copy.copy(self)
+        ahead._samples = {p: list(s) for p, s in self._samples.items()}
+        for _ in range(steps):
+            ahead.observe(0.0)
+        return ahead.path()
 
     def next_paths(self, advanced: int = 0, timed: bool | None = True) -> set[str]:
         """The paths the next training step may take, known before it starts (to plan its pass

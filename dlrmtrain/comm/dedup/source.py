@@ -27,16 +27,16 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 
-DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise")
-"""the sharding types whose features `source` deduplicates (the others travel whole)"""
+DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
+"""the sharding types whose features `source` deduplicates (the others travel whole); row-wise
+needs `row_wise_dists_for_source` on the sharded model"""
 _KEY_LIMIT = 2 ** 62
 """one-hot keys (feature · span + id) stay below this, else the multi-hot path keys them"""
 
 
 def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
-    """Features that travel whole under `source`: those of tables sharded other than table- or
-    column-wise (row-wise: TorchRec's variable-batch reduce-scatter backward all-gathers uneven
-    sizes, which Gloo refuses; data-parallel: no all-to-all to save) and of per-table `none` tables."""
+    """Features that travel whole under `source`: those of tables sharded other than table-,
+    column- or row-wise (data-parallel: no all-to-all to save) and of per-table `none` tables."""
     kept: set[str] = set()
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
@@ -45,6 +45,17 @@ def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> fr
                     if sharding_type not in DEDUPED_SHARDING_TYPES or table_codecs.get(table) == "none":
                         kept.update(features)
     return frozenset(kept)
+
+
+def row_wise_dists_for_source(model: nn.Module) -> None:
+    """Let row-wise tables of sharded `model` take distinct bags: TorchRec's variable-batch
+    reduce-scatter backward all-gathers uneven sizes, which Gloo refuses, and its dist serves
+    only the batch kind of its first call (`auto` at the source sends both). Each such dist is
+    given one that serves both and, over Gloo, gathers padded to the longest part
+    (comm/torchrec_hooks.py); NCCL keeps TorchRec's uneven all-gather."""
+    for m in model.modules():
+        if isinstance(m, ShardedEmbeddingBagCollection):
+            hooks.row_wise_dists_for_source(m)
 
 
 def source_transform(model: nn.Module, table_codecs: Mapping[str, str]

@@ -1,0 +1,139 @@
+"""`comm.codec: auto` with `comm.dedup_at: source`: per training step, the full batch (`none`) or its
+distinct bags (`dedup` at the source), whichever `AutoPolicy` (policy.py) measures faster.
+
+The choice is made before the batch reaches the sharded EBC, so it is made per batch, not per
+all-to-all: the row loader's prefetch thread builds both forms of every batch (the full KJT in
+`sparse_features`, the variable-batch KJT of its distinct bags in `distinct_features`), and
+`pick` hands the batch on in the form its training step's path takes. Both run through
+TorchRec's stock dists and give `none`'s forward bitwise, so any step may take either.
+
+A pipeline takes a batch one or two steps before its training step (its input dist starts
+early), so `pick` chooses by the policy's path that many steps ahead (`path_ahead`: the batches
+picked and not yet trained) and queues the path; `step_ended` times the step's period (from the
+previous step's end, on the device's clock, comm/timing.py, as `AutoDist`) under the path its
+batch actually took. Where a decision or a drift check changes the path after a batch was
+picked, that batch keeps its form: lossless either way, and timed as what it took. A period that
+held an evaluation is not timed. Decisions and drift checks are agreed over ranks as
+`AutoDist`'s; the drift check also watches the batch's distinct fraction (host integers, free).
+All features take the chosen path (no per-table choice). Evaluation batches take the current
+choice (`none` while probing).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dlrmtrain.comm import timing
+from dlrmtrain.comm.auto.policy import AutoPolicy
+from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
+
+logger = logging.getLogger(__name__)
+
+
+def distinct_fraction(batch: Any) -> float | None:
+    """Distinct bags / bags of a batch carrying both forms (host integers), None without them."""
+    distinct = getattr(batch, "distinct_features", None)
+    if distinct is None:
+        return None
+    bags = len(distinct.keys()) * batch.sparse_features.stride()
+    return sum(s[0] for s in distinct.stride_per_key_per_rank()) / bags if bags else None
+
+
+class SourceAuto:
+    """Chooses, per training step, the form of the batch the sharded EBC is given."""
+
+    def __init__(self, policy: AutoPolicy, device: torch.device, group: dist.ProcessGroup | None = None,
+                 rank: int = 0) -> None:
+        self.policy, self.device, self.group, self.rank = policy, device, group, rank
+        self._picked: collections.deque[str] = collections.deque()  # paths of batches not yet trained
+        self._last_end: timing.Stamp | None = None
+        self._untimed = False  # the running period held something else (an evaluation)
+        self._fraction: float | None = None
+        self.decisions: list[str] = []
+        self._say(f"comm auto (dedup at the source): timing none and dedup steps in turn over the first "
+                  f"{policy.warmup_steps + 2 * policy.min_probe_steps}-{policy.warmup_steps + 2 * policy.probe_steps}"
+                  f" training steps; dedup is used only if its step is > {policy.margin:.0%} faster")
+
+    def pick(self, batch: Any) -> Any:
+        """The training batch in the form its step's path takes (that step is the first one after
+        the batches picked before it)."""
+        self._fraction = distinct_fraction(batch)
+        path = self.policy.path_ahead(len(self._picked))
+        self._picked.append(path)
+        return self._form(batch, path)
+
+    def pick_for_eval(self, batch: Any) -> Any:
+        """An evaluation batch in the current choice's form (`none` while probing); the training
+        period it runs in is not timed."""
+        self._untimed = True
+        return self._form(batch, self.policy.choice if self.policy.phase == "steady" else "none")
+
+    @staticmethod
+    def _form(batch: Any, path: str) -> Any:
+        distinct = getattr(batch, "distinct_features", None)
+        if distinct is None:
+            raise ValueError("comm.codec: auto with comm.dedup_at: source needs batches carrying their "
+                             "distinct bags (the row loader's, set_sparse_transform(keep_full=True))")
+        sparse = distinct if path == "dedup" else batch.sparse_features
+        return dataclasses.replace(batch, sparse_features=sparse, distinct_features=None)
+
+    def step_ended(self) -> None:
+        """A training step has ended (it trained the oldest picked batch): time its period, then
+        decide or check drift where due."""
+        used = self._picked.popleft() if self._picked else None
+        now = timing.stamp(self.device)
+        if self._last_end is None or self._untimed or used is None:
+            self.policy.skip()
+        else:
+            self.policy.observe(timing.elapsed(self._last_end, now), used)
+        self._last_end, self._untimed = now, False
+        if self.policy.needs_decision() or (self.policy.early_check_due() and self.policy.clear_cut(
+                self._agree(self.policy.local_extremes(), dist.ReduceOp.MAX))):
+            self._decide()
+        elif self.policy.check_due():
+            drifted, = self._agree([float(self.policy.local_drift(self._fraction))], dist.ReduceOp.MAX)
+            if drifted:
+                self._say(f"comm auto (dedup at the source): step time or distinct fraction drifted at "
+                          f"step {self.policy.step}; timing both paths again")
+                self.policy.reprobe()
+
+    def _decide(self) -> None:
+        W = dist.get_world_size(self.group) if dist.is_initialized() else 1
+        none_s, dedup_s, fraction = (v / W for v in self._agree(
+            [*self.policy.local_medians(), self._fraction or 0.0]))
+        decision = self.policy.decide(none_s, dedup_s, fraction if self._fraction is not None else None)
+        line = f"step {decision.step}: {decision.choice} ({decision.reason})"
+        self.decisions.append(line)
+        self._say(f"comm auto (dedup at the source) {line}")
+
+    def _agree(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(t, op=op, group=self.group)
+        return t.tolist()
+
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            print(text, flush=True)
+        logger.info(text)
+
+    def counted_bytes(self) -> DistCommStats:
+        """Its decisions, as a dist's without tables (`stats.CountsCommBytes`): the stock
+        dists' counters count what each path sent."""
+        return DistCommStats(codec="auto", sharding_type="source", decisions=list(self.decisions))
+
+
+def attach_source_auto(model: torch.nn.Module, device: torch.device, policy: AutoPolicy | None = None) -> SourceAuto:
+    """A `SourceAuto` for sharded `model` (default process group), its decisions listed with the
+    first sharded module's comm counters (comm_stats.json's `auto_decisions`)."""
+    auto = SourceAuto(policy or AutoPolicy(), device, rank=dist.get_rank() if dist.is_initialized() else 0)
+    holder = next((m for m in model.modules() if hasattr(m, COUNTERS_ATTR)), None)
+    if holder is not None:
+        setattr(holder, COUNTERS_ATTR, [*getattr(holder, COUNTERS_ATTR), auto])
+    return auto
