@@ -44,7 +44,7 @@ from dlrmtrain.run.peers import note_step
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
 from dlrmtrain.run.resume import (codec_changes_since, refuse_finished_checkpoint,
-                                  refuse_resume_without_checkpoint)
+                                  refuse_resume_without_checkpoint, refuse_run_at_target)
 from dlrmtrain.run.signals import stop_signal, stop_signals_held
 from dlrmtrain.run.stop import StopAtLoggingSteps
 from dlrmtrain.run.teardown import FailureRecords, undo_start
@@ -108,10 +108,13 @@ class Trainer:
         # a resume with nothing to train, or no checkpoint for its records, stops here (resume.py)
         if resume_from is not None:
             refuse_finished_checkpoint(run_dir_of(cfg), resume_from, self.cadence.planned_steps())
+            if claim.resuming:
+                decide_on_rank0(lambda: refuse_run_at_target(run_dir_of(cfg), cfg.eval.target_auc),
+                                env.rank)
         elif cfg.checkpoint.resume and claim.resuming:
             decide_on_rank0(lambda: refuse_resume_without_checkpoint(
                 run_dir_of(cfg), self.checkpointer.root, self.checkpointer.rejected,
-                self.cadence.planned_steps()), env.rank)
+                self.cadence.planned_steps(), cfg.eval.target_auc), env.rank)
         workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
         self.cadence.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
