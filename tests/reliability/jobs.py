@@ -20,10 +20,16 @@ from tests.common import tiny_overrides
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_job(out_dir: Path, *overrides: str, nproc: int = 2) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "dlrmtrain.train",
-           *tiny_overrides(str(out_dir), *overrides)]
+def start_job(out_dir: Path, *overrides: str, nproc: int = 2, module: str = "dlrmtrain.train",
+              launcher: bool = False) -> subprocess.Popen:
+    """torchrun of `module` with the tiny config and `overrides` (`launcher`: `module`
+    starts its ranks itself, through dlrmtrain's launcher; leading overrides may be its own
+    arguments)."""
+    torchrun = [] if launcher else ["-m", "torch.distributed.run", "--standalone",
+                                    f"--nproc_per_node={nproc}"]
+    own = [o for o in overrides if "=" not in o]
+    cmd = [sys.executable, *torchrun, "-m", module, *own,
+           *tiny_overrides(str(out_dir), *overrides[len(own):])]
     log = open(out_dir / f"job-{time.monotonic_ns()}.out", "w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
