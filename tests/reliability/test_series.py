@@ -193,6 +193,9 @@ def test_kill_9_of_the_runner_on_simulated_nodes_leaves_no_agent(tmp_path):
     assert not left, "processes of the killed runner's simulated nodes are still alive"
     stopped = metrics(run_dir)[-1]
     assert stopped["kind"] == "stopped", stopped
+    # each node's agent ended quietly (bare torchrun printed a SignalException traceback)
+    console = run_dir.with_name("run0_seed0.out").read_text()
+    assert "Traceback" not in console and "SignalException" not in console, console[-3000:]
 
 
 def test_a_series_folder_is_claimed_by_one_plan_and_one_runner(tmp_path):
