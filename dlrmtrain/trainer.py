@@ -44,10 +44,11 @@ from dlrmtrain.run.peers import note_step
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
 from dlrmtrain.run.resume import (codec_changes_since, refuse_finished_checkpoint,
-                                  refuse_resume_without_checkpoint)
+                                  refuse_resume_without_checkpoint, refuse_run_at_target)
 from dlrmtrain.run.signals import stop_signal, stop_signals_held
 from dlrmtrain.run.stop import StopAtLoggingSteps
-from dlrmtrain.run.teardown import FailureRecords, undo_start
+from dlrmtrain.run.teardown import (FailureRecords, records_of_lost_writer, undo_start,
+                                    writes_for_lost_rank0)
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_datasets, build_sharded_model, workload_of
@@ -108,10 +109,13 @@ class Trainer:
         # a resume with nothing to train, or no checkpoint for its records, stops here (resume.py)
         if resume_from is not None:
             refuse_finished_checkpoint(run_dir_of(cfg), resume_from, self.cadence.planned_steps())
+            if claim.resuming:
+                decide_on_rank0(lambda: refuse_run_at_target(run_dir_of(cfg), cfg.eval.target_auc),
+                                env.rank)
         elif cfg.checkpoint.resume and claim.resuming:
             decide_on_rank0(lambda: refuse_resume_without_checkpoint(
                 run_dir_of(cfg), self.checkpointer.root, self.checkpointer.rejected,
-                self.cadence.planned_steps()), env.rank)
+                self.cadence.planned_steps(), cfg.eval.target_auc), env.rank)
         workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
         self.cadence.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
@@ -274,30 +278,36 @@ class Trainer:
     # ---- the loop -----------------------------------------------------------
     def train(self) -> Summary:
         """Train to the planned step or the target AUC; each step is a checklist.
-        A run stopped by a signal or an error closes its records and raises RunError."""
-        run = self._begin_run()
-        stops = self._stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
+        A run stopped by a signal or an error closes its records and raises RunError; so
+        does a peer lost in the start barrier or the end-of-run stats collective."""
+        run = self._new_run()
         try:
-            for loss in (self._steps() if self.step < run.total else ()):
-                self._record_step(run, loss)
-                self._stop_if_signalled(stops.after_step(self.step, stop_signal()))
-                pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
-                evaluated = self.cadence.eval_due(self.step, run.last)
-                if evaluated:
-                    self._run_eval(run.summary, run.start)
-                if self.cadence.checkpoint_due(self.step, run.finished):
-                    self.save_checkpoint()
-                run.end_pause(pause_start)
-                if evaluated:  # a rank signalled during it asked to stop here (_stop_during_eval)
-                    self._stop_if_signalled(stops.after_pause(self.step))
-                if run.finished:
-                    break
+            self._start_clock(run)
+            self._train_steps(run)
+            comm_stats = self._stop_clock(run)
         except BaseException as e:  # noqa: BLE001 - re-raised, as a RunError where it is one
             stop = self._stop_run(run, e)
             if stop is e:
                 raise
             raise stop from None
-        return self._end_run(run)
+        return self._end_run(run, comm_stats)
+
+    def _train_steps(self, run: RunProgress) -> None:
+        stops = self._stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
+        for loss in (self._steps() if self.step < run.total else ()):
+            self._record_step(run, loss)
+            self._stop_if_signalled(stops.after_step(self.step, stop_signal()))
+            pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
+            evaluated = self.cadence.eval_due(self.step, run.last)
+            if evaluated:
+                self._run_eval(run.summary, run.start)
+            if self.cadence.checkpoint_due(self.step, run.finished):
+                self.save_checkpoint()
+            run.end_pause(pause_start)
+            if evaluated:  # a rank signalled during it asked to stop here (_stop_during_eval)
+                self._stop_if_signalled(stops.after_pause(self.step))
+            if run.finished:
+                return
 
     def _stop_during_eval(self) -> None:
         """A stop signal in an evaluation: a world of one stops at once; ranks ask for the stop
@@ -330,25 +340,48 @@ class Trainer:
         error = as_run_stop(agreed_failure(error, run.completed, self._last_checkpoint_step()))
         if not isinstance(error, RunError):
             return error
-        self._failure_records().stopped(run.completed, str(error),
-                                        self.step / self.data.steps_per_epoch,
-                                        self._samples_trained())
+        records = self._failure_records()
+        if writes_for_lost_rank0(error, self.env.rank):  # rank 0 kept the records: gone
+            records = records_of_lost_writer(run_dir_of(self.cfg), self.checkpointer.run_id,
+                                             self.run_lock, self._opened_as_writer) or records
+        records.stopped(run.completed, str(error), self.step / self.data.steps_per_epoch,
+                        self._samples_trained(), clock_running=run.clock_running)
+        records.close()
         self.close()
         return error
 
-    def _begin_run(self) -> RunProgress:
+    def _opened_as_writer(self) -> FailureRecords:
+        """The run's records opened to append, as rank 0 has them (run/teardown.py)."""
+        resumed = RunClaim(self.checkpointer.run_id, resuming=True, adopt_run_id=False)
+        return FailureRecords(open_run_records(self.cfg, 0, resumed),
+                              open_mlperf_logger(self.cfg, 0, append=True))
+
+    def _new_run(self) -> RunProgress:
         cfg, env = self.cfg, self.env
         total = self.cadence.planned_steps()
         bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
                    dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
-        if env.world_size > 1:
-            dist.barrier()  # the MLPerf clock starts when every rank is ready
-        self.mlperf.run_start()
         return RunProgress(
             total=total, first_step=self.step, completed=self.step, bar=bar,
             summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
                             codec=codec_label(cfg.comm.codec, cfg.comm.table_codecs)),
             window_loss=torch.zeros((), device=env.device))
+
+    def _start_clock(self, run: RunProgress) -> None:
+        if self.env.world_size > 1:
+            dist.barrier()  # the MLPerf clock starts when every rank is ready
+        self.mlperf.run_start()
+        run.clock_running = True
+        run.start = run.window_start = time.perf_counter()
+
+    def _stop_clock(self, run: RunProgress) -> dict:
+        """Stop the MLPerf clock; the comm stats of every rank (a collective)."""
+        self.mlperf.run_stop("success" if run.summary.time_to_target_s is not None else "aborted",
+                             self.step / self.data.steps_per_epoch, samples_count=self._samples_trained())
+        run.clock_running = False
+        run.bar.close()
+        self.timer.close()
+        return collect_comm_stats(self.model, all_ranks=True)
 
     def _record_step(self, run: RunProgress, loss: torch.Tensor) -> None:
         """Add the step to the metrics window; every `metrics_every_steps` steps (and at
@@ -369,14 +402,9 @@ class Trainer:
         """Global samples trained so far (what dlrmv4's MLPerf log counts in)."""
         return self.step * self.cfg.run.global_batch_size
 
-    def _end_run(self, run: RunProgress) -> Summary:
-        """Stop the MLPerf clock; report comm stats, step breakdown and the summary."""
+    def _end_run(self, run: RunProgress, comm_stats: dict) -> Summary:
+        """Report comm stats, step breakdown and the summary."""
         summary = run.summary
-        self.mlperf.run_stop("success" if summary.time_to_target_s is not None else "aborted",
-                             self.step / self.data.steps_per_epoch, samples_count=self._samples_trained())
-        run.bar.close()
-        self.timer.close()
-        comm_stats = collect_comm_stats(self.model, all_ranks=True)  # collective
         if comm_stats["tables"]:
             stats_path = self.records.write_json("comm_stats.json", comm_stats)
             self._print(comm_summary(comm_stats, str(stats_path) if stats_path else None))

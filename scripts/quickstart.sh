@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/dlrmtrain train --nproc 2 --config configs/quickstart.yaml run.overwrite=true "$@"
+# A fresh run each time (run.overwrite=true), unless asked to resume one (the two are refused together).
+overwrite=run.overwrite=true
+for arg in "$@"; do [[ "$arg" == checkpoint.resume=true ]] && overwrite=run.overwrite=false; done
+exec .venv/bin/dlrmtrain train --nproc 2 --config configs/quickstart.yaml "$overwrite" "$@"

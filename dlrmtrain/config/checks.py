@@ -36,6 +36,9 @@ def check_run(cfg: Config, world_size: int) -> None:
                           f"{run.stall_warn_s}")
     if run.ddp_bucket_mb <= 0:
         raise ConfigError(f"run.ddp_bucket_mb: must be positive, got {run.ddp_bucket_mb}")
+    if run.overwrite and cfg.checkpoint.resume:  # one would undo the other: neither is dropped
+        raise ConfigError("checkpoint.resume=true and run.overwrite=true: a resume continues "
+                          "the run's records, an overwrite deletes them first; give one of them")
 
 
 def check_model(cfg: Config) -> None:

@@ -107,7 +107,8 @@ class RunConfig:
     part smaller than a megabyte (the mini DLRMv4's 0.5 MB)."""
     overwrite: bool = False
     """A new run refuses a run directory (or checkpoint dir) that holds another run;
-    true: delete that run's records and checkpoints first."""
+    true: delete that run's records and checkpoints first. Refused together with
+    checkpoint.resume=true (which keeps them)."""
     collective_timeout_s: float = 300.0
     """A collective that does not complete within this many seconds (e.g. a frozen
     rank) fails the job instead of waiting; keep it above the longest eval/checkpoint."""

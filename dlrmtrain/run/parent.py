@@ -15,7 +15,8 @@ must keep working), but a program that starts it and must not be outlived by it 
 `dlrmtrain mlperf` runner) puts its own pid in `OWNER_ENV`. The launcher then asks
 for SIGTERM when that owner dies (`stop_with_owner`): torchrun forwards it to every
 rank, which stops at a step boundary with a `stopped` record. A watchdog ends the
-launcher's whole process group if it is still there `OWNER_GONE_STOP_S` later.
+launcher's whole process group if it is still there `OWNER_GONE_STOP_S` (60 s;
+`DLRMTRAIN_OWNER_GONE_STOP_S` sets another) later.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ OWNER_ENV = "DLRMTRAIN_OWNER_PID"
 OWNER_DEATH_SIGNAL = signal.SIGTERM  # not SIGHUP: a runner under nohup passes SIG_IGN on
 OWNER_GONE_STOP_S = 60.0
 """Seconds a launcher whose owner died may take to stop its ranks (torchrun gives them 30 s)."""
+OWNER_GONE_STOP_ENV = "DLRMTRAIN_OWNER_GONE_STOP_S"
+"""Another number of seconds for `OWNER_GONE_STOP_S` (a test sets it short)."""
 _owner: int | None = None
 _said = False
 
@@ -110,12 +113,22 @@ def say_if_owner_gone() -> None:
               f"stops", file=sys.stderr, flush=True)
 
 
+def owner_gone_stop_s() -> float:
+    """`OWNER_GONE_STOP_S`, or the positive number of seconds `OWNER_GONE_STOP_ENV` gives."""
+    try:
+        seconds = float(os.environ.get(OWNER_GONE_STOP_ENV, ""))
+    except ValueError:
+        return OWNER_GONE_STOP_S
+    return seconds if seconds > 0 else OWNER_GONE_STOP_S
+
+
 def _watch_owner() -> None:
+    grace = owner_gone_stop_s()
     while not owner_gone():
         time.sleep(0.5)
     say_if_owner_gone()
-    time.sleep(OWNER_GONE_STOP_S)
-    print(f"dlrmtrain: the run did not stop within {OWNER_GONE_STOP_S:.0f} s of its owner's "
+    time.sleep(grace)
+    print(f"dlrmtrain: the run did not stop within {grace:g} s of its owner's "
           f"death; ending it", file=sys.stderr, flush=True)
     if os.getpgrp() == os.getpid():  # a group of its own (the runner starts it so)
         os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -98,6 +98,7 @@ class RunProgress:
     window_start: float = field(default_factory=time.perf_counter)
     paused: float = 0.0      # seconds spent in evaluation and checkpoints
     completed: int = 0       # the last step whose loss was recorded (a step that broke off is not)
+    clock_running: bool = False  # the MLPerf clock: run_start logged, run_stop not yet
     last: bool = False       # this step is the planned last one
 
     def count(self, step: int, loss: torch.Tensor) -> None:

@@ -1,7 +1,8 @@
 """A run's records in its directory: resolved config, metrics as JSON lines, summary,
 plan and comm stats.
 
-Only rank 0 writes; other ranks get a `NullRunRecords` with the same methods.
+Only rank 0 writes; other ranks get a `NullRunRecords` with the same methods (when rank
+0 is lost, the lowest rank left appends the `stopped` record in its place: teardown.py).
 A record that cannot be written (a full disk, an I/O error) raises
 `RecordWriteError` naming the file: a run never goes on with a silent gap in its
 records. metrics.jsonl is line-buffered, so every record is on disk (in the OS's

@@ -10,7 +10,9 @@ opened):
     every checkpoint that was passed over and why, and how to start afresh.
 A resume into a directory without records (a first start with checkpoint.resume=true)
 starts from step 0 as before. A resume whose checkpoint already is at the planned last
-step is `RunAlreadyFinished` too (`refuse_finished_checkpoint`). A resume that loads one
+step is `RunAlreadyFinished` too (`refuse_finished_checkpoint`), and so is one of a run
+whose summary.json says it reached its target AUC (the same target, or a lower one:
+`refuse_run_at_target`), whatever checkpoint it kept. A resume that loads one
 says which lossless codec changes it trains on under (`codec_changes_since`).
 """
 
@@ -38,8 +40,26 @@ def _summary(run_dir: Path) -> Optional[dict[str, Any]]:
     return summary if isinstance(summary, dict) else None
 
 
+def _reached_target(summary: dict[str, Any], target_auc: Optional[float]) -> bool:
+    """Whether the run of `summary` reached `target_auc` (a target no higher than its own)."""
+    reached_at = summary.get("target_auc")
+    return bool(summary.get("reached_target")) and (
+        target_auc is None or not isinstance(reached_at, (int, float)) or target_auc <= reached_at)
+
+
+def refuse_run_at_target(run_dir: Path, target_auc: Optional[float]) -> None:
+    """A resume of a run that reached its target AUC (summary.json) stops before any record
+    is opened, whatever checkpoint it kept: training on would go past the run's end."""
+    summary = _summary(run_dir) or {}
+    if _reached_target(summary, target_auc):
+        raise RunAlreadyFinished(
+            f"{run_dir} already finished: its summary.json records that it reached its target "
+            f"AUC {summary.get('target_auc')} at step {summary.get('steps')}; nothing trained, "
+            f"every record left as it was. Raise eval.target_auc to train on.")
+
+
 def refuse_resume_without_checkpoint(run_dir: Path, checkpoint_dir: Path, rejected: list[str],
-                                     planned_steps: int) -> None:
+                                     planned_steps: int, target_auc: Optional[float]) -> None:
     """Raise what a resume of the run in `run_dir` (which holds records) does when no
     checkpoint in `checkpoint_dir` could be loaded (`rejected`: why each one was not)."""
     records = [name for name in RECORD_FILES if (run_dir / name).exists()]
@@ -47,8 +67,9 @@ def refuse_resume_without_checkpoint(run_dir: Path, checkpoint_dir: Path, reject
              else f"{checkpoint_dir} holds no checkpoint")
     summary = _summary(run_dir) or {}
     steps = summary.get("steps")
-    if isinstance(steps, int) and (steps >= planned_steps or summary.get("reached_target")):
-        reached = " (it reached its target AUC)" if summary.get("reached_target") else ""
+    at_target = _reached_target(summary, target_auc)
+    if isinstance(steps, int) and (steps >= planned_steps or at_target):
+        reached = " (it reached its target AUC)" if at_target else ""
         raise RunAlreadyFinished(
             f"{run_dir} already finished: its summary.json records {steps} steps{reached}, the "
             f"planned last step is {planned_steps}, and no checkpoint to train on from "

@@ -3,16 +3,30 @@
 A start that failed leaves nothing: the records a new run began are removed (a retry
 then needs no run.overwrite), those of a resumed one closed. A run that stops after it
 began training says so where a reader looks: a `stopped` line in metrics.jsonl, and an
-`aborted` run_stop in mlperf.log. `FailureRecords` is the one place a failure path
-writes to either log.
+`aborted` run_stop in mlperf.log while its MLPerf clock runs. `FailureRecords` is the one
+place a failure path writes to either log.
+
+Rank 0 writes the records. When rank 0 is the rank lost, the lowest rank left (the one
+that names it: PeerFailure.reporting_rank) writes the `stopped` record in its place
+(`records_of_lost_writer`): only where it sees the run's own folder (its run.json names
+this run) and can take the folder's lock, which a rank 0 still alive somewhere holds, so
+a run's records always have one writer, appending.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from dlrmtrain.run.directory import RECORD_FILES
+from dlrmtrain.run.directory import RECORD_FILES, read_identity
+from dlrmtrain.run.errors import SetupError
+from dlrmtrain.run.lock import RunLock
+from dlrmtrain.run.records import set_aside_torn_lines
+
+LOCK_WAIT_S = 5.0
+"""How long the rank taking over waits for a dead rank 0's lock (the kernel drops it as
+the process ends, a moment after its connections close)."""
 
 
 class FailureRecords:
@@ -22,11 +36,14 @@ class FailureRecords:
     def __init__(self, records: Optional[Any] = None, mlperf: Optional[Any] = None) -> None:
         self.records, self.mlperf = records, mlperf
 
-    def stopped(self, step: int, reason: str, epochs_done: float, samples: int) -> None:
-        """Record a stop after `step` (best effort: the records may be what failed)."""
+    def stopped(self, step: int, reason: str, epochs_done: float, samples: int,
+                clock_running: bool = True) -> None:
+        """Record a stop after `step` (best effort: the records may be what failed); the
+        MLPerf run_stop only while its clock runs (not before run_start, not twice)."""
         try:
             self.records.log("stopped", step=step, reason=reason)
-            self.mlperf.run_stop("aborted", epochs_done, samples_count=samples)
+            if clock_running:
+                self.mlperf.run_stop("aborted", epochs_done, samples_count=samples)
         except Exception:  # noqa: BLE001 - the records themselves may be what failed
             pass
 
@@ -34,6 +51,33 @@ class FailureRecords:
         for opened in (self.records, self.mlperf):
             if opened is not None:
                 opened.close()
+
+
+def writes_for_lost_rank0(error: BaseException, rank: int) -> bool:
+    """Whether this rank writes the records' `stopped` line: rank 0 (their writer) is lost
+    and this is the lowest rank left."""
+    return rank != 0 and 0 in getattr(error, "lost", ()) and getattr(
+        error, "reporting_rank", None) == rank
+
+
+def records_of_lost_writer(run_dir: Path, run_id: str, lock: RunLock,
+                           open_records: Callable[[], FailureRecords]) -> Optional[FailureRecords]:
+    """The run's records in `run_dir`, opened to append by a rank other than 0 whose rank 0
+    is lost (module docstring); None where this rank must not write them."""
+    identity = read_identity(run_dir)
+    if identity is None or identity.get("run_id") != run_id:  # not this run's folder here
+        return None
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            lock.acquire()
+            break
+        except SetupError:  # rank 0 lives on somewhere (or has not quite ended yet)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+    set_aside_torn_lines(run_dir)  # rank 0 may have died mid-record
+    return open_records()
 
 
 def undo_start(opened: FailureRecords, run_dir: Path, remove_records: bool) -> None:

@@ -52,10 +52,10 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from dlrmtrain.launch import LaunchSpec, torchrun_argv
+from dlrmtrain.launch import LaunchSpec
 from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, run_steps
 
 NODE_SUBNET = "127.100.0"
@@ -206,7 +206,10 @@ def node_launch_specs(spec: LaunchSpec, sim: SimNodes) -> list[LaunchSpec]:
 
 
 def torchrun_commands(spec: LaunchSpec, sim: SimNodes) -> list[list[str]]:
-    return [[sys.executable, "-m", "torch.distributed.run", *torchrun_argv(s)]
+    """Each node's torchrun agent, run by dlrmtrain's launcher (launch.py): stopped by a
+    signal it ends quietly, as the ranks said where they stopped (bare torchrun prints a
+    SignalException traceback)."""
+    return [[sys.executable, "-m", "dlrmtrain.testbed.sim_nodes", "--agent", json.dumps(asdict(s))]
             for s in node_launch_specs(spec, sim)]
 
 
@@ -452,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node-commands", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tcp-probe-node", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--gloo-probe-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--agent", default=None, help=argparse.SUPPRESS)  # a node's LaunchSpec, JSON
     p.add_argument("cmd", nargs=argparse.REMAINDER,
                    help="-- command each node runs; {node_rank}, {nnodes}, {node_addr} and "
                         "{rdzv_endpoint} are replaced per node")
@@ -460,6 +464,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.gloo_probe_bytes is not None:  # one rank of the probe, already in its node
         gloo_probe_rank(args.gloo_probe_bytes)
         return 0
+    if args.agent is not None:  # one node's torchrun agent, already in its node
+        from dlrmtrain.launch import launch
+
+        return launch(LaunchSpec(**json.loads(args.agent)))
     try:
         link = None if args.gbit is None else LinkSpec(args.gbit, args.latency_ms)
         sim = SimNodes(args.nodes, link)

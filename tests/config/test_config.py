@@ -128,6 +128,8 @@ def test_missing_config_file_is_named(tmp_path):
     (["sharding.planner=torchrec", "sharding.tables={t_cat_0: row_wise}", "run.device=cpu"], 2,
      r"no row-wise sharding on CPU"),
     (["data.synthetic.num_train_samples=10"], 2, r"data\.synthetic\.num_train_samples"),
+    (["checkpoint.resume=true", "run.overwrite=true"], 2,  # was: the overwrite silently dropped
+     r"^checkpoint\.resume=true and run\.overwrite=true: .*give one of them$"),
 ])
 def test_validation_errors_name_the_key(overrides, world_size, message):
     cfg = load_config(None, overrides)
@@ -265,3 +267,17 @@ def test_the_trainer_reads_run_pipeline_resolved_and_refuses_auto(tmp_path):
     with pytest.raises(ValueError, match=r"resolve_config.*run\.pipeline still to resolve"):
         Trainer(cfg, env=None)
     assert not any(tmp_path.iterdir())
+
+
+def test_resume_with_overwrite_is_refused_by_the_launcher_before_anything_is_written(tmp_path, capsys):
+    """Issue 34: `checkpoint.resume=true run.overwrite=true` resumed and silently dropped
+    the overwrite. `dlrmtrain train` refuses it: exit 2, one line naming both keys."""
+    from dlrmtrain.cli import main
+
+    out = tmp_path / "runs"
+    rc = main(["train", "--config", str(REPO / "configs" / "quickstart.yaml"),
+               f"run.output_dir={out}", "checkpoint.resume=true", "run.overwrite=true"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("config error: checkpoint.resume=true and run.overwrite=true"), err
+    assert not out.exists() and not any(tmp_path.iterdir())

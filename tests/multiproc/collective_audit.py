@@ -65,9 +65,9 @@ DEVICE_SITES = (
 UNSEEN = "a group made before the audit"
 _DEFAULT_DEVICES = {"nccl": ("cuda",), "gloo": ("cpu",)}
 _PHASES = {"dlrmtrain/run/checkpoint.py": {"latest_valid": "resume", "load": "resume", "save": "checkpoint"},
-           "dlrmtrain/trainer.py": {"evaluate": "eval", "save_checkpoint": "checkpoint", "_end_run": "end",
+           "dlrmtrain/trainer.py": {"evaluate": "eval", "save_checkpoint": "checkpoint", "_stop_clock": "end",
                                     "train_on": "train",
-                                    "_record_step": "train", "_begin_run": "train", "__init__": "setup"}}
+                                    "_record_step": "train", "_start_clock": "train", "__init__": "setup"}}
 """(file, function) of the frame that names a collective's phase; the innermost one wins"""
 _CORE = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py",
          "tests/multiproc/collective_audit.py")

@@ -20,10 +20,16 @@ from tests.common import tiny_overrides
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_job(out_dir: Path, *overrides: str, nproc: int = 2) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "dlrmtrain.train",
-           *tiny_overrides(str(out_dir), *overrides)]
+def start_job(out_dir: Path, *overrides: str, nproc: int = 2, module: str = "dlrmtrain.train",
+              launcher: bool = False) -> subprocess.Popen:
+    """torchrun of `module` with the tiny config and `overrides` (`launcher`: `module`
+    starts its ranks itself, through dlrmtrain's launcher; leading overrides may be its own
+    arguments)."""
+    torchrun = [] if launcher else ["-m", "torch.distributed.run", "--standalone",
+                                    f"--nproc_per_node={nproc}"]
+    own = [o for o in overrides if "=" not in o]
+    cmd = [sys.executable, *torchrun, "-m", module, *own,
+           *tiny_overrides(str(out_dir), *overrides[len(own):])]
     log = open(out_dir / f"job-{time.monotonic_ns()}.out", "w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
@@ -118,3 +124,21 @@ def wait_until(condition: Callable[[], bool], timeout: float, job: subprocess.Po
             kill_job(job)
             raise AssertionError(f"condition not met within {timeout:.0f}s")
         time.sleep(poll_s)
+
+
+def mlperf_keys(run_dir: Path) -> list[str]:
+    return [json.loads(line.split(":::MLLOG ", 1)[1])["key"]
+            for line in (run_dir / "mlperf.log").read_text().splitlines() if ":::MLLOG " in line]
+
+
+def named_and_recorded(out: str, run_dir: Path, lost: int) -> str:
+    """The one error line of a job whose rank `lost` died by SIGKILL (exit 3, no traceback),
+    the same as the run's last record, a `stopped` one."""
+    assert "Traceback" not in out, out[-3000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: rank {lost} (its process is gone) was lost at step "), line
+    assert "the connection to it closed (Gloo: " in line and "last checkpoint " in line, line
+    assert f"dlrmtrain: rank {lost} was killed by SIGKILL" in out, out[-3000:]
+    last = metrics(run_dir)[-1]
+    assert last["kind"] == "stopped" and last["reason"] == line.removeprefix("error: "), last
+    return line

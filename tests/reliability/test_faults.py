@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.jobs import (finish, kill_job, metrics, output_of, start_cli_job, start_job,
-                                    wait_until, worker_pid)
+from tests.reliability.jobs import (finish, kill_job, metrics, mlperf_keys, named_and_recorded,
+                                    output_of, start_cli_job, start_job, wait_until, worker_pid)
 
 # 16 steps per epoch; a checkpoint after every step, so a kill most likely lands in a save.
 LONG = ["run.name=f", "run.epochs=1000", "eval.enabled=false", "checkpoint.every_steps=1",
@@ -62,22 +62,30 @@ def _resume_and_finish(tmp_path: Path, extra_steps: int = 3, *overrides: str) ->
     return marker
 
 
-def test_kill_9_of_one_rank_during_a_checkpoint_save_then_resume(tmp_path):
-    """Rank 1 is killed while a `step_N.partial/` is being written: the job ends, every
-    complete checkpoint stays valid, and the resumed run removes the dead save's
+def test_kill_9_of_rank_0_during_a_checkpoint_save_is_named_recorded_then_resumed(tmp_path):
+    """Rank 0, the one that writes the records, is killed while a `step_N.partial/` is being
+    written: rank 1 names it in one line (exit 3, no traceback; it ended with no record at
+    all) and writes the `stopped` record and MLPerf's aborted run_stop in rank 0's place;
+    every complete checkpoint stays valid, and the resumed run removes the dead save's
     folder and continues from the newest complete one."""
     run_dir = tmp_path / "f"
-    job = start_job(tmp_path, *LONG)
+    job = start_cli_job(tmp_path, *LONG, "mlperf.enabled=true")
     try:
         wait_until(_trained_past(run_dir, 3), START_TIMEOUT, job)
         wait_until(lambda: any((run_dir / "checkpoints").glob("*.partial")), 60, job,
                    poll_s=0.002)  # a save of these tiny tables takes tens of ms
-        os.kill(worker_pid(job, 1), signal.SIGKILL)
+        os.kill(worker_pid(job, 0), signal.SIGKILL)
         rc, seconds = finish(job, END_BOUND)
     finally:
         kill_job(job)
-    assert rc != 0 and seconds < END_BOUND
-    marker = _resume_and_finish(tmp_path)
+    out = output_of(tmp_path)
+    assert rc == 3 and seconds < END_BOUND, out[-3000:]
+    line = named_and_recorded(out, run_dir, lost=0)
+    assert "last checkpoint step" in line, line
+    keys = mlperf_keys(run_dir)
+    assert keys[-1] == "run_stop" and keys.count("run_stop") == 1, keys
+    assert '"status": "aborted"' in (run_dir / "mlperf.log").read_text().splitlines()[-1]
+    marker = _resume_and_finish(tmp_path, 3, "mlperf.enabled=true")
     assert marker["checkpoint"].endswith(f"step_{marker['step']}")
     assert all(problem is None for problem in _checkpoints(run_dir).values())
 

@@ -1,21 +1,24 @@
 """A peer that dies, freezes or stalls, on real `dlrmtrain train --nproc 2` jobs (Gloo).
 
 The rank left ends with one line naming the peer and what it saw, exit 3, a `stopped`
-record and no traceback; a stall shorter than the collective timeout is named while
-it lasts (run/peers.py's heartbeat) and kept out of the throughput. Bounds are
-generous for a loaded 2-core machine; what they guard against is a hang.
+record and no traceback (kill -9 of rank 0, whose records the rank left then writes:
+test_faults.py, on its checkpoint-save job; a stall shorter than the collective timeout, named while it
+lasts and kept out of the throughput: test_resume_records.py, on the job that test
+shares). Bounds are generous for a loaded 2-core machine; what they guard against is a
+hang.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
 
-from tests.reliability.jobs import (finish, kill_job, metrics, output_of, start_cli_job,
-                                    wait_until, worker_pid)
+import pytest
+
+from tests.reliability.jobs import (finish, kill_job, metrics, mlperf_keys, named_and_recorded,
+                                    output_of, start_cli_job, start_job, wait_until, worker_pid)
 
 LONG = ["run.name=f", "run.epochs=1000", "eval.enabled=false", "checkpoint.every_steps=2",
         "comm.codec=none"]
@@ -37,25 +40,28 @@ def _error_lines(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("error: ")]
 
 
-def test_a_killed_rank_is_named_by_the_rank_left(tmp_path):
-    """kill -9 of rank 1: rank 0's collective breaks with Gloo's "Connection reset by
-    peer"; it says so in one line naming rank 1 (no traceback), exit 3, and the records
-    end with a `stopped` record giving the same reason."""
-    job = start_cli_job(tmp_path, *LONG)
+@pytest.mark.parametrize("point, lost", [("start", 0), ("end", 1)])
+def test_a_peer_lost_in_the_start_barrier_or_the_end_of_run_stats_is_named(tmp_path, point, lost):
+    """A rank killed as it enters the start barrier (rank 0 here) or the end-of-run comm
+    stats collective (rank 1): the rank left ended in a Gloo traceback there (exit 1, no
+    record). Now it ends as for any lost peer: one line, exit 3, a `stopped` record; the
+    MLPerf log gets no run_stop before its run_start, and no second one."""
+    job = start_job(tmp_path, point, str(lost), *LONG, "run.max_steps=3", "mlperf.enabled=true",
+                    module="tests.reliability.dying_rank", launcher=True)
     try:
-        wait_until(_trained_past(tmp_path / "f", 3), START_TIMEOUT, job)
-        os.kill(worker_pid(job, 1), signal.SIGKILL)
-        rc, _ = finish(job, END_BOUND)
+        rc, _ = finish(job, START_TIMEOUT)
     finally:
         kill_job(job)
     out = output_of(tmp_path)
     assert rc == 3, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    (line,) = _error_lines(out)
-    assert line.startswith("error: rank 1 (its process is gone) was lost at step "), line
-    assert "Gloo" in line and "last checkpoint step" in line, line
-    assert "rank 1 was killed by SIGKILL" in out
-    assert _stopped_record(tmp_path / "f")["reason"] == line.removeprefix("error: ")
+    line = named_and_recorded(out, tmp_path / "f", lost)
+    keys = mlperf_keys(tmp_path / "f")
+    if point == "start":
+        assert " was lost at step 0: " in line and "run_start" not in keys, (line, keys)
+        assert "run_stop" not in keys, keys
+    else:
+        assert " was lost at step 3: " in line, line
+        assert keys.count("run_stop") == 1, keys
 
 
 def _ended(pid: int) -> bool:
@@ -101,31 +107,3 @@ def test_frozen_rank_is_named_at_the_collective_timeout(tmp_path):
     assert line.startswith("error: rank 1 (its process is stopped) stopped answering at step "), line
     assert "a collective timed out (Gloo: " in line, line
     assert _stopped_record(tmp_path / "f")["reason"] == line.removeprefix("error: ")
-
-
-def test_a_stalled_rank_is_named_while_it_lasts_and_kept_out_of_the_throughput(tmp_path):
-    """Rank 1 stopped (SIGSTOP) past run.stall_warn_s, then continued: a warning names it
-    within stall_warn_s + 10 s, a line says when it answers again, and the run finishes
-    with the stall in summary.json's stalled_seconds, outside the training time."""
-    stall_warn_s = 2
-    job = start_cli_job(tmp_path, *LONG, "run.max_steps=60", "checkpoint.every_steps=0",
-                        f"run.stall_warn_s={stall_warn_s}")
-    try:
-        wait_until(_trained_past(tmp_path / "f", 3), START_TIMEOUT, job)
-        stalled = worker_pid(job, 1)
-        os.kill(stalled, signal.SIGSTOP)
-        try:
-            wait_until(lambda: "warning: rank 1 has been silent" in output_of(tmp_path),
-                       stall_warn_s + 10, job)
-        finally:
-            os.kill(stalled, signal.SIGCONT)
-        rc, _ = finish(job, START_TIMEOUT)
-    finally:
-        kill_job(job)
-    out = output_of(tmp_path)
-    assert rc == 0, out[-3000:]
-    assert "rank 1 answered again after" in out, out[-3000:]
-    summary = json.loads((tmp_path / "f" / "summary.json").read_text())
-    assert summary["stalled_seconds"] >= stall_warn_s  # named only once silent that long
-    assert summary["train_seconds"] + summary["stalled_seconds"] <= summary["wall_seconds"]
-    assert "stalled" in out and "not in the training time" in out

@@ -106,6 +106,10 @@ def _scenarios(rank, world_size, scenarios):
     return outcomes
 
 
+# Reaches AUC 0.5 at step 8 of 12 (evaluating every 4 steps) and stops there, its checkpoint kept.
+AT_TARGET = ["run.max_steps=12", "eval.enabled=true", "eval.evals_per_epoch=4",
+             "eval.target_auc=0.5"]
+
 SCENARIOS = {
     "resume_appends": [["run.max_steps=4"], ["run.max_steps=6", "checkpoint.resume=true"]],
     "name_reuse": [["run.max_steps=2"], ["run.max_steps=2"],
@@ -127,6 +131,8 @@ SCENARIOS = {
                                     ["run.max_steps=2", "checkpoint.resume=true"],
                                     ["run.max_steps=3", "checkpoint.resume=true"],
                                     (compare_records,)],
+    "at_target": [[*AT_TARGET], (snapshot_records,), [*AT_TARGET, "checkpoint.resume=true"],
+                  (compare_records,)],
     "torn_line": [["run.max_steps=2"], (tear_metrics,),
                   ["run.max_steps=3", "checkpoint.resume=true"]],
     "codec_change": [["run.max_steps=2", "comm.codec=none"],
@@ -246,6 +252,18 @@ def test_a_finished_run_without_checkpoints_resumes_as_a_no_op(outcomes):
     assert "summary.json records 2 steps" in again and "holds no checkpoint" in again
     assert more.startswith("SetupError: cannot resume") and "it finished at step 2" in more
     assert "the planned last step is 3" in more
+    assert json.loads((run_root / "records_changed.json").read_text()) == []
+
+
+def test_a_run_that_reached_its_target_resumes_as_a_no_op(outcomes):
+    """Issue 34: a run that reached its target AUC before its last step, with a checkpoint
+    there, trained on past the target when resumed. It is finished: exit 0, nothing
+    written."""
+    run_root, (first, again) = _outcome(outcomes, "at_target")
+    assert first["reached_target"] and first["steps"] < 12, first
+    assert (run_root / "own" / "checkpoints" / f"step_{first['steps']}").is_dir()
+    assert again.startswith("SetupError (exit 0):") and "already finished" in again, again
+    assert f"reached its target AUC 0.5 at step {first['steps']}" in again
     assert json.loads((run_root / "records_changed.json").read_text()) == []
 
 

@@ -22,7 +22,7 @@ from dlrmtrain.testbed.sim_nodes import unavailable_reason
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 from tests.reliability.jobs import REPO, metrics
-from tests.reliability.test_first_week import GONE_BOUND, _kill_all, _processes_naming
+from tests.reliability.test_first_week import GONE_BOUND, _alive, _kill_all, _processes_naming
 
 START_TIMEOUT = 240
 SYSTEM = "cpu2_gloo_codec-none"
@@ -193,6 +193,9 @@ def test_kill_9_of_the_runner_on_simulated_nodes_leaves_no_agent(tmp_path):
     assert not left, "processes of the killed runner's simulated nodes are still alive"
     stopped = metrics(run_dir)[-1]
     assert stopped["kind"] == "stopped", stopped
+    # each node's agent ended quietly (bare torchrun printed a SignalException traceback)
+    console = run_dir.with_name("run0_seed0.out").read_text()
+    assert "Traceback" not in console and "SignalException" not in console, console[-3000:]
 
 
 def test_a_series_folder_is_claimed_by_one_plan_and_one_runner(tmp_path):
@@ -265,3 +268,63 @@ def test_kill_9_of_a_launcher_behind_a_shaped_link_leaves_no_rank(tmp_path):
     assert not left, "the inner launcher or its ranks outlived the killed launcher"
     stopped = metrics(run_dir)[-1]
     assert stopped["kind"] == "stopped" and "interrupted by SIGTERM" in stopped["reason"], stopped
+
+
+TORCHRUN_GRACE_S = 30  # torchrun's own wait for a rank it sent SIGTERM, before SIGKILL
+# An owner that starts `dlrmtrain train` as the runner does (its own pid in OWNER_ENV, the
+# launcher in a process group of its own), says the launcher's pid, and waits.
+_OWNER = """import os, subprocess, sys, time
+owner_env, log = sys.argv[1], open(sys.argv[2], "w")
+launcher = subprocess.Popen(sys.argv[3:], env={**os.environ, owner_env: str(os.getpid())},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+print(launcher.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_launcher_whose_owner_died_and_whose_run_cannot_stop_ends_itself(tmp_path):
+    """The watchdog behind the owner's death signal (run/parent.py), untested until now: the
+    owner dies while the rank is frozen (SIGSTOP), so no step boundary comes and torchrun
+    waits on it; OWNER_GONE_STOP_S later (60 s; DLRMTRAIN_OWNER_GONE_STOP_S=1 here) the
+    launcher ends its process group, saying so in one line. The rank, continued, stops on
+    what its launcher's death left pending, with a `stopped` record: no process left."""
+    from dlrmtrain.run.parent import OWNER_ENV, OWNER_GONE_STOP_ENV
+    from tests.common import tiny_overrides
+    from tests.reliability.jobs import worker_pid
+
+    run_dir, log = tmp_path / "w", tmp_path / "launcher.out"
+    launcher_cmd = [sys.executable, "-m", "dlrmtrain", "train", "--config", "configs/quickstart.yaml",
+                    "--nproc=1", *tiny_overrides(str(tmp_path), "run.name=w", "run.epochs=1000",
+                                                 "eval.enabled=false")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), OWNER_GONE_STOP_ENV: "1"}
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, OWNER_ENV, str(log), *launcher_cmd], cwd=REPO,
+                             env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    rank = None
+    try:
+        launcher = int(owner.stdout.readline())
+        _wait_for(lambda: any(r.get("step", 0) >= 2 for r in metrics(run_dir)), owner, START_TIMEOUT)
+        rank = worker_pid(owner, 0)
+        os.kill(rank, signal.SIGSTOP)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
+        died = time.monotonic()
+        while _alive(launcher) and time.monotonic() - died < TORCHRUN_GRACE_S:
+            time.sleep(0.1)
+        launcher_took = time.monotonic() - died
+        os.kill(rank, signal.SIGCONT)
+        while _alive(rank) and time.monotonic() - died < 2 * GONE_BOUND:
+            time.sleep(0.1)
+        rank_left = _alive(rank)
+    finally:
+        _kill_all(_processes_naming(str(tmp_path)))
+        if rank is not None and _alive(rank):
+            os.kill(rank, signal.SIGCONT)
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(timeout=10)
+    out = log.read_text()
+    assert launcher_took < TORCHRUN_GRACE_S, out[-3000:]  # ended by the watchdog, not torchrun
+    assert "dlrmtrain: the run did not stop within 1 s of its owner's death; ending it" in out, out
+    assert not rank_left, "the frozen rank outlived its launcher"
+    assert metrics(run_dir)[-1]["kind"] == "stopped", metrics(run_dir)[-3:]
