@@ -53,17 +53,15 @@ import torch
 import torch.distributed as dist
 
 from dlrmtrain.comm import timing
-from dlrmtrain.comm.dedup.kernels import BlockUnique
+from dlrmtrain.comm.dedup.kernels import BlockUnique, expand_units, host_to_device, segment_units
 from dlrmtrain.comm.dedup.plan import DedupStep
 from dlrmtrain.comm.dedup.two_level.node_ids import NodeIds, exchange_node_ids
 from dlrmtrain.comm.dedup.two_level.shared import (
     BagBlock,
     TwoLevelPlan,
     blocks_unique,
-    cat_or_empty,
     node_subsets,
     offsets_of,
-    unit_rows,
 )
 from dlrmtrain.comm.layout import DistLayout
 from dlrmtrain.comm.topology import NodeGroups, NodeTopology
@@ -130,7 +128,7 @@ class TwoLevelPlanner:
             if m == topo.node:
                 parts.append(torch.zeros(E, dtype=torch.int64, device=device))
             else:
-                parts.append(torch.stack([owner[i * nb + b].count.to(torch.int64) for i in range(E)])
+                parts.append(torch.stack([owner[i * nb + b].count for i in range(E)]).to(torch.int64)
                              if E else torch.zeros(0, dtype=torch.int64, device=device))
                 b += 1
             parts.append(flag.view(1))
@@ -152,8 +150,9 @@ class TwoLevelPlanner:
             work, recv, _send = self._start_count_exchange(owner, overflow, step.device)
             # the step's first host sync: every count and flag of both ends, and what the rail peers sent
             uniques = owner + own
-            mine = torch.stack([u.count.to(torch.int64) for u in uniques] + [u.bad_ids.to(torch.int64)
-                                                                             for u in uniques] + [overflow])
+            mine = torch.cat([torch.stack([u.count for u in uniques]).to(torch.int64),
+                              torch.stack([u.bad_ids for u in uniques]).to(torch.int64), overflow.view(1)]) \
+                if uniques else overflow.view(1)
             work.wait()
             flat = torch.cat([mine, recv]).tolist()
             nu = len(uniques)
@@ -212,7 +211,7 @@ class TwoLevelPlanner:
         fwd = dict(zip(self.remote_features[topo.local_rank], fwd_counts))
         rail_recv_splits = [0 if m == n else self._elems(self.features_of[m * L + topo.local_rank], fwd)
                             for m in range(topo.nodes)]
-        own_count_tensor = (torch.stack([u.count.to(torch.int64) for u in own]) if own
+        own_count_tensor = (torch.stack([u.count for u in own]).to(torch.int64) if own
                             else torch.zeros(0, dtype=torch.int64, device=step.device))
         # the node's ids of this rail's remote features, with every node rank's unique counts: in
         # flight with stage 1, read by stage 2's plan
@@ -240,16 +239,20 @@ class TwoLevelPlanner:
         col = [0]
         for e in self.local_entries:
             col.append(col[-1] + e.dim // unit)
-        send_parts, block_elems = [], []
+        firsts = [u.first for u in owner]
+        source = torch.cat(firsts) if firsts else torch.zeros(0, dtype=torch.int64, device=step.device)
+        at = [0]
+        for f in firsts:
+            at.append(at[-1] + f.numel())
+        segments, block_elems = [], []  # (offset in source, rows, unit added, units per row)
         for b, (start, _) in enumerate(blocks):
             total = 0
             for i, e in enumerate(self.local_entries):
                 c = owner_counts[i * nblocks + b]
-                send_parts.append(unit_rows((start + owner[i * nblocks + b].first[:c]) * local_units + col[i],
-                                            e.dim // unit))
+                segments.append((at[i * nblocks + b], c, start * local_units + col[i], e.dim // unit))
                 total += c * e.dim
             block_elems.append(total)
-        return block_elems, cat_or_empty(send_parts, step.device)
+        return block_elems, segment_units(source, segments, local_units)
 
     def plan_stage_two(self, step: DedupStep, plan: TwoLevelPlan, ids: NodeIds, fwd_counts: list[int],
                         own: list[BlockUnique], own_counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,9 +280,13 @@ class TwoLevelPlanner:
         for f, j in enumerate(mine):
             rail_at.append(at)
             at += fwd_counts[f] * self.all_entries[j].dim // unit
-        intra_send = [unit_rows(rail_at[f] + chosen[k, f, :sub[k][f]] * (self.all_entries[j].dim // unit),
-                                self.all_entries[j].dim // unit)
-                      for k in range(L) for f, j in enumerate(mine)]
+        # rank k's rows of feature f: rail_at[f] + chosen[k, f, :sub[k][f]] * d_f, d_f units each
+        units_of = [self.all_entries[j].dim // unit for j in mine]
+        F = len(mine)
+        scaled = (chosen * host_to_device(units_of, step.device).view(1, F, 1)).view(-1) if F else \
+            torch.zeros(0, dtype=torch.int64, device=step.device)
+        intra_send = segment_units(scaled, [((k * F + f) * NB, sub[k][f], rail_at[f], units_of[f])
+                                            for k in range(L) for f in range(F)], 1)
         stats = step.stats
         stats.count_traffic(list(zip(node, plan.intra_send_splits, plan.intra_recv_splits)), topo.rank,
                             topo.node_of, step.wire_bytes)
@@ -287,7 +294,7 @@ class TwoLevelPlanner:
         stats.messages += ex.messages
         recv_index = self._recv_index(own, own_counts, step.device)
         stats.add_time(None, timing.since(t1, step.device)[0], "plan")
-        return cat_or_empty(intra_send, step.device), recv_index
+        return intra_send, recv_index
 
     def _recv_index(self, own: list[BlockUnique], own_counts: list[int], device: torch.device) -> torch.Tensor:
         """Per output unit row, its row in the receive buffer [stage 1 local | stage 2]."""
@@ -298,9 +305,10 @@ class TwoLevelPlanner:
                 for j in features:
                     base[j] = at
                     at += own_counts[j] * self.all_entries[j].dim // unit
-        parts = [base[j] + own[j].inverse.unsqueeze(1) * (e.dim // unit) + torch.arange(e.dim // unit, device=device)
-                 for j, e in enumerate(self.all_entries)]
-        return torch.cat(parts, dim=1).reshape(-1) if parts else torch.zeros(0, dtype=torch.int64, device=device)
+        if not own:
+            return torch.zeros(0, dtype=torch.int64, device=device)
+        columns = [(j, e.dim // unit, base[j] + k) for j, e in enumerate(self.all_entries) for k in range(e.dim // unit)]
+        return expand_units(torch.stack([u.inverse for u in own]), columns)
 
     # ------------------------------------------------------------- counters
     def account(self, step: DedupStep, blocks: list[tuple[int, int]], owner_counts: list[int],
