@@ -11,6 +11,7 @@ per id position instead: `SequenceStockCounter`, at the end of this module.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -145,22 +146,35 @@ def count_stock_dists(model: nn.Module, codec: str = "none") -> int:
     sharded EBC's `comm_counters` (`stats.COUNTERS_ATTR`), which
     `collect_comm_stats` reads. Returns how many were attached.
     """
+    def counter_for(m: nn.Module, env, sharding_type: str, sharding) -> StockDistCounter | None:
+        layout = layout_for(sharding_type, sharding, env.world_size)
+        if layout is None:
+            return None
+        return StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type, codec)
+
+    return _attach_stock_counters(model, ShardedEmbeddingBagCollection, StockDistCounter, hooks.shardings,
+                                  counter_for)
+
+
+def _attach_stock_counters(model: nn.Module, module_type: type, counter_type: type,
+                           shardings_of: Callable[[nn.Module], list], counter_for: Callable) -> int:
+    """Hook `counter_for(module, env, sharding_type, sharding)` (None: not counted) onto each stock output
+    dist of every `module_type` in `model` that no `counter_type` counts yet, and add the counters to the
+    module's `comm_counters`; both collection kinds attach their counters so. Returns how many."""
     attached = 0
     for m in model.modules():
         listed = getattr(m, COUNTERS_ATTR, [])
-        if not isinstance(m, ShardedEmbeddingBagCollection) or any(isinstance(c, StockDistCounter)
-                                                                   for c in listed):
+        if not isinstance(m, module_type) or any(isinstance(c, counter_type) for c in listed):
             continue
         env = hooks.sharding_env(m)
         counters = []
-        for (sharding_type, sharding), out_dist in zip(hooks.shardings(m), hooks.output_dists(m)):
-            layout = layout_for(sharding_type, sharding, env.world_size)
-            if (isinstance(out_dist, CountsCommBytes) or layout is None
-                    or hooks.qcomm_codecs(out_dist) is not None):
-                continue  # counted by the codec, no layout, or quantized by TorchRec's qcomms
-            counter = StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type, codec)
-            out_dist.register_forward_pre_hook(counter)
-            counters.append(counter)
+        for (sharding_type, sharding), out_dist in zip(shardings_of(m), hooks.output_dists(m)):
+            if isinstance(out_dist, CountsCommBytes) or hooks.qcomm_codecs(out_dist) is not None:
+                continue  # counted by the codec, or quantized by TorchRec's qcomms
+            counter = counter_for(m, env, sharding_type, sharding)
+            if counter is not None:
+                out_dist.register_forward_pre_hook(counter)
+                counters.append(counter)
         setattr(m, COUNTERS_ATTR, [*listed, *counters])
         attached += len(counters)
     return attached
@@ -242,24 +256,13 @@ def count_sequence_stock_dists(model: nn.Module) -> int:
     `comm_counters`. Column-wise sequence dists and TorchRec's qcomms are not
     counted. Returns how many were attached.
     """
-    attached = 0
-    for m in model.modules():
-        listed = getattr(m, COUNTERS_ATTR, [])
-        if not isinstance(m, ShardedEmbeddingCollection) or any(isinstance(c, SequenceStockCounter)
-                                                                for c in listed):
-            continue
-        env = hooks.sharding_env(m)
-        rank = dist.get_rank(env.process_group)
-        counters = []
-        for (sharding_type, sharding), out_dist in zip(hooks.ec_shardings(m), hooks.output_dists(m)):
-            if (sharding_type not in COUNTED_SHARDING_TYPES or isinstance(out_dist, CountsCommBytes)
-                    or hooks.qcomm_codecs(out_dist) is not None):
-                continue
-            layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size), rank)
-            # TorchRec's index dedup (comm.dedup_at: source) is codec dedup through the stock dist
-            counter = SequenceStockCounter(layout, sharding_type, "dedup" if hooks.uses_index_dedup(m) else "none")
-            out_dist.register_forward_pre_hook(counter)
-            counters.append(counter)
-        setattr(m, COUNTERS_ATTR, [*listed, *counters])
-        attached += len(counters)
-    return attached
+    def counter_for(m: nn.Module, env, sharding_type: str, sharding) -> SequenceStockCounter | None:
+        if sharding_type not in COUNTED_SHARDING_TYPES:
+            return None
+        layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
+                                    dist.get_rank(env.process_group))
+        # TorchRec's index dedup (comm.dedup_at: source) is codec dedup through the stock dist
+        return SequenceStockCounter(layout, sharding_type, "dedup" if hooks.uses_index_dedup(m) else "none")
+
+    return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, hooks.ec_shardings,
+                                  counter_for)

@@ -166,7 +166,33 @@ class _CodecEBCContext(EmbeddingBagCollectionContext):
                                for sharding_ctx in self.sharding_contexts], stream)
 
 
-class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
+class _RecordsOwnerIds:
+    """Both id-recording sharded modules (EBC, EC) after the id all-to-all: the KJT the owner
+    looks up is recorded as `OWNER_FEATURES` in each sharding context before TorchRec calls
+    the output dists. Mixed in before TorchRec's sharded module class."""
+
+    def _record_owner_features(self, ctx, dist_input) -> None:
+        for features, sharding_ctx in zip(dist_input, ctx.sharding_contexts):
+            setattr(sharding_ctx, OWNER_FEATURES, features)
+
+    def compute_and_output_dist(self, ctx, input):
+        self._record_owner_features(ctx, input)
+        return super().compute_and_output_dist(ctx, input)
+
+    def compute(self, ctx, dist_input):
+        # for callers that run compute() and output_dist() separately
+        self._record_owner_features(ctx, dist_input)
+        return super().compute(ctx, dist_input)
+
+    def plan_ahead(self, ctx, dist_input) -> None:
+        """Record the owner's ids and let each codec dist that `PlansAhead` plan its pass now."""
+        self._record_owner_features(ctx, dist_input)
+        for out_dist, sharding_ctx in zip(self._output_dists, ctx.sharding_contexts):
+            if isinstance(out_dist, PlansAhead):
+                out_dist.plan_ahead(sharding_ctx)
+
+
+class IdRecordingShardedEBC(_RecordsOwnerIds, ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC that leaves both ends' ids in each sharding context.
 
     Before the id all-to-all: this rank's KJT slice (`SAMPLE_FEATURES`); after
@@ -190,26 +216,6 @@ class IdRecordingShardedEBC(ShardedEmbeddingBagCollection):
             if isinstance(out_dist, StartsWithIds):  # in program order on every rank, like the ids
                 out_dist.start_with_ids(sharding_ctx)
         return awaitable
-
-    def _record_owner_features(self, ctx: EmbeddingBagCollectionContext, dist_input) -> None:
-        for features, sharding_ctx in zip(dist_input, ctx.sharding_contexts):
-            setattr(sharding_ctx, OWNER_FEATURES, features)
-
-    def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
-        self._record_owner_features(ctx, input)
-        return super().compute_and_output_dist(ctx, input)
-
-    def compute(self, ctx: EmbeddingBagCollectionContext, dist_input):
-        # for callers that run compute() and output_dist() separately
-        self._record_owner_features(ctx, dist_input)
-        return super().compute(ctx, dist_input)
-
-    def plan_ahead(self, ctx: EmbeddingBagCollectionContext, dist_input) -> None:
-        """Record the owner's ids and let each codec dist that `PlansAhead` plan its pass now."""
-        self._record_owner_features(ctx, dist_input)
-        for out_dist, sharding_ctx in zip(self._output_dists, ctx.sharding_contexts):
-            if isinstance(out_dist, PlansAhead):
-                out_dist.plan_ahead(sharding_ctx)
 
 
 def ids_of_both_ends(sharding_ctx) -> tuple[KeyedJaggedTensor | None, KeyedJaggedTensor | None]:
@@ -352,7 +358,7 @@ def ec_shardings(ec: ShardedEmbeddingCollection) -> list[tuple[str, Any]]:
     return list(zip(ec._sharding_types, ec._sharding_type_to_sharding.values()))
 
 
-class IdRecordingShardedEC(ShardedEmbeddingCollection):
+class IdRecordingShardedEC(_RecordsOwnerIds, ShardedEmbeddingCollection):
     """TorchRec's sharded EmbeddingCollection that leaves both ends' ids in each sharding context.
 
     TorchRec keeps the sample end's KJT itself (`features_before_input_dist`,
@@ -367,25 +373,6 @@ class IdRecordingShardedEC(ShardedEmbeddingCollection):
         for sharding_ctx in ctx.sharding_contexts:
             setattr(sharding_ctx, SAMPLE_FEATURES, sharding_ctx.features_before_input_dist)
         return awaitable
-
-    def _record_owner_features(self, ctx: EmbeddingCollectionContext, dist_input) -> None:
-        for features, sharding_ctx in zip(dist_input, ctx.sharding_contexts):
-            setattr(sharding_ctx, OWNER_FEATURES, features)
-
-    def compute_and_output_dist(self, ctx: EmbeddingCollectionContext, input):
-        self._record_owner_features(ctx, input)
-        return super().compute_and_output_dist(ctx, input)
-
-    def compute(self, ctx: EmbeddingCollectionContext, dist_input):
-        self._record_owner_features(ctx, dist_input)
-        return super().compute(ctx, dist_input)
-
-    def plan_ahead(self, ctx: EmbeddingCollectionContext, dist_input) -> None:
-        """As `IdRecordingShardedEBC.plan_ahead`: the owner's ids, then each dist that `PlansAhead`."""
-        self._record_owner_features(ctx, dist_input)
-        for out_dist, sharding_ctx in zip(self._output_dists, ctx.sharding_contexts):
-            if isinstance(out_dist, PlansAhead):
-                out_dist.plan_ahead(sharding_ctx)
 
 
 def sequence_lengths_of_both_ends(sharding_ctx) -> tuple[torch.Tensor, torch.Tensor]:

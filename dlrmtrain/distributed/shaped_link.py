@@ -2,11 +2,7 @@
 `python -m dlrmtrain.distributed.shaped_link ARGS` runs `python -m dlrmtrain.testbed.shaped_link ARGS`
 (the figures in docs/performance.md were recorded with the old form)."""
 
-import sys
-
 if __name__ == "__main__":
-    from dlrmtrain.testbed.shaped_link import main
+    from dlrmtrain.testbed import run_moved
 
-    print("dlrmtrain.distributed.shaped_link moved: running python -m dlrmtrain.testbed.shaped_link",
-          file=sys.stderr, flush=True)
-    sys.exit(main())
+    run_moved("dlrmtrain.distributed.shaped_link", "dlrmtrain.testbed.shaped_link")

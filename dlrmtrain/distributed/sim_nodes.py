@@ -2,11 +2,7 @@
 `python -m dlrmtrain.distributed.sim_nodes ARGS` runs `python -m dlrmtrain.testbed.sim_nodes ARGS`
 (the figures in docs/performance.md were recorded with the old form)."""
 
-import sys
-
 if __name__ == "__main__":
-    from dlrmtrain.testbed.sim_nodes import main
+    from dlrmtrain.testbed import run_moved
 
-    print("dlrmtrain.distributed.sim_nodes moved: running python -m dlrmtrain.testbed.sim_nodes",
-          file=sys.stderr, flush=True)
-    sys.exit(main())
+    run_moved("dlrmtrain.distributed.sim_nodes", "dlrmtrain.testbed.sim_nodes")

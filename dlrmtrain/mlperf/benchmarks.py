@@ -148,21 +148,14 @@ def dlrm_v1_hyperparameters(*, global_batch_size: int, learning_rate: float,
                             gradient_accumulation_steps: int = 1,
                             seed: int | None = None) -> dict[str, Any]:
     """The ``dlrm`` ruleset's hyperparameter keys for SGD with warmup + poly-2 decay."""
-    hp: dict[str, Any] = {
-        C.GLOBAL_BATCH_SIZE: global_batch_size,
-        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
-        C.OPT_NAME: C.SGD,
-        C.OPT_BASE_LR: learning_rate,
+    return _hyperparameters(global_batch_size, gradient_accumulation_steps, C.SGD, learning_rate, seed, {
         C.OPT_LR_WARMUP_STEPS: warmup_steps,
         # The v1 rules use the keys of the official hyperparameter table, not mllog's.
         "lr_decay_start_steps": decay_start_step,
         "sgd_opt_base_learning_rate": learning_rate,
         "sgd_opt_learning_rate_decay_steps": decay_steps,
         "sgd_opt_learning_rate_decay_poly_power": 2,
-    }
-    if seed is not None:
-        hp[C.SEED] = seed
-    return hp
+    })
 
 
 def dcnv2_hyperparameters(*, global_batch_size: int, learning_rate: float,
@@ -171,11 +164,7 @@ def dcnv2_hyperparameters(*, global_batch_size: int, learning_rate: float,
                           decay_steps: int = 0, gradient_accumulation_steps: int = 1,
                           seed: int | None = None) -> dict[str, Any]:
     """The ``dlrm_dcnv2`` ruleset's hyperparameter keys for plain Adagrad."""
-    hp: dict[str, Any] = {
-        C.GLOBAL_BATCH_SIZE: global_batch_size,
-        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
-        C.OPT_NAME: C.ADAGRAD,
-        C.OPT_BASE_LR: learning_rate,
+    return _hyperparameters(global_batch_size, gradient_accumulation_steps, C.ADAGRAD, learning_rate, seed, {
         C.OPT_ADAGRAD_LR_DECAY: 0.0,
         C.OPT_WEIGHT_DECAY: 0.0,
         C.OPT_ADAGRAD_INITIAL_ACCUMULATOR_VALUE: initial_accumulator_value,
@@ -183,10 +172,7 @@ def dcnv2_hyperparameters(*, global_batch_size: int, learning_rate: float,
         C.OPT_LR_WARMUP_STEPS: warmup_steps,
         C.OPT_LR_DECAY_START_STEP: decay_start_step,
         C.OPT_LR_DECAY_STEPS: decay_steps,
-    }
-    if seed is not None:
-        hp[C.SEED] = seed
-    return hp
+    })
 
 
 def dlrmv4_hyperparameters(*, global_batch_size: int, learning_rate: float, warmup_steps: int,
@@ -204,11 +190,7 @@ def dlrmv4_hyperparameters(*, global_batch_size: int, learning_rate: float, warm
     Optimizer names are spelled as the rules check them (``Adam``, ``RowWiseAdagrad``).
     """
     beta_1, beta_2 = adam_betas
-    hp: dict[str, Any] = {
-        C.GLOBAL_BATCH_SIZE: global_batch_size,
-        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
-        C.OPT_NAME: "Adam",
-        C.OPT_BASE_LR: learning_rate,
+    return _hyperparameters(global_batch_size, gradient_accumulation_steps, "Adam", learning_rate, seed, {
         C.OPT_ADAM_BETA_1: float(beta_1),
         C.OPT_ADAM_BETA_2: float(beta_2),
         C.OPT_ADAM_EPSILON: float(adam_epsilon),
@@ -222,6 +204,19 @@ def dlrmv4_hyperparameters(*, global_batch_size: int, learning_rate: float, warm
         C.MAX_SEQUENCE_LENGTH: max_sequence_length,
         "eval_every_data_pct": float(eval_every_data_pct),
         "skip_eval_epoch_pct": float(skip_eval_epoch_pct),
+    })
+
+
+def _hyperparameters(global_batch_size: int, gradient_accumulation_steps: int, optimizer: str,
+                     learning_rate: float, seed: int | None, ruleset_keys: dict[str, Any]) -> dict[str, Any]:
+    """The keys every ruleset logs (the batch, the accumulation, the optimizer and its base rate),
+    the ruleset's own keys after them, and the seed last where one is set."""
+    hp: dict[str, Any] = {
+        C.GLOBAL_BATCH_SIZE: global_batch_size,
+        C.GRADIENT_ACCUMULATION_STEPS: gradient_accumulation_steps,
+        C.OPT_NAME: optimizer,
+        C.OPT_BASE_LR: learning_rate,
+        **ruleset_keys,
     }
     if seed is not None:
         hp[C.SEED] = seed

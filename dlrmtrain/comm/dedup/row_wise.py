@@ -121,27 +121,35 @@ def owner_send_index(o_first: torch.Tensor, counts: list[int], destinations: int
     return segment_units(o_first, segments, local_units), send_splits
 
 
-class RowWisePlanner:
+class RowBlockPlanner:
+    """What both row-wise planners (one level, two levels) take from the layout, and their first move."""
+
+    def __init__(self, layout: RowWiseLayout, pg: dist.ProcessGroup) -> None:
+        self.pg = pg  # the world: every rank must agree on falling back (the flags' all-reduce)
+        self.layout = layout
+        self.world_size = layout.world_size
+        self.entries = layout.entries
+        self.block_sizes = layout.block_sizes
+        dims = [e.dim for e in self.entries]
+        self.unit = math.gcd(*dims) if dims else 1
+        self.radix = max(self.block_sizes + [1])
+
+    def start_with_ids(self, sample_kjt: KeyedJaggedTensor) -> RowFlags:
+        """Every rank must take the same path: the flags' all-reduce leaves with the ids, never from the plan."""
+        return start_row_flags(sample_kjt, self.layout, self.pg)
+
+
+class RowWisePlanner(RowBlockPlanner):
     """Plans the unique-row all-to-all that replaces TorchRec's `RwPooledEmbeddingDist` (one-hot features)."""
 
     fallback_warning = ("row-wise dedup: a bag holds several ids (it may span row shards and need the sum); "
                         "such steps use TorchRec's reduce-scatter (codec none)")
 
     def __init__(self, layout: RowWiseLayout, pg: dist.ProcessGroup, rank: int) -> None:
-        self.pg = pg  # the flag all-reduce, launched with the ids
-        self.layout = layout
+        super().__init__(layout, pg)
         self.rank = rank
-        self.world_size = layout.world_size
-        self.entries = layout.entries
-        self.block_sizes = layout.block_sizes
-        dims = [e.dim for e in self.entries]
-        self.unit = math.gcd(*dims) if dims else 1
-        self.radix = max([b for b in self.block_sizes] + [1])
 
     # ------------------------------------------------------------------ plan
-    def start_with_ids(self, sample_kjt: KeyedJaggedTensor) -> RowFlags:
-        """Every rank must take the same path: the flags' all-reduce leaves with the ids."""
-        return start_row_flags(sample_kjt, self.layout, self.pg)
 
     def plan(self, step: DedupStep) -> DedupPlan | None:
         W, F = self.world_size, len(self.entries)

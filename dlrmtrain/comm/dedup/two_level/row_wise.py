@@ -20,15 +20,13 @@ reduce-scatter on every rank.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.dedup.kernels import host_to_device, sorted_unique_one_hot
 from dlrmtrain.comm.dedup.plan import DedupStep
-from dlrmtrain.comm.dedup.row_wise import RowFlags, agreed_flags, owner_send_index, start_row_flags
+from dlrmtrain.comm.dedup.row_wise import RowBlockPlanner, agreed_flags, owner_send_index
 from dlrmtrain.comm.dedup.two_level.node_ids import NodeExchange, exchange_node_ids
 from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan, cat_or_empty, unit_rows
 from dlrmtrain.comm.layout import RowWiseLayout
@@ -47,7 +45,7 @@ def _bags(kjt: KeyedJaggedTensor):
     return _first_ids(kjt.lengths(), kjt.offsets()[:-1], kjt.values())
 
 
-class TwoLevelRowWisePlanner:
+class TwoLevelRowWisePlanner(RowBlockPlanner):
     """Plans the two-level exchange that replaces TorchRec's row-wise reduce-scatter (one-hot steps)."""
 
     fallback_warning = ("row-wise two-level dedup: a bag holds several ids (it may span row shards and need "
@@ -55,22 +53,11 @@ class TwoLevelRowWisePlanner:
 
     def __init__(self, layout: RowWiseLayout, topology: NodeTopology, groups: NodeGroups,
                  pg: dist.ProcessGroup) -> None:
+        super().__init__(layout, pg)
         self.topology = topology
         self.groups = groups
-        self.pg = pg  # the world: every rank must agree on falling back (the flags' all-reduce)
-        self.layout = layout
-        self.entries = layout.entries
-        self.block_sizes = layout.block_sizes
-        self.world_size = layout.world_size
-        dims = [e.dim for e in self.entries]
-        self.unit = math.gcd(*dims) if dims else 1
-        self.radix = max(self.block_sizes + [1])
         # every rank of a node forwards rows of every feature (each rail holds a row block of all)
         self.all_features = [list(range(len(self.entries)))] * topology.ranks_per_node
-
-    def start_with_ids(self, sample_kjt: KeyedJaggedTensor) -> RowFlags:
-        """As one-level row-wise: the flags' all-reduce leaves with the ids, never from the plan."""
-        return start_row_flags(sample_kjt, self.layout, self.pg)
 
     def plan(self, step: DedupStep) -> TwoLevelPlan | None:
         topo, F = self.topology, len(self.entries)
