@@ -42,7 +42,7 @@ def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
-    dmp, dense_opt = build(sc, "none", world_size)  # under source: TorchRec's stock sharder
+    dmp, dense_opt = build(sc, "none", world_size, source=source)  # source: SourceDedupEBCSharder
     if source:
         row_wise_dists_for_source(dmp)
     count_stock_dists(dmp, "dedup" if source else "none")
