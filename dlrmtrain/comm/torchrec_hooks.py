@@ -597,9 +597,10 @@ class ExpandRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (index,) = ctx.saved_tensors
-        acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
-        summed = torch.zeros(ctx.rows_shape, dtype=acc, device=grad.device).index_add_(0, index, grad.to(acc))
-        return summed.to(ctx.rows_dtype), None
+        if grad.dtype in (torch.float16, torch.bfloat16):
+            summed = torch.zeros(ctx.rows_shape, dtype=torch.float32, device=grad.device)
+            return summed.index_add_(0, index, grad.float()).to(ctx.rows_dtype), None
+        return torch.zeros(ctx.rows_shape, dtype=grad.dtype, device=grad.device).index_add_(0, index, grad), None
 
 
 class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
@@ -622,12 +623,19 @@ class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
                                    embedding_dims=self._embedding_dims)
 
     def _expand(self, rows: torch.Tensor) -> torch.Tensor:
+        """Three ops: the [B, K] index (inverse rows in output order, plus each block's first row;
+        the bases are host ints, the bag counts), the gather."""
         block_of, feature_of = self._expand_order
         inverse = self._inverse_indices[1]
-        starts = torch.tensor([0, *self._batch_size_per_feature_pre_a2a[:-1]]).cumsum(0)  # host ints
-        base = starts[block_of].to(inverse.device, non_blocking=True)
-        index = (inverse.index_select(0, feature_of) + base.unsqueeze(1)).t().reshape(-1)
-        expanded = ExpandRows.apply(rows.view(-1, self._uncombined_embedding_dims[0]), index)
+        firsts, first = [], 0
+        for bags in self._batch_size_per_feature_pre_a2a:
+            firsts.append(first)
+            first += bags
+        base = torch.tensor([firsts[u] for u in block_of])
+        if inverse.device.type != "cpu":
+            base = base.pin_memory().to(inverse.device, non_blocking=True)
+        index = inverse.t().index_select(1, feature_of).add_(base)
+        expanded = ExpandRows.apply(rows.view(-1, self._uncombined_embedding_dims[0]), index.view(-1))
         return expanded.view(inverse.size(1), -1)
 
 
@@ -635,18 +643,16 @@ class RowGatherExpandShardedEBC(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC whose variable-batch (VBE) output is expanded by `_RowGatherExpand`
     (comm.dedup_at: source). Everything else, the non-VBE path included, is TorchRec's."""
 
-    _expand_order: tuple[torch.Tensor, torch.Tensor] | None = None
+    _expand_order: tuple[list[int], torch.Tensor] | None = None
 
     def _row_gather(self, awaitable):
         if (not isinstance(awaitable, VariableBatchEmbeddingBagCollectionAwaitable)
                 or len(set(self._uncombined_embedding_dims)) != 1):
             return awaitable
         if self._expand_order is None:  # output block k is TorchRec's uncombined block permute[k]
-            block_of = self._permute_op._permute.to(torch.int64).cpu()
-            names = awaitable._inverse_indices[0]
-            row = {name: i for i, name in enumerate(names)}
-            feature_of = torch.tensor([row[self._uncombined_embedding_names[u].split("@")[0]]
-                                       for u in block_of.tolist()])
+            block_of = self._permute_op._permute.tolist()
+            row = {name: i for i, name in enumerate(awaitable._inverse_indices[0])}
+            feature_of = torch.tensor([row[self._uncombined_embedding_names[u].split("@")[0]] for u in block_of])
             self._expand_order = (block_of, feature_of.to(awaitable._inverse_indices[1].device))
         awaitable.__class__ = _RowGatherExpand  # same state, our `_wait_impl`
         awaitable._expand_order = self._expand_order
