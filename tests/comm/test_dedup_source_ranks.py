@@ -10,6 +10,7 @@ distinct bags of every (sample rank, owner) and their ids, counted independently
 
 from __future__ import annotations
 
+import contextlib
 import numpy as np
 import pytest
 import torch
@@ -47,14 +48,24 @@ def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
         row_wise_dists_for_source(dmp)
     count_stock_dists(dmp, "dedup" if source else "none")
     count_lookups(dmp)
+    from tests.comm.sync_counter import HostSyncCounter
+
     transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)
-    out = {"pooled": [], "losses": []}
+    out = {"pooled": [], "losses": [], "syncs": []}
     for step in range(sc.steps):
         kjt, labels = batch_for(sc, step, rank)
-        dense_opt.zero_grad()
-        loss, pooled = dmp(transform(kjt), labels)
-        loss.backward()
-        dense_opt.step()
+        kjt = transform(kjt)  # the loader's prefetch thread in a run: not the step's
+        # from the second step (the first reads the expand's static order once): the step's host
+        # syncs in the codec's own code, the source expand in torchrec_hooks.py included (not
+        # TorchRec's and fbgemm's variable-batch code it calls: `counter.library`)
+        counter = HostSyncCounter(extra_files=("comm/torchrec_hooks.py",), direct_only=True)
+        with counter if step else contextlib.nullcontext():
+            dense_opt.zero_grad()
+            loss, pooled = dmp(kjt, labels)
+            loss.backward()
+            dense_opt.step()
+        out["syncs"] += counter.syncs
+        out.setdefault("library_syncs", []).extend(counter.library)
         out["pooled"].append(pooled)
         out["losses"].append(loss.item())
     out["stats"] = collect_comm_stats(dmp)
@@ -102,6 +113,15 @@ def test_source_forward_is_bitwise_none_and_losses_track_it(results, name):
         for p_none, p_source in zip(none["pooled"][1:], source["pooled"][1:]):
             np.testing.assert_allclose(p_source, p_none, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(source["losses"], none["losses"], rtol=LOSS_RTOL)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_source_step_makes_no_codec_host_sync(results, name):
+    """Under source the plan is made with the batch; the step's expand (torchrec_hooks.py) reads
+    nothing back to the host and sizes nothing by the data."""
+    for rank, res in enumerate(results):
+        assert res[name, "source"]["syncs"] == [], f"rank {rank}: {res[name, 'source']['syncs']}"
 
 
 @pytest.mark.timeout(300)
