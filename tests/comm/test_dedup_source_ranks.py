@@ -2,7 +2,8 @@
 (comm/dedup/source.py) against the same EBC fed the full batch (`none`).
 
 Table-, column- and row-wise (row-wise over Gloo through the even all-gather of
-comm/torchrec_hooks.py), one-hot and multi-hot, in one spawn:
+comm/torchrec_hooks.py), one-hot and multi-hot, one pooled width (the expand in one gather,
+torchrec_hooks.RowGatherExpandShardedEBC) and two (TorchRec's), in one spawn:
 the first forward is bitwise none's (the tables are the same); the losses track none's within float summation
 order (rtol 1e-5, as test_dedup_training.py); the lookups (comm/lookups.py) take exactly the
 distinct bags of every (sample rank, owner) and their ids, counted independently from the ids.
@@ -34,6 +35,11 @@ SCENARIOS = {
         Table("j", 10, 8, ("tw", 0), ids="jagged"),
         Table("r2", 25, 8, ("rw",), bag=2),
     ), batch=16, steps=3, lr=0.5),
+    # pooled widths that differ: TorchRec's own expand (RowGatherExpandShardedEBC gathers one width only)
+    "mixed_widths": Scenario(tables=(
+        Table("w8", 10, 8, ("tw", 0)),
+        Table("w16", 12, 16, ("tw", 1)),
+    ), batch=16, steps=2, lr=0.5),
 }
 
 
