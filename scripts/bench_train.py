@@ -365,8 +365,10 @@ def main() -> None:
 
     link_bytes: dict[str, list[float]] = {n: [] for n in steppers}
     trainers = {"dlrmtrain": trainer, **{f"dlrmtrain {vs}": t for vs, t in zip(args.vs, others)}}
-    for name, t in trainers.items():  # comm.dedup_at: source takes its batches deduplicated
-        if t.cfg.comm.dedup_at == "source":
+    from dlrmtrain.workloads import workload_of
+    for name, t in trainers.items():  # comm.dedup_at: source takes its pooled batches deduplicated
+        # (sequence tables: TorchRec's index dedup, inside the step)
+        if t.cfg.comm.dedup_at == "source" and workload_of(t.cfg).collection_kind == "pooled":
             steppers[name] = with_distinct_bags(steppers[name], t, batches)
     assert set(trainers) <= set(steppers)
     codec_seconds = {n: 0.0 for n in trainers}

@@ -1,6 +1,7 @@
 """Ops the dedup codec issues per training step, counted with the torch profiler at 2 and 4 ranks.
 
     PYTHONPATH=. python scripts/count_codec_ops.py [--worlds 2 4] [--batch-per-rank 256] [overrides...]
+    PYTHONPATH=. python scripts/count_codec_ops.py comm.dedup_at=source   # dedup at the source
 
 For each world size, real ranks (torchrun, Gloo on CPU) train dlrmtrain's own
 loop (configs/quickstart.yaml with codec dedup, or --config, plus overrides)
@@ -11,6 +12,19 @@ inside those ranges (top-level ops: an op another op calls is not counted
 again; views and allocations apart, as they launch no kernel) and the
 collectives (c10d ops), per step. Printed side by side: the codec's work
 must not grow with the world size (issue 26, item 5).
+
+Host syncs: the ops inside those ranges that read a value to the host or size
+their output by the data (`item`/`bool`/`int` of a tensor, `nonzero`, `unique`,
+`masked_select`): each waits for the device on a GPU.
+
+Under `comm.dedup_at: source` the plan is made where the batch is (the loader's
+prefetch thread, not counted: it is off the step's thread) and the step runs
+only what TorchRec's variable batch needs beyond `none`: pooled, the expand of
+the distinct bags' rows (`RowGatherExpand`, forward and backward) and, on CPU,
+the TBE's variable-batch metadata (`vbe_metadata`; fbgemm's CUDA kernel on a
+GPU); sequence (DLRMv4), TorchRec's index dedup in the id dist
+(`jagged_unique_indices`) and its expand (one `index_select` per sharding in
+TorchRec's `construct_jagged_tensors`, not wrapped: TorchRec's own code).
 """
 
 from __future__ import annotations
@@ -25,6 +39,45 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+_OPEN: list[str] = []
+"""the codec ranges open on this thread (innermost last), kept by `_wrap`"""
+_STEP: list[int] = [-1]
+"""the step `PlainLoop.progress` is in (-1 outside one)"""
+
+
+def _sync_counter():
+    """A TorchFunctionMode counting, per codec range and step, the calls that make a GPU wait for
+    the host or the host for the GPU (as tests/comm/sync_counter.py: reading a tensor's value,
+    data-sized outputs, repeat_interleave without output_size, a device tensor from a list)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    reads = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__float__, torch.Tensor.__index__}
+    data_sized = {torch.nonzero, torch.Tensor.nonzero, torch.masked_select, torch.Tensor.masked_select,
+                  torch.unique, torch.Tensor.unique, torch.unique_consecutive}
+
+    def is_sync(func, args, kwargs) -> bool:
+        if func in reads or func in data_sized:
+            return True
+        if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave):
+            repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+            return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+        return func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None
+
+    class Counter(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.per_step: dict[tuple[str, int], int] = {}
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _OPEN and _STEP[0] >= 0 and is_sync(func, args, kwargs):
+                key = (_OPEN[-1], _STEP[0])
+                self.per_step[key] = self.per_step.get(key, 0) + 1
+            return func(*args, **kwargs)
+    return Counter()
 
 NO_KERNEL = frozenset({
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::slice", "aten::select", "aten::unsqueeze",
@@ -47,15 +100,32 @@ def _wrap(owner, name: str, label: str, static: bool = False) -> None:
 
     @functools.wraps(fn)
     def wrapper(*a, **k):
-        with torch.profiler.record_function(f"codec::{label}"):
-            return fn(*a, **k)
+        _OPEN.append(label)
+        try:
+            with torch.profiler.record_function(f"codec::{label}"):
+                return fn(*a, **k)
+        finally:
+            _OPEN.pop()
     setattr(owner, name, staticmethod(wrapper) if static else wrapper)
+
+
+def _instrument_source() -> None:
+    """The step's codec work under comm.dedup_at: source (wrapped before the model is sharded,
+    so the kernels registered for fbgemm's ops are the wrapped ones)."""
+    from dlrmtrain.comm import torchrec_hooks as hooks
+
+    _wrap(hooks._RowGatherExpand, "_expand", "RowGatherExpand.forward")
+    _wrap(hooks.ExpandRows, "backward", "RowGatherExpand.backward", static=True)
+    _wrap(hooks, "vbe_metadata", "vbe_metadata (CPU)")
+    _wrap(hooks, "jagged_unique_indices", "jagged_unique_indices (CPU)")
 
 
 def _instrument() -> None:
     from dlrmtrain.comm.dedup import transport
     from dlrmtrain.comm.dedup.dist import DedupDist
     from dlrmtrain.train_pipeline import PlainLoop
+
+    _instrument_source()
 
     _wrap(DedupDist, "forward", "dist.forward")
     _wrap(DedupDist, "plan_ahead", "dist.plan_ahead")
@@ -70,8 +140,12 @@ def _instrument() -> None:
     def counted_step(self, batches):
         import torch
         with torch.profiler.record_function(f"step::{PlainLoop._counted_steps}"):
+            _STEP[0] = PlainLoop._counted_steps
             PlainLoop._counted_steps += 1
-            return step(self, batches)
+            try:
+                return step(self, batches)
+            finally:
+                _STEP[0] = -1
     PlainLoop.progress = counted_step
 
 
@@ -119,10 +193,15 @@ def rank_main(args) -> None:
     cfg = resolve_config(load_config(args.config, overrides))
     env = init_distributed(cfg.run.device)
     trainer = Trainer(cfg, env)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    syncs = _sync_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, syncs:
         trainer.train()
     if env.is_main:
         counts = _count(prof.events(), args.warmup)
+        counts["syncs"] = {}
+        for (codec, step), n in syncs.per_step.items():
+            if step >= args.warmup:
+                counts["syncs"][codec] = counts["syncs"].get(codec, 0) + n
         counts = {kind: {k: v / args.steps for k, v in per.items()} for kind, per in counts.items()}
         Path(args.out).write_text(json.dumps({"world": world, **counts}))
     trainer.close()
@@ -132,9 +211,10 @@ def rank_main(args) -> None:
 
 def _print_side_by_side(results: list[dict]) -> None:
     worlds = [r["world"] for r in results]
-    print(f"dedup codec ops per training step (rank 0, top-level aten ops that launch work; collectives apart)")
+    print("dedup codec ops per training step (rank 0, top-level aten ops that launch work; collectives and "
+          "host syncs apart)")
     print(f"  {'function':<28}" + "".join(f"{f'{w} ranks':>10}" for w in worlds))
-    for kind in ("ops", "collectives"):
+    for kind in ("ops", "collectives", "syncs"):
         names = sorted({n for r in results for n in r[kind]})
         for n in names:
             print(f"  {kind[:4] + ' ' + n:<28}" + "".join(f"{r[kind].get(n, 0):>10.1f}" for r in results))

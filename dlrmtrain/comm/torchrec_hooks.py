@@ -36,13 +36,15 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
+    VariableBatchEmbeddingBagCollectionAwaitable,
+    construct_output_kt,
 )
 from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist, TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.runtime_forwards import InSyncEmbeddingPipelinedForward
 from torchrec.distributed.train_pipeline.utils import _start_embedding_lookup
 from torchrec.distributed.types import NoWait, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrmtrain.comm import streams
 
@@ -568,6 +570,132 @@ def row_wise_dists_for_source(ebc: ShardedEmbeddingBagCollection) -> int:
                 even_gather=dist.get_backend(out_dist._pg) == "gloo"))
             given += 1
     return given
+
+
+class ExpandRows(torch.autograd.Function):
+    """`rows[index]`; the backward sums each row's gradients (`index_add`, in fp32 for 16-bit rows)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows_shape, ctx.rows_dtype = rows.shape, rows.dtype
+        return rows.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (index,) = ctx.saved_tensors
+        if grad.dtype in (torch.float16, torch.bfloat16):
+            summed = torch.zeros(ctx.rows_shape, dtype=torch.float32, device=grad.device)
+            return summed.index_add_(0, index, grad.float()).to(ctx.rows_dtype), None
+        return torch.zeros(ctx.rows_shape, dtype=grad.dtype, device=grad.device).index_add_(0, index, grad), None
+
+
+class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
+    """TorchRec's variable-batch EBC awaitable whose expand is one row gather.
+
+    TorchRec's expands the distinct bags' pooled rows to the batch with fbgemm's
+    `batch_index_select_dim0` and then reorders the features with `permute_pooled_embs`, whose
+    CPU kernels loop per feature, forward and backward. When every pooled embedding has one
+    width D, the received rows are a [bags, D] matrix, and output block k of sample b is its row
+    base[k] + inverse[feature of k, b]: one gather gives the output in its final order (the
+    same rows: bitwise TorchRec's), and its backward sums each distinct bag's gradients in one
+    `index_add`. Widths that differ take TorchRec's path (`RowGatherExpandShardedEBC`)."""
+
+    def _wait_impl(self) -> KeyedTensor:
+        embeddings = [w.wait() for w in self._awaitables]
+        for awaitable in self._resize_awaitables or ():
+            awaitable.wait()
+        rows = embeddings[0] if len(embeddings) == 1 else torch.cat(embeddings)
+        return construct_output_kt(embeddings=[self._expand(rows)], embedding_names=self._embedding_names,
+                                   embedding_dims=self._embedding_dims)
+
+    def _expand(self, rows: torch.Tensor) -> torch.Tensor:
+        """Three ops: the [B, K] index (inverse rows in output order, plus each block's first row;
+        the bases are host ints, the bag counts), the gather."""
+        block_of, feature_of = self._expand_order
+        inverse = self._inverse_indices[1]
+        firsts, first = [], 0
+        for bags in self._batch_size_per_feature_pre_a2a:
+            firsts.append(first)
+            first += bags
+        base = torch.tensor([firsts[u] for u in block_of])
+        if inverse.device.type != "cpu":
+            base = base.pin_memory().to(inverse.device, non_blocking=True)
+        index = inverse.t().index_select(1, feature_of).add_(base)
+        expanded = ExpandRows.apply(rows.view(-1, self._uncombined_embedding_dims[0]), index.view(-1))
+        return expanded.view(inverse.size(1), -1)
+
+
+class RowGatherExpandShardedEBC(ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC whose variable-batch (VBE) output is expanded by `_RowGatherExpand`
+    (comm.dedup_at: source). Everything else, the non-VBE path included, is TorchRec's."""
+
+    _expand_order: tuple[list[int], torch.Tensor] | None = None
+
+    def _row_gather(self, awaitable):
+        if (not isinstance(awaitable, VariableBatchEmbeddingBagCollectionAwaitable)
+                or len(set(self._uncombined_embedding_dims)) != 1):
+            return awaitable
+        if self._expand_order is None:  # output block k is TorchRec's uncombined block permute[k]
+            block_of = self._permute_op._permute.tolist()
+            row = {name: i for i, name in enumerate(awaitable._inverse_indices[0])}
+            feature_of = torch.tensor([row[self._uncombined_embedding_names[u].split("@")[0]] for u in block_of])
+            self._expand_order = (block_of, feature_of.to(awaitable._inverse_indices[1].device))
+        awaitable.__class__ = _RowGatherExpand  # same state, our `_wait_impl`
+        awaitable._expand_order = self._expand_order
+        return awaitable
+
+    def output_dist(self, ctx: EmbeddingBagCollectionContext, output):
+        return self._row_gather(super().output_dist(ctx, output))
+
+    def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
+        return self._row_gather(super().compute_and_output_dist(ctx, input))
+
+
+def vbe_metadata(B_offsets: torch.Tensor, B_offsets_rank_per_feature: torch.Tensor,
+                 output_offsets_feature_rank: torch.Tensor, D_offsets: torch.Tensor, D: int, nobag: bool,
+                 max_B_feature_rank: int, info_B_num_bits: int, total_B: int,
+                 vbe_output_offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fbgemm's `generate_vbe_metadata` (its CPU kernel's outputs, fbgemm_gpu 1.8) in whole-tensor ops.
+
+    fbgemm's CPU kernel indexes tensors element by element (two tensor ops per bag: ~0.5 s a
+    call at 36k bags, ~3 ms here). Bag i (feature t, sample rank r, its b-th bag there, in
+    (t, r, b) order) gets `row_output_offsets[i]` = the (r, t) block's output offset + b·D_t and
+    `b_t_map[i]` = t << info_B_num_bits | (its bag number within feature t)."""
+    del D, nobag, max_B_feature_rank  # the CPU kernel reads neither
+    T = B_offsets.numel() - 1
+    ranks = B_offsets_rank_per_feature.size(1) - 1
+    starts = B_offsets_rank_per_feature.to(torch.int64)
+    sizes = (starts[:, 1:] - starts[:, :-1]).reshape(-1)  # per (t, r), t major: bag order
+    n = int(total_B)
+    block = torch.repeat_interleave(torch.arange(T * ranks), sizes, output_size=n)
+    feature, rank = block // ranks, block % ranks
+    b = torch.arange(n) - (torch.cumsum(sizes, 0) - sizes)[block]
+    dims = (D_offsets[1:] - D_offsets[:-1]).to(torch.int64)
+    row_output_offsets = (output_offsets_feature_rank[rank * T + feature] + b * dims[feature]
+                          ).to(output_offsets_feature_rank.dtype)
+    b_t_map = ((feature << info_B_num_bits) | (starts[:, :-1].reshape(-1)[block] + b)).to(torch.int32)
+    return (row_output_offsets if vbe_output_offsets is None else vbe_output_offsets), b_t_map
+
+
+_VBE_KERNELS: list[torch.library.Library] = []
+"""the library handle of the CPU `generate_vbe_metadata` kernel, kept alive"""
+
+
+def register_cpu_vbe_metadata() -> None:
+    """Replace fbgemm's CPU kernel of `fbgemm::generate_vbe_metadata` (called by the CPU TBE's
+    variable-batch forward) with `vbe_metadata`, the same outputs; idempotent. CUDA keeps fbgemm's."""
+    if _VBE_KERNELS:
+        return
+    import warnings
+
+    import fbgemm_gpu  # noqa: F401 - declares the op and its CPU kernel
+
+    lib = torch.library.Library("fbgemm", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
+        warnings.simplefilter("ignore")
+        lib.impl("generate_vbe_metadata", vbe_metadata, "CPU")
+    _VBE_KERNELS.append(lib)
 
 
 # ====================== sequence dedup at the source (comm.dedup_at: source, EC index dedup)

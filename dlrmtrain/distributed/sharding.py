@@ -14,7 +14,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm.dedup.source import row_wise_dists_for_source
+from dlrmtrain.comm.dedup.source import SourceDedupEBCSharder, row_wise_dists_for_source
 from dlrmtrain.comm.embedding import make_ec_sharder
 from dlrmtrain.comm.stock_bytes import count_sequence_stock_dists
 from dlrmtrain.comm.embeddingbag import make_ebc_sharder
@@ -44,7 +44,7 @@ def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_typ
     device type picks TorchRec's quantized-comms kernels for the lossy codecs. Under
     comm.dedup_at: source the batch comes deduplicated and TorchRec's own dists carry it."""
     if comm.dedup_at == "source":
-        return make_ebc_sharder("none", {}, fused_params, device_type)
+        return SourceDedupEBCSharder(fused_params=fused_params)
     return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
 
 

@@ -135,13 +135,18 @@ def _placement(t: Table):
     return row_wise(compute_kernel="fused")
 
 
-def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT):
+def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT, source: bool = False):
+    """The sharded TinyModel and its dense optimizer; `source`: the `comm.dedup_at: source` sharder."""
     opt = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ADAGRAD}[sc.optimizer]
     fused = {"optimizer": opt, "learning_rate": sc.lr}
     if sc.optimizer == "adagrad":
         fused["eps"] = 1e-8
-    sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused,
-                               hierarchy=hierarchy if codec != "none" else FLAT)
+    if source:
+        from dlrmtrain.comm.dedup.source import SourceDedupEBCSharder
+        sharder = SourceDedupEBCSharder(fused_params=fused)
+    else:
+        sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused,
+                                   hierarchy=hierarchy if codec != "none" else FLAT)
     model = TinyModel(sc)
     per_param = {t.name: _placement(t) for t in sc.tables}
     mplan = construct_module_sharding_plan(model.ebc, per_param, sharder=sharder, local_size=world_size,

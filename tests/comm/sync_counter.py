@@ -43,10 +43,17 @@ class HostSyncCounter(TorchFunctionMode):
     """`syncs`: (function name, codec file:line) of each counted call on the critical path;
     `ahead`: the same for calls made while planning a later pass ahead."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_files: tuple[str, ...] = (), direct_only: bool = False) -> None:
+        """`extra_files`: paths under dlrmtrain/ whose calls count too (e.g. "comm/torchrec_hooks.py",
+        where `comm.dedup_at: source`'s expand lives); `direct_only`: only the calls those files make
+        themselves, not those of the TorchRec / fbgemm methods they call (counted apart, in `library`)."""
         super().__init__()
+        self.direct_only = direct_only
+        self.library: list[tuple[str, str]] = []
         self.syncs: list[tuple[str, str]] = []
         self.ahead: list[tuple[str, str]] = []
+        self._places = tuple(f"dlrmtrain/comm/{pkg}/" for pkg in CODEC_PACKAGES) + tuple(
+            f"dlrmtrain/{f}" for f in extra_files)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -54,8 +61,14 @@ class HostSyncCounter(TorchFunctionMode):
             # the innermost frame outside libraries (torch, TorchRec, fbgemm) and this file
             ours = [f for f in traceback.extract_stack()
                     if "site-packages" not in f.filename and not f.filename.endswith("sync_counter.py")]
-            if ours and any(f"dlrmtrain/comm/{pkg}/" in ours[-1].filename for pkg in CODEC_PACKAGES):
+            if ours and any(place in ours[-1].filename for place in self._places):
                 where = f"{ours[-1].filename.split('dlrmtrain/')[-1]}:{ours[-1].lineno}"
+                caller = [f for f in traceback.extract_stack() if "site-packages/torch/" not in f.filename
+                          and not f.filename.endswith("sync_counter.py")][-1]
+                if self.direct_only and "site-packages" in caller.filename:
+                    self.library.append((getattr(func, "__name__", str(func)),
+                                         f"{caller.filename.split('site-packages/')[-1]}:{caller.lineno}"))
+                    return func(*args, **kwargs)
                 ahead = any(f.name == "plan_ahead" and "dlrmtrain/comm/" in f.filename for f in ours)
                 (self.ahead if ahead else self.syncs).append((getattr(func, "__name__", str(func)), where))
         return func(*args, **kwargs)

@@ -2,7 +2,8 @@
 (comm/dedup/source.py) against the same EBC fed the full batch (`none`).
 
 Table-, column- and row-wise (row-wise over Gloo through the even all-gather of
-comm/torchrec_hooks.py), one-hot and multi-hot, in one spawn:
+comm/torchrec_hooks.py), one-hot and multi-hot, one pooled width (the expand in one gather,
+torchrec_hooks.RowGatherExpandShardedEBC) and two (TorchRec's), in one spawn:
 the first forward is bitwise none's (the tables are the same); the losses track none's within float summation
 order (rtol 1e-5, as test_dedup_training.py); the lookups (comm/lookups.py) take exactly the
 distinct bags of every (sample rank, owner) and their ids, counted independently from the ids.
@@ -10,6 +11,7 @@ distinct bags of every (sample rank, owner) and their ids, counted independently
 
 from __future__ import annotations
 
+import contextlib
 import numpy as np
 import pytest
 import torch
@@ -33,6 +35,11 @@ SCENARIOS = {
         Table("j", 10, 8, ("tw", 0), ids="jagged"),
         Table("r2", 25, 8, ("rw",), bag=2),
     ), batch=16, steps=3, lr=0.5),
+    # pooled widths that differ: TorchRec's own expand (RowGatherExpandShardedEBC gathers one width only)
+    "mixed_widths": Scenario(tables=(
+        Table("w8", 10, 8, ("tw", 0)),
+        Table("w16", 12, 16, ("tw", 1)),
+    ), batch=16, steps=2, lr=0.5),
 }
 
 
@@ -42,19 +49,29 @@ def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
-    dmp, dense_opt = build(sc, "none", world_size)  # under source: TorchRec's stock sharder
+    dmp, dense_opt = build(sc, "none", world_size, source=source)  # source: SourceDedupEBCSharder
     if source:
         row_wise_dists_for_source(dmp)
     count_stock_dists(dmp, "dedup" if source else "none")
     count_lookups(dmp)
+    from tests.comm.sync_counter import HostSyncCounter
+
     transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)
-    out = {"pooled": [], "losses": []}
+    out = {"pooled": [], "losses": [], "syncs": []}
     for step in range(sc.steps):
         kjt, labels = batch_for(sc, step, rank)
-        dense_opt.zero_grad()
-        loss, pooled = dmp(transform(kjt), labels)
-        loss.backward()
-        dense_opt.step()
+        kjt = transform(kjt)  # the loader's prefetch thread in a run: not the step's
+        # from the second step (the first reads the expand's static order once): the step's host
+        # syncs in the codec's own code, the source expand in torchrec_hooks.py included (not
+        # TorchRec's and fbgemm's variable-batch code it calls: `counter.library`)
+        counter = HostSyncCounter(extra_files=("comm/torchrec_hooks.py",), direct_only=True)
+        with counter if step else contextlib.nullcontext():
+            dense_opt.zero_grad()
+            loss, pooled = dmp(kjt, labels)
+            loss.backward()
+            dense_opt.step()
+        out["syncs"] += counter.syncs
+        out.setdefault("library_syncs", []).extend(counter.library)
         out["pooled"].append(pooled)
         out["losses"].append(loss.item())
     out["stats"] = collect_comm_stats(dmp)
@@ -102,6 +119,15 @@ def test_source_forward_is_bitwise_none_and_losses_track_it(results, name):
         for p_none, p_source in zip(none["pooled"][1:], source["pooled"][1:]):
             np.testing.assert_allclose(p_source, p_none, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(source["losses"], none["losses"], rtol=LOSS_RTOL)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_source_step_makes_no_codec_host_sync(results, name):
+    """Under source the plan is made with the batch; the step's expand (torchrec_hooks.py) reads
+    nothing back to the host and sizes nothing by the data."""
+    for rank, res in enumerate(results):
+        assert res[name, "source"]["syncs"] == [], f"rank {rank}: {res[name, 'source']['syncs']}"
 
 
 @pytest.mark.timeout(300)

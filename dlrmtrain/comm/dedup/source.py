@@ -22,7 +22,9 @@ from collections.abc import Callable, Collection, Mapping
 
 import torch
 import torch.nn as nn
-from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm import torchrec_hooks as hooks
@@ -32,6 +34,23 @@ DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 needs `row_wise_dists_for_source` on the sharded model"""
 _KEY_LIMIT = 2 ** 62
 """one-hot keys (feature · span + id) stay below this, else the multi-hot path keys them"""
+
+
+class SourceDedupEBCSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's EBC sharder for `comm.dedup_at: source`: TorchRec's own dists and lookups carry
+    the variable batch; its sharded module expands the rows in one gather
+    (`torchrec_hooks.RowGatherExpandShardedEBC`) and the CPU TBE's per-batch VBE metadata is
+    made in whole-tensor ops (`torchrec_hooks.register_cpu_vbe_metadata`)."""
+
+    def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
+              device: torch.device | None = None, module_fqn: str | None = None):
+        hooks.register_cpu_vbe_metadata()
+        return hooks.build_sharded_ebc(hooks.RowGatherExpandShardedEBC, self, module, params, env, device,
+                                       module_fqn)
+
+    @property
+    def sharded_module_type(self):
+        return hooks.RowGatherExpandShardedEBC
 
 
 def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
