@@ -4,7 +4,8 @@
 command line (one place to add an option: a new `LaunchSpec` field and one
 line here); `launch(spec)` hands it to `torch.distributed.run` and turns a
 failed rank into its exit code and one line, instead of torchrun's traceback
-(a rank killed by a signal: exit 3, as the ranks left end, naming it: run/peers.py).
+(a rank killed by a signal: exit 3, as the ranks left end, naming it: run/peers.py; but
+0 when rank 0 had said the run's records were complete: run/finished.py).
 SIGTERM or SIGINT to the launcher reaches every rank (torchrun forwards it); the
 ranks stop at a step boundary and rank 0 says where, so the launcher only exits
 with 128 + the signal, quietly.
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 from dlrmtrain.run.errors import EXIT_RUN_FAILED, EXIT_USER_ERROR, signal_name
+from dlrmtrain.run.finished import FINISHED_FILE_ENV, finished_file_exists
 from dlrmtrain.run.parent import say_if_owner_gone
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -139,6 +143,8 @@ def launch(spec: LaunchSpec) -> int:
 
     _quiet_agent()
     args = parse_args(torchrun_argv(spec))
+    job_dir = tempfile.mkdtemp(prefix="dlrmtrain-job-")
+    finished_file = os.environ[FINISHED_FILE_ENV] = os.path.join(job_dir, "finished")
     try:
         run(args)
     except SignalException as e:  # the ranks got the signal too and said where they stopped
@@ -155,10 +161,16 @@ def launch(spec: LaunchSpec) -> int:
         if failure.exitcode < 0:  # killed: the ranks left named it and closed the records
             signum = -failure.exitcode  # a SIGKILL leaves no words; a crash (SIGSEGV) may
             said = "" if signum == signal.SIGKILL else "; its output is above"
+            if finished_file_exists(finished_file):  # a rank lost in the teardown barrier
+                print(f"dlrmtrain: rank {rank} was killed by {signal_name(signum)} after the run "
+                      f"had finished{said}; its records are complete", file=sys.stderr)
+                return 0
             print(f"dlrmtrain: rank {rank} was killed by {signal_name(signum)}{said}",
                   file=sys.stderr)
             return EXIT_RUN_FAILED
         print(f"dlrmtrain: rank {rank} failed (exit code {failure.exitcode}); its output is "
               f"above", file=sys.stderr)
         return code
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
     return 0

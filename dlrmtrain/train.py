@@ -7,7 +7,8 @@ memory) is printed once, by rank 0, and every rank exits with status 2, also whe
 only one rank found it (the ranks agree through the job's store: Trainer). A run
 stopped while training is one line too, after its records are closed: a signal
 (`interrupted by SIGTERM at step N; last checkpoint step M`, exit 128 + signal) or
-an error such as a checkpoint that cannot be written or bad data (exit 3).
+an error such as a checkpoint that cannot be written or bad data (exit 3). A peer lost
+in the teardown after the run's records are complete is one line, and the exit stays 0.
 """
 
 from __future__ import annotations
@@ -42,6 +43,48 @@ def _stopped(error: RunError) -> None:
     os._exit(error.exit_code)
 
 
+def _tear_down_finished(shutdown, cfg, run_id: str, step: int, last_checkpoint: int | None) -> int:
+    """The final teardown barrier of a run that finished. A peer lost in it after rank 0
+    said the run's records are complete (run/finished.py) is one line and changes nothing
+    (no `stopped` record, exit 0); lost before that, it is a lost rank 0 as anywhere in the
+    run. The process group is not destroyed then (a peer is gone: exit-time teardown aborts)."""
+    from dlrmtrain.run.finished import finished_announced
+    from dlrmtrain.run.peers import peer_failure
+
+    try:
+        shutdown()
+    except Exception as e:  # noqa: BLE001 - a lost peer ends here; anything else is re-raised
+        lost = peer_failure(e, step, last_checkpoint)
+        if lost is None:
+            raise
+        if os.environ.get("RANK", "0") != "0" and not finished_announced():
+            _record_lost_writer(cfg, run_id, step, lost)
+            _stopped(lost)
+        _print_once(f"dlrmtrain: {lost}; the run had finished and its records are complete",
+                    lost.reporting_rank)
+        sys.stdout.flush()
+        os._exit(0)
+    return 0
+
+
+def _record_lost_writer(cfg, run_id: str, step: int, lost: RunError) -> None:
+    """The `stopped` record of a run whose rank 0 was lost before its records were complete,
+    by the rank that names it (run/teardown.py)."""
+    from dlrmtrain.run.directory import RunClaim, run_dir_of
+    from dlrmtrain.run.lock import RunLock
+    from dlrmtrain.run.records import open_run_records
+    from dlrmtrain.run.teardown import FailureRecords, records_of_lost_writer, writes_for_lost_rank0
+
+    if not writes_for_lost_rank0(lost, int(os.environ.get("RANK", "0"))):
+        return
+    resumed = RunClaim(run_id, resuming=True, adopt_run_id=False)
+    records = records_of_lost_writer(run_dir_of(cfg), run_id, RunLock(run_dir_of(cfg)),
+                                     lambda: FailureRecords(open_run_records(cfg, 0, resumed)))
+    if records is not None:
+        records.stopped(step, str(lost), 0.0, 0, clock_running=False)
+        records.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     install_stop_handlers()  # a signal from here on ends the run with one line
@@ -57,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+    from dlrmtrain.run.finished import announce_finished
     from dlrmtrain.run.machine import check_device
     from dlrmtrain.run.peers import start_heartbeat, stop_heartbeat
     from dlrmtrain.trainer import Trainer  # heavy imports only after the config is good
@@ -85,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as e:
         _stopped(e)
     trainer.close()
+    if env.is_main:  # its records are complete: a rank lost from here on changes nothing
+        announce_finished()
     stop_heartbeat()  # a rank that is done is not silent
+    run_id, step = trainer.checkpointer.run_id, trainer.step
+    last_checkpoint = trainer.checkpointer.last_step
     del trainer  # drop the sharded model before the process group goes away
-    shutdown_distributed()
-    return 0
+    return _tear_down_finished(shutdown_distributed, cfg, run_id, step, last_checkpoint)
 
 
 if __name__ == "__main__":

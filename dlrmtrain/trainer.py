@@ -48,7 +48,7 @@ from dlrmtrain.run.resume import (codec_changes_since, refuse_finished_checkpoin
 from dlrmtrain.run.signals import stop_signal, stop_signals_held
 from dlrmtrain.run.stop import StopAtLoggingSteps
 from dlrmtrain.run.teardown import (FailureRecords, records_of_lost_writer, undo_start,
-                                    writes_for_lost_rank0)
+                                    undo_start_of_lost_writer, writes_for_lost_rank0)
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_datasets, build_sharded_model, workload_of
@@ -87,6 +87,10 @@ class Trainer:
             failure = agreed_failure(e, 0, self._last_checkpoint_step())
             undo_start(self._failure_records(), run_dir_of(cfg),
                        remove_records=env.is_main and not claim.resuming)
+            if writes_for_lost_rank0(failure, env.rank):  # rank 0 began the records: gone
+                undo_start_of_lost_writer(
+                    run_dir_of(cfg), claim.run_id, self.run_lock, claim.resuming,
+                    lambda: self._opened_as_writer(claim.run_id), stop=(0, str(failure)))
             self.run_lock.release()  # refused or broken before training: free the directory
             if failure is e:
                 raise
@@ -120,10 +124,12 @@ class Trainer:
         self.cadence.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
             set_aside_torn_lines(run_dir_of(cfg), log=self._print)
+        self.records = open_run_records(cfg, env.rank, claim)
+        if not claim.resuming:  # first: records begun say whose they are (run/teardown.py)
+            self.records.set_identity(claim.run_id, self.math)
         self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
-        self.records = open_run_records(cfg, env.rank, claim)
         self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
                                                          env.world_size)
         self.source_auto = self._dedup_at_the_source(cfg)
@@ -269,7 +275,7 @@ class Trainer:
             self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
             self.schedule.load_state_dict(pos.schedule)
         codecs = codec_changes_since(path, self.math, log=self._print)
-        if not claim.resuming or claim.adopt_run_id:
+        if claim.adopt_run_id:  # the resumed checkpoint's run id (a new run's: _build)
             self.records.set_identity(self.checkpointer.run_id, self.math)
         if claim.resuming:
             self.records.log_resumed(self.step, str(path) if path else None, epoch=self.epoch,
@@ -342,19 +348,21 @@ class Trainer:
             return error
         records = self._failure_records()
         if writes_for_lost_rank0(error, self.env.rank):  # rank 0 kept the records: gone
-            records = records_of_lost_writer(run_dir_of(self.cfg), self.checkpointer.run_id,
-                                             self.run_lock, self._opened_as_writer) or records
+            records = records_of_lost_writer(
+                run_dir_of(self.cfg), self.checkpointer.run_id, self.run_lock,
+                lambda: self._opened_as_writer(self.checkpointer.run_id, mlperf=True)) or records
         records.stopped(run.completed, str(error), self.step / self.data.steps_per_epoch,
                         self._samples_trained(), clock_running=run.clock_running)
         records.close()
         self.close()
         return error
 
-    def _opened_as_writer(self) -> FailureRecords:
-        """The run's records opened to append, as rank 0 has them (run/teardown.py)."""
-        resumed = RunClaim(self.checkpointer.run_id, resuming=True, adopt_run_id=False)
+    def _opened_as_writer(self, run_id: str, mlperf: bool = False) -> FailureRecords:
+        """The run's records (and with `mlperf` its MLPerf log) opened to append, as rank 0
+        has them (run/teardown.py)."""
+        resumed = RunClaim(run_id, resuming=True, adopt_run_id=False)
         return FailureRecords(open_run_records(self.cfg, 0, resumed),
-                              open_mlperf_logger(self.cfg, 0, append=True))
+                              open_mlperf_logger(self.cfg, 0, append=True) if mlperf else None)
 
     def _new_run(self) -> RunProgress:
         cfg, env = self.cfg, self.env

@@ -10,7 +10,12 @@ Rank 0 writes the records. When rank 0 is the rank lost, the lowest rank left (t
 that names it: PeerFailure.reporting_rank) writes the `stopped` record in its place
 (`records_of_lost_writer`): only where it sees the run's own folder (its run.json names
 this run) and can take the folder's lock, which a rank 0 still alive somewhere holds, so
-a run's records always have one writer, appending.
+a run's records always have one writer, appending. When rank 0 is lost while the Trainer
+is still being built, that rank ends the start as rank 0 would have
+(`undo_start_of_lost_writer`): a new run's records removed (it trained nothing and has
+no checkpoint; a retry needs no run.overwrite), a resumed one's closed with a `stopped`
+record. A new run's run.json is its first record, so records begun always say whose
+they are.
 """
 
 from __future__ import annotations
@@ -64,20 +69,47 @@ def records_of_lost_writer(run_dir: Path, run_id: str, lock: RunLock,
                            open_records: Callable[[], FailureRecords]) -> Optional[FailureRecords]:
     """The run's records in `run_dir`, opened to append by a rank other than 0 whose rank 0
     is lost (module docstring); None where this rank must not write them."""
+    if not _taken_over(run_dir, run_id, lock):
+        return None
+    set_aside_torn_lines(run_dir)  # rank 0 may have died mid-record
+    return open_records()
+
+
+def _taken_over(run_dir: Path, run_id: str, lock: RunLock) -> bool:
+    """Whether `run_dir` here is this run's and its lock is now this rank's."""
     identity = read_identity(run_dir)
     if identity is None or identity.get("run_id") != run_id:  # not this run's folder here
-        return None
+        return False
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
             lock.acquire()
-            break
+            return True
         except SetupError:  # rank 0 lives on somewhere (or has not quite ended yet)
             if time.monotonic() > deadline:
-                return None
+                return False
             time.sleep(0.1)
-    set_aside_torn_lines(run_dir)  # rank 0 may have died mid-record
-    return open_records()
+
+
+def undo_start_of_lost_writer(run_dir: Path, run_id: str, lock: RunLock, resuming: bool,
+                              open_records: Callable[[], FailureRecords], stop: tuple[int, str]
+                              ) -> None:
+    """End a start whose rank 0 (the records' writer) is lost, as it would have (module
+    docstring): a resumed run gets a `stopped` record (`stop`: its step and reason), a new
+    one's records are removed; nothing where this rank must not write them. The lock is
+    released again."""
+    if not _taken_over(run_dir, run_id, lock):
+        return
+    try:
+        if resuming:
+            set_aside_torn_lines(run_dir)  # rank 0 may have died mid-record
+            opened = open_records()
+            opened.stopped(*stop, epochs_done=0.0, samples=0, clock_running=False)
+            opened.close()
+        else:
+            undo_start(FailureRecords(), run_dir, remove_records=True)
+    finally:
+        lock.release()
 
 
 def undo_start(opened: FailureRecords, run_dir: Path, remove_records: bool) -> None:

@@ -1,8 +1,12 @@
 """`python -m tests.reliability.dying_rank POINT RANK ARGS...`: `dlrmtrain train --nproc 2
 ARGS` through dlrmtrain's own launcher, whose rank RANK kills itself with SIGKILL (as
-kill -9 or the OOM killer would) where POINT is: `start`, as it would enter the start
-barrier, or `end`, as it would enter the end-of-run stats collective. Every other rank
-runs unchanged and real: it meets a peer that died just there."""
+kill -9 or the OOM killer would) where POINT is: `build`, as the Trainer would shard its
+model (its records begun, before the start barrier), `start`, as it would enter the
+start barrier, `end`, as it would enter the end-of-run stats collective, `summary`, as
+it would write the run's summary (after that collective, before its records are
+complete), or `teardown`, as it would enter the final teardown barrier (its records
+complete).
+Every other rank runs unchanged and real: it meets a peer that died just there."""
 
 from __future__ import annotations
 
@@ -34,10 +38,18 @@ def main(argv: list[str]) -> int:
     if int(os.environ["RANK"]) == rank:
         from dlrmtrain import trainer
 
-        if point == "start":
+        if point == "build":
+            trainer.build_sharded_model = _die
+        elif point == "start":
             trainer.dist = _DyingAtBarrier(trainer.dist)
         elif point == "end":
             trainer.collect_comm_stats = _die
+        elif point == "summary":
+            trainer.Trainer._end_run = _die
+        elif point == "teardown":
+            from dlrmtrain.distributed import env
+
+            env.shutdown_distributed = _die  # train.main imports it when it runs
         else:
             raise SystemExit(f"dying_rank: unknown point {point!r}")
     from dlrmtrain.train import main as train

@@ -131,14 +131,19 @@ def mlperf_keys(run_dir: Path) -> list[str]:
             for line in (run_dir / "mlperf.log").read_text().splitlines() if ":::MLLOG " in line]
 
 
-def named_and_recorded(out: str, run_dir: Path, lost: int) -> str:
-    """The one error line of a job whose rank `lost` died by SIGKILL (exit 3, no traceback),
-    the same as the run's last record, a `stopped` one."""
+def named(out: str, lost: int) -> str:
+    """The one error line of a job whose rank `lost` died by SIGKILL (no traceback)."""
     assert "Traceback" not in out, out[-3000:]
     (line,) = [line for line in out.splitlines() if line.startswith("error: ")]
     assert line.startswith(f"error: rank {lost} (its process is gone) was lost at step "), line
     assert "the connection to it closed (Gloo: " in line and "last checkpoint " in line, line
     assert f"dlrmtrain: rank {lost} was killed by SIGKILL" in out, out[-3000:]
+    return line
+
+
+def named_and_recorded(out: str, run_dir: Path, lost: int) -> str:
+    """`named`'s line, the same as the run's last record, a `stopped` one."""
+    line = named(out, lost)
     last = metrics(run_dir)[-1]
     assert last["kind"] == "stopped" and last["reason"] == line.removeprefix("error: "), last
     return line

@@ -4,6 +4,7 @@ what a failed start or a stopped run leaves behind."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -16,7 +17,8 @@ from dlrmtrain.run.errors import (EXIT_USER_ERROR, RunAlreadyFinished, RunError,
 from dlrmtrain.run.failure import agreed_failure, as_run_stop, interrupted_message
 from dlrmtrain.run.peers import PeerFailure
 from dlrmtrain.run.stop import announced_stop
-from dlrmtrain.run.teardown import FailureRecords, undo_start
+from dlrmtrain.run.lock import RunLock
+from dlrmtrain.run.teardown import FailureRecords, undo_start, undo_start_of_lost_writer
 
 GLOO_LOST = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4242")
 
@@ -123,3 +125,26 @@ def test_a_failed_start_removes_a_new_runs_records_and_keeps_a_resumed_ones(tmp_
     undo_start(FailureRecords(records, None), tmp_path, remove_records=not resuming)
     assert records.closed
     assert sorted(p.name for p in tmp_path.iterdir()) == (sorted(RECORD_FILES) if resuming else [])
+
+
+@pytest.mark.parametrize("resuming", [False, True])
+def test_a_start_whose_rank0_is_lost_is_ended_by_the_rank_left_as_rank0_would(tmp_path, resuming):
+    """Rank 0 lost while the Trainer is built: the rank that names it removes a new run's
+    records (no half-made run left for a resume or `report` to misread) or closes a
+    resumed one's with a `stopped` record; in a folder that is not this run's, nothing."""
+    for name in RECORD_FILES:
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "this"}))
+    records = _Log()
+    lock = RunLock(tmp_path)
+    undo_start_of_lost_writer(tmp_path, "other", lock, resuming, lambda: FailureRecords(records),
+                              stop=(0, "rank 0 was lost"))
+    assert sorted(p.name for p in tmp_path.glob("*") if p.name != "run.lock") == sorted(RECORD_FILES)
+    assert records.lines == []
+    undo_start_of_lost_writer(tmp_path, "this", lock, resuming, lambda: FailureRecords(records),
+                              stop=(0, "rank 0 was lost"))
+    left = sorted(p.name for p in tmp_path.glob("*") if p.name != "run.lock")
+    assert left == (sorted(RECORD_FILES) if resuming else [])
+    assert records.lines == ([("stopped", {"step": 0, "reason": "rank 0 was lost"})] if resuming
+                             else [])
+    RunLock(tmp_path).acquire()  # released again: a retry can take the folder

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.jobs import (finish, kill_job, metrics, mlperf_keys, named_and_recorded,
-                                    output_of, start_cli_job, start_job, wait_until, worker_pid)
+from dlrmtrain.run.directory import RECORD_FILES
+from tests.reliability.jobs import (finish, kill_job, metrics, mlperf_keys, named,
+                                    named_and_recorded, output_of, start_cli_job, start_job,
+                                    wait_until, worker_pid)
 
 LONG = ["run.name=f", "run.epochs=1000", "eval.enabled=false", "checkpoint.every_steps=2",
         "comm.codec=none"]
@@ -40,28 +42,56 @@ def _error_lines(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("error: ")]
 
 
-@pytest.mark.parametrize("point, lost", [("start", 0), ("end", 1)])
+@pytest.mark.parametrize("point, lost", [("build", 0), ("start", 0), ("end", 1), ("summary", 0), ("teardown", 0)])
 def test_a_peer_lost_in_the_start_barrier_or_the_end_of_run_stats_is_named(tmp_path, point, lost):
     """A rank killed as it enters the start barrier (rank 0 here) or the end-of-run comm
     stats collective (rank 1): the rank left ended in a Gloo traceback there (exit 1, no
     record). Now it ends as for any lost peer: one line, exit 3, a `stopped` record; the
-    MLPerf log gets no run_stop before its run_start, and no second one."""
+    MLPerf log gets no run_stop before its run_start, and no second one. Rank 0 killed
+    while the Trainer shards its model (`build`: its new run's records begun) left them
+    behind, half made; now the rank left removes them, as rank 0 would have. Rank 0 killed
+    as it writes the summary (`summary`) or in the final teardown barrier (`teardown`) left a
+    traceback and exit 1 on rank 1, no record; now the first is a lost peer like the others
+    (rank 1 writes the `stopped` record), the second, after rank 0 said its records were
+    complete, changes nothing: one line, exit 0."""
     job = start_job(tmp_path, point, str(lost), *LONG, "run.max_steps=3", "mlperf.enabled=true",
                     module="tests.reliability.dying_rank", launcher=True)
     try:
         rc, _ = finish(job, START_TIMEOUT)
     finally:
         kill_job(job)
-    out = output_of(tmp_path)
+    out, run_dir = output_of(tmp_path), tmp_path / "f"
+    if point == "teardown":
+        assert rc == 0, out[-3000:]
+        _finished_despite_a_lost_peer(out, run_dir, lost)
+        return
     assert rc == 3, out[-3000:]
-    line = named_and_recorded(out, tmp_path / "f", lost)
-    keys = mlperf_keys(tmp_path / "f")
+    if point == "build":
+        assert " was lost at step 0: " in named(out, lost), out[-3000:]
+        assert not [n for n in RECORD_FILES if (run_dir / n).exists()], sorted(run_dir.iterdir())
+        return
+    line = named_and_recorded(out, run_dir, lost)
+    keys = mlperf_keys(run_dir)
     if point == "start":
         assert " was lost at step 0: " in line and "run_start" not in keys, (line, keys)
         assert "run_stop" not in keys, keys
-    else:
+    else:  # end, summary: after the MLPerf clock stopped
         assert " was lost at step 3: " in line, line
         assert keys.count("run_stop") == 1, keys
+
+
+def _finished_despite_a_lost_peer(out: str, run_dir: Path, lost: int) -> None:
+    """A run whose rank `lost` died after the summary was written: the rank left says so in
+    one line (no error, no traceback) and its records stay those of a finished run."""
+    assert "Traceback" not in out and not _error_lines(out), out[-3000:]
+    (line,) = [line for line in out.splitlines() if " was lost at step " in line]
+    assert line.startswith(f"dlrmtrain: rank {lost}") and " was lost at step 3: " in line, line
+    assert line.endswith("; the run had finished and its records are complete"), line
+    assert (f"dlrmtrain: rank {lost} was killed by SIGKILL after the run had finished; "
+            f"its records are complete") in out, out[-3000:]
+    assert (run_dir / "summary.json").is_file(), sorted(run_dir.iterdir())
+    assert "stopped" not in [r["kind"] for r in metrics(run_dir)], metrics(run_dir)[-1]
+    assert mlperf_keys(run_dir).count("run_stop") == 1, mlperf_keys(run_dir)
 
 
 def _ended(pid: int) -> bool:
