@@ -14,18 +14,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dlrmtrain.comm.auto.source import SourceAuto, attach_source_auto
-from dlrmtrain.comm.dedup.source import source_transform
+from dlrmtrain.comm.auto.source import dedup_at_the_source
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
-from dlrmtrain.distributed.env import DistEnv, decide_on_rank0
+from dlrmtrain.distributed.env import DistEnv, decide_on_rank0, mean_over_ranks
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import evaluate_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
-from dlrmtrain.mlperf.benchmarks import COUNTS_SAMPLES
-from dlrmtrain.mlperf.eval_grid import EvalGrid, eval_grid_for_config
-from dlrmtrain.mlperf.logger import log_run_setup, open_mlperf_logger
+from dlrmtrain.mlperf.logger import log_run_setup, mlperf_eval_grid, open_mlperf_logger
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
@@ -43,27 +40,14 @@ from dlrmtrain.run.lock import RunLock
 from dlrmtrain.run.peers import note_step
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
-from dlrmtrain.run.resume import (codec_changes_since, refuse_finished_checkpoint,
-                                  refuse_resume_without_checkpoint, refuse_run_at_target)
+from dlrmtrain.run.resume import codec_changes_since, refuse_what_cannot_resume
 from dlrmtrain.run.signals import stop_signal, stop_signals_held
 from dlrmtrain.run.stop import StopAtLoggingSteps
-from dlrmtrain.run.teardown import (FailureRecords, records_of_lost_writer, undo_start,
-                                    undo_start_of_lost_writer, writes_for_lost_rank0)
+from dlrmtrain.run.teardown import (FailureRecords, opened_as_writer, records_of_lost_writer,
+                                    undo_start, undo_start_of_lost_writer, writes_for_lost_rank0)
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_datasets, build_sharded_model, workload_of
-
-
-def _mlperf_eval_grid(cfg: Config, train_samples: int) -> Optional[EvalGrid]:
-    """The steps a run logged for a benchmark that counts samples (dlrmv4) must evaluate
-    at: its rules fix the grid (mlperf.eval_every_data_pct, skip_eval_epoch_pct), so
-    eval.evals_per_epoch does not apply. None: evaluate as the eval section says."""
-    if not (cfg.mlperf.enabled and workload_of(cfg).benchmark in COUNTS_SAMPLES):
-        return None
-    try:
-        return eval_grid_for_config(cfg, train_samples)
-    except ValueError as e:
-        raise SetupError(str(e)) from None
 
 
 class Trainer:
@@ -90,7 +74,7 @@ class Trainer:
             if writes_for_lost_rank0(failure, env.rank):  # rank 0 began the records: gone
                 undo_start_of_lost_writer(
                     run_dir_of(cfg), claim.run_id, self.run_lock, claim.resuming,
-                    lambda: self._opened_as_writer(claim.run_id), stop=(0, str(failure)))
+                    lambda: opened_as_writer(cfg, claim.run_id), stop=(0, str(failure)))
             self.run_lock.release()  # refused or broken before training: free the directory
             if failure is e:
                 raise
@@ -110,18 +94,10 @@ class Trainer:
         refuse_empty_epochs(self.data.num_train_samples, self.data.steps_per_epoch,
                             cfg.run.global_batch_size, env.world_size)
         self.cadence = Cadence(cfg, self.data.steps_per_epoch)
-        # a resume with nothing to train, or no checkpoint for its records, stops here (resume.py)
-        if resume_from is not None:
-            refuse_finished_checkpoint(run_dir_of(cfg), resume_from, self.cadence.planned_steps())
-            if claim.resuming:
-                decide_on_rank0(lambda: refuse_run_at_target(run_dir_of(cfg), cfg.eval.target_auc),
-                                env.rank)
-        elif cfg.checkpoint.resume and claim.resuming:
-            decide_on_rank0(lambda: refuse_resume_without_checkpoint(
-                run_dir_of(cfg), self.checkpointer.root, self.checkpointer.rejected,
-                self.cadence.planned_steps(), cfg.eval.target_auc), env.rank)
+        refuse_what_cannot_resume(cfg, claim.resuming, resume_from, self.checkpointer,
+                                  self.cadence.planned_steps(), env.rank)
         workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
-        self.cadence.eval_grid = _mlperf_eval_grid(cfg, self.data.num_train_samples)
+        self.cadence.eval_grid = mlperf_eval_grid(cfg, self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
             set_aside_torn_lines(run_dir_of(cfg), log=self._print)
         self.records = open_run_records(cfg, env.rank, claim)
@@ -132,7 +108,8 @@ class Trainer:
         self.mlperf.init_start()
         self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
                                                          env.world_size)
-        self.source_auto = self._dedup_at_the_source(cfg)
+        self.source_auto = dedup_at_the_source(cfg.comm, workload_of(cfg).collection_kind,
+                                               self.model, self.data, env.device)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
@@ -156,16 +133,6 @@ class Trainer:
             log_run_setup(self.mlperf, cfg, self.data.num_train_samples,
                           self.data.num_eval_samples)
             self.mlperf.init_stop()
-
-    def _dedup_at_the_source(self, cfg: Config) -> Optional[SourceAuto]:
-        """comm.dedup_at: source on pooled tables: the loader keeps each feature's distinct bags
-        (sequence embeddings dedup in their sharder); under `auto` beside the full batch, and
-        the returned `SourceAuto` picks one per step."""
-        if cfg.comm.dedup_at != "source" or workload_of(cfg).collection_kind != "pooled":
-            return None
-        auto = cfg.comm.codec == "auto"
-        self.data.set_sparse_transform(source_transform(self.model, cfg.comm.table_codecs), keep_full=auto)
-        return attach_source_auto(self.model, self.env.device) if auto else None
 
     def _print(self, text: str) -> None:
         if self.env.is_main:
@@ -221,14 +188,6 @@ class Trainer:
             self.mlperf.epoch_stop(self.epoch, samples_count=self._samples_trained())
             self.epoch += 1
             self.step_in_epoch = 0
-
-    def _global_mean(self, value: torch.Tensor) -> float:
-        """Mean over ranks (a sync point: call only when logging)."""
-        value = value.detach().float().clone()
-        if self.env.world_size > 1:
-            dist.all_reduce(value)
-            value /= self.env.world_size
-        return value.item()
 
     # ---- evaluation -------------------------------------------------------
     @torch.no_grad()
@@ -350,30 +309,19 @@ class Trainer:
         if writes_for_lost_rank0(error, self.env.rank):  # rank 0 kept the records: gone
             records = records_of_lost_writer(
                 run_dir_of(self.cfg), self.checkpointer.run_id, self.run_lock,
-                lambda: self._opened_as_writer(self.checkpointer.run_id, mlperf=True)) or records
+                lambda: opened_as_writer(self.cfg, self.checkpointer.run_id, mlperf=True)) or records
         records.stopped(run.completed, str(error), self.step / self.data.steps_per_epoch,
                         self._samples_trained(), clock_running=run.clock_running)
         records.close()
         self.close()
         return error
 
-    def _opened_as_writer(self, run_id: str, mlperf: bool = False) -> FailureRecords:
-        """The run's records (and with `mlperf` its MLPerf log) opened to append, as rank 0
-        has them (run/teardown.py)."""
-        resumed = RunClaim(run_id, resuming=True, adopt_run_id=False)
-        return FailureRecords(open_run_records(self.cfg, 0, resumed),
-                              open_mlperf_logger(self.cfg, 0, append=True) if mlperf else None)
-
     def _new_run(self) -> RunProgress:
         cfg, env = self.cfg, self.env
-        total = self.cadence.planned_steps()
-        bar = tqdm(total=total, initial=min(self.step, total), desc="train", unit="step",
-                   dynamic_ncols=True, disable=not (env.is_main and cfg.logging.progress_bar))
-        return RunProgress(
-            total=total, first_step=self.step, completed=self.step, bar=bar,
-            summary=Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
-                            codec=codec_label(cfg.comm.codec, cfg.comm.table_codecs)),
-            window_loss=torch.zeros((), device=env.device))
+        summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
+                          codec=codec_label(cfg.comm.codec, cfg.comm.table_codecs))
+        return RunProgress.begin(self.cadence.planned_steps(), self.step, summary, env.device,
+                                 show_bar=env.is_main and cfg.logging.progress_bar)
 
     def _start_clock(self, run: RunProgress) -> None:
         if self.env.world_size > 1:
@@ -398,7 +346,7 @@ class Trainer:
         note_step(self.step)  # for the heartbeat's thread (run/peers.py)
         if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
             return
-        mean_loss = self._global_mean(run.window_loss / run.window_steps)
+        mean_loss = mean_over_ranks(run.window_loss / run.window_steps, self.env.world_size)
         rate = run.window_steps * self.cfg.run.global_batch_size / run.window_seconds()
         lr = self.optimizer.param_groups[0]["lr"]
         run.summary.losses.append((self.step, mean_loss))

@@ -142,6 +142,15 @@ def decide_on_rank0(decide: Callable[[], Any], rank: int) -> Any:
     return outcome[0]
 
 
+def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
+    """Mean of `value` over ranks, in fp32 (a sync point: call only when logging)."""
+    value = value.detach().float().clone()
+    if world_size > 1:
+        dist.all_reduce(value)
+        value /= world_size
+    return value.item()
+
+
 def shutdown_distributed(*objects_to_release: object) -> None:
     """Tear down in the order that avoids exit-time aborts.
 

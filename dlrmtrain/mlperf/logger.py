@@ -123,11 +123,13 @@ from dlrmtrain.mlperf.benchmarks import (
     dlrmv4_hyperparameters,
     mlperf_layer_names,
 )
+from dlrmtrain.run.errors import SetupError
 from dlrmtrain.run.records import StrictFileHandler
 from dlrmtrain.workloads import workload_of
 
 if TYPE_CHECKING:
     from dlrmtrain.config.schema import Config
+    from dlrmtrain.mlperf.eval_grid import EvalGrid
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -518,3 +520,15 @@ def _positive_int(what: str, n: int) -> int:
     if isinstance(n, bool) or int(n) != n or n <= 0:
         raise ValueError(f"{what} must be a positive integer, got {n!r}")
     return int(n)
+
+
+def mlperf_eval_grid(cfg: Config, train_samples: int) -> EvalGrid | None:
+    """The steps a run logged for a benchmark that counts samples (dlrmv4) must evaluate
+    at: its rules fix the grid (mlperf.eval_every_data_pct, skip_eval_epoch_pct), so
+    eval.evals_per_epoch does not apply. None: evaluate as the eval section says."""
+    if not (cfg.mlperf.enabled and workload_of(cfg).benchmark in COUNTS_SAMPLES):
+        return None
+    try:
+        return eval_grid_for_config(cfg, train_samples)
+    except ValueError as e:
+        raise SetupError(str(e)) from None

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+from tqdm import tqdm
 
 from dlrmtrain.run.peers import stalled_seconds
 
@@ -100,6 +101,15 @@ class RunProgress:
     completed: int = 0       # the last step whose loss was recorded (a step that broke off is not)
     clock_running: bool = False  # the MLPerf clock: run_start logged, run_stop not yet
     last: bool = False       # this step is the planned last one
+
+    @classmethod
+    def begin(cls, total: int, first_step: int, summary: Summary, device: torch.device,
+              show_bar: bool) -> "RunProgress":
+        """A run from `first_step` to `total`, its progress bar shown where `show_bar`."""
+        bar = tqdm(total=total, initial=min(first_step, total), desc="train", unit="step",
+                   dynamic_ncols=True, disable=not show_bar)
+        return cls(total=total, first_step=first_step, completed=first_step, bar=bar, summary=summary,
+                   window_loss=torch.zeros((), device=device))
 
     def count(self, step: int, loss: torch.Tensor) -> None:
         """`step` is done: its local loss joins the metrics window."""

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from dlrmtrain.run.checkpoint import TRAINER_STATE, read_manifest
-from dlrmtrain.run.directory import RECORD_FILES
+from dlrmtrain.distributed.env import decide_on_rank0
+from dlrmtrain.run.directory import RECORD_FILES, run_dir_of
 from dlrmtrain.run.errors import RunAlreadyFinished, SetupError
 from dlrmtrain.run.identity import lossless_codec_changes
 
@@ -92,6 +93,20 @@ def refuse_finished_checkpoint(run_dir: Path, checkpoint: Path, planned_steps: i
             f"{run_dir} already finished: its checkpoint {checkpoint.name} "
             f"is at step {step}, the planned last step is {planned_steps}; nothing trained, "
             f"every record left as it was. Raise run.max_steps or run.epochs to train on.")
+
+
+def refuse_what_cannot_resume(cfg: Any, resuming: bool, checkpoint: Optional[Path], checkpointer: Any,
+                              planned_steps: int, rank: int) -> None:
+    """A resume with nothing to train, or no checkpoint for its records, stops here, on every
+    rank alike (rank 0 reads the records and decides)."""
+    run_dir = run_dir_of(cfg)
+    if checkpoint is not None:
+        refuse_finished_checkpoint(run_dir, checkpoint, planned_steps)
+        if resuming:
+            decide_on_rank0(lambda: refuse_run_at_target(run_dir, cfg.eval.target_auc), rank)
+    elif cfg.checkpoint.resume and resuming:
+        decide_on_rank0(lambda: refuse_resume_without_checkpoint(
+            run_dir, checkpointer.root, checkpointer.rejected, planned_steps, cfg.eval.target_auc), rank)
 
 
 def codec_changes_since(checkpoint: Optional[Path], math: dict[str, Any],

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from dlrmtrain.run.directory import RECORD_FILES, read_identity
+from dlrmtrain.mlperf.logger import open_mlperf_logger
+from dlrmtrain.run.directory import RECORD_FILES, RunClaim, read_identity
 from dlrmtrain.run.errors import SetupError
 from dlrmtrain.run.lock import RunLock
-from dlrmtrain.run.records import set_aside_torn_lines
+from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
 
 LOCK_WAIT_S = 5.0
 """How long the rank taking over waits for a dead rank 0's lock (the kernel drops it as
@@ -119,3 +120,11 @@ def undo_start(opened: FailureRecords, run_dir: Path, remove_records: bool) -> N
     if remove_records:
         for name in RECORD_FILES:
             (run_dir / name).unlink(missing_ok=True)
+
+
+def opened_as_writer(cfg: Any, run_id: str, mlperf: bool = False) -> FailureRecords:
+    """The run's records (and with `mlperf` its MLPerf log) opened to append, as rank 0
+    has them: what the rank taking over writes to."""
+    resumed = RunClaim(run_id, resuming=True, adopt_run_id=False)
+    return FailureRecords(open_run_records(cfg, 0, resumed),
+                          open_mlperf_logger(cfg, 0, append=True) if mlperf else None)
