@@ -56,7 +56,7 @@ made with torch.tensor(...) and no device"""
 DEVICE_SITES = (
     "torchrec/", "torch/nn/parallel/", "torch/distributed/utils.py:",  # the model's and batch's data
     "dlrmtrain/comm/dedup/", "dlrmtrain/comm/auto/dist.py:_agree",  # ids, rows, flags, timings
-    "dlrmtrain/trainer.py:_global_mean",                    # the window's loss, on the device
+    "dlrmtrain/distributed/env.py:mean_over_ranks",         # the window's loss, on the device
     "dlrmtrain/metrics/auc.py:gather_eval_outputs",         # the eval logits, on the device
     "dlrmtrain/run/checkpoint.py:estimate_checkpoint_bytes",  # made with device=env.device
 )
