@@ -84,7 +84,9 @@ def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
                      "data.synthetic.num_train_samples=16384", "data.synthetic.num_eval_samples=4096",
                      "run.name=launched", "comm.codec=dedup", "comm.table_codecs={t_cat_3: none}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("dlrmtrain: building launched: dlrm_v1, 26 tables")
+    # comm.dedup_at unset: the quick start's Adagrad keeps dedup at the owner, said once (issue 33)
+    assert proc.stdout.startswith("comm.dedup_at: owner (optim.name: adagrad: fbgemm's variable-batch "
+                                  "TBE refuses EXACT_ADAGRAD)\ndlrmtrain: building launched: dlrm_v1, 26 tables")
     assert "  codec            dedup (t_cat_3: none)\n" in proc.stdout   # the summary names it
     assert "OMP_NUM_THREADS" not in proc.stderr          # torchrun's banner
     assert "Warning" not in proc.stdout + proc.stderr     # TorchRec's deprecation warnings
@@ -130,7 +132,7 @@ def test_two_nodes_train_as_one_node_of_the_same_world_size(tmp_path):
     run goes at the same time (its own standalone store): their start-ups overlap."""
     common = ["--config", "configs/quickstart.yaml",
               *tiny_overrides(str(tmp_path), "run.max_steps=4", "eval.enabled=false",
-                              "comm.codec=dedup")]
+                              "comm.codec=dedup", "comm.dedup_at=owner")]
     rdzv = f"127.0.0.1:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     commands = {"one node": ["--nproc", "2", *common, "run.name=one_node"],
@@ -184,7 +186,8 @@ def test_train_behind_a_shaped_link(tmp_path):
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
                      "--link-gbit", "1",
                      *tiny_overrides(str(tmp_path), "run.max_steps=2", "eval.enabled=false",
-                                     "run.name=linked", "comm.codec=dedup"))
+                                     "run.name=linked", "comm.codec=dedup",
+                                     "comm.dedup_at=owner"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "linked" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2
