@@ -22,7 +22,7 @@ from dlrmtrain.run.errors import (EXIT_USER_ERROR, RunAlreadyFinished, RunError,
                                   SetupError)
 from dlrmtrain.run.parent import stop_with_parent
 from dlrmtrain.run.signals import install_stop_handlers
-from dlrmtrain.validation import resolve_config, validate_config
+from dlrmtrain.validation import dedup_at_note, resolve_config, validate_config
 
 
 def _print_once(message: str, by_rank: int = 0) -> None:
@@ -91,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     stop_with_parent()  # ... and so does the death of torchrun's agent (the launcher)
     try:  # every config error surfaces before a process group exists
         path, overrides = parse_cli(argv)
-        cfg = resolve_config(load_config(path, overrides))
+        loaded = load_config(path, overrides)
+        cfg = resolve_config(loaded)
         validate_config(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as e:  # the same on every rank: no rank waits for another
         _print_once(f"config error: {e}")
         return EXIT_USER_ERROR
+    note = dedup_at_note(loaded, cfg)  # an unset comm.dedup_at kept at the owner, and why
+    if note:
+        _print_once(note)
 
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

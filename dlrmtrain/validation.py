@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 
 from dlrmtrain.comm.registry import (
-    available_codecs, validate_codec_choice, validate_dedup_at, validate_hierarchy)
+    available_codecs, dedup_at_default, validate_codec_choice, validate_dedup_at, validate_hierarchy)
 from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_node
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
@@ -90,20 +90,53 @@ def _check_pipeline(cfg: Config, device_type: str) -> None:
 
 def resolve_config(cfg: Config) -> Config:
     """A copy of `cfg` with what comes from the data filled in (DLRM: null table sizes and
-    bag sizes from the dataset's metadata, or the synthetic profile's) and run.pipeline's
-    `auto` resolved for this machine's device; raises ConfigError when the data and the
+    bag sizes from the dataset's metadata, or the synthetic profile's), run.pipeline's
+    `auto` resolved for this machine's device and an unset comm.dedup_at resolved
+    (`default_dedup_at`); raises ConfigError when the data and the
     config disagree. `cfg` itself is unchanged."""
     resolved = copy.deepcopy(cfg)
     resolved.run.pipeline = resolved_pipeline(cfg, resolved_device_type(cfg))
     workload = workload_of(cfg)
     if cfg.data.source in workload.sources:  # another family's source: validate_config refuses it
         workload.resolve(resolved)
+    if resolved.comm.dedup_at is None:  # after the tables: their plan is part of the choice
+        resolved.comm.dedup_at = default_dedup_at(resolved)[0]
     return resolved
+
+
+def default_dedup_at(cfg: Config) -> tuple[str, str | None]:
+    """What an unset comm.dedup_at becomes on `cfg` (its other keys resolved), and why when it
+    is `owner` for a reason (comm.registry.dedup_at_default; its own value is not read)."""
+    c = cfg.comm
+    workload = workload_of(cfg)
+    return dedup_at_default(c.codec, c.table_codecs, c.hierarchy, cfg.optim.name,
+                            workload.collection_kind, lambda: _row_wise_tables(cfg, workload))
+
+
+def dedup_at_note(loaded: Config, resolved: Config) -> str | None:
+    """The line a run prints when comm.dedup_at was left unset (`loaded`) and resolved to
+    `owner` for a reason, e.g. "comm.dedup_at: owner (optim.name: adagrad: ...)"; else None."""
+    if loaded.comm.dedup_at is not None:
+        return None
+    value, reason = default_dedup_at(resolved)
+    return f"comm.dedup_at: {value} ({reason})" if reason else None
+
+
+def _row_wise_tables(cfg: Config, workload: Workload) -> tuple[int, int]:
+    """(row-wise tables, tables that cross the all-to-all) of the config's plan; (0, 0) while
+    the tables are unknown (a config validate_config refuses)."""
+    try:
+        names = workload.table_names(cfg)
+    except (TypeError, ValueError):
+        return 0, 0
+    types = [cfg.sharding.tables.get(n, cfg.sharding.default_type) for n in names]
+    crossing = [t for t in types if t != "data_parallel"]
+    return sum(t == "row_wise" for t in crossing), len(crossing)
 
 
 def unresolved_keys(cfg: Config) -> list[str]:
     """Keys still null that `resolve_config` fills in (empty for a resolved config)."""
-    return workload_of(cfg).unresolved_keys(cfg)
+    return workload_of(cfg).unresolved_keys(cfg) + (["comm.dedup_at"] if cfg.comm.dedup_at is None else [])
 
 
 def _check_data(cfg: Config, world_size: int, workload: Workload) -> None:

@@ -77,14 +77,19 @@ def test_torchrun_arguments_single_and_multi_node():
 def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
     """The quick start's console: before, 26 lines of plan and 26 of per-table bytes
     (a `distinct` of 1.000 for a codec that never counted it); now about 26 lines in
-    all (25, and the comm summary's "ids sent, rows looked up, rows sent" line), the full
-    tables in plan.txt and comm_stats.json."""
+    all (25, and the comm summary's "ids sent, rows looked up, rows sent" line; 27 with the line
+    saying why an unset comm.dedup_at stays at the owner), the full tables in plan.txt and
+    comm_stats.json."""
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
                      f"run.output_dir={tmp_path}", "run.max_steps=3", "eval.evals_per_epoch=1",
                      "data.synthetic.num_train_samples=16384", "data.synthetic.num_eval_samples=4096",
-                     "run.name=launched", "comm.codec=dedup", "comm.table_codecs={t_cat_3: none}")
+                     "run.name=launched", "comm.codec=dedup", "comm.table_codecs={t_cat_3: none}",
+                     "comm.dedup_at=null")  # unset (the quick start's config says owner)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("dlrmtrain: building launched: dlrm_v1, 26 tables")
+    # comm.dedup_at unset: the quick start's Adagrad keeps dedup at the owner, said once (issue 33)
+    assert proc.stderr.count("comm.dedup_at: owner (optim.name: adagrad: fbgemm's variable-batch "
+                             "TBE refuses EXACT_ADAGRAD)\n") == 1, proc.stderr
     assert "  codec            dedup (t_cat_3: none)\n" in proc.stdout   # the summary names it
     assert "OMP_NUM_THREADS" not in proc.stderr          # torchrun's banner
     assert "Warning" not in proc.stdout + proc.stderr     # TorchRec's deprecation warnings
@@ -94,7 +99,7 @@ def test_two_rank_run_is_quiet_and_writes_the_run_directory(tmp_path):
     assert summary["codec"] == "dedup (t_cat_3: none)"
     lines = [line for line in (proc.stdout + proc.stderr).splitlines()
              if line.strip() and not line.startswith("train:")]  # the progress bar
-    assert len(lines) <= 26, "\n".join(lines)
+    assert len(lines) <= 27, "\n".join(lines)  # 26, and the comm.dedup_at line above
     assert f"full plan: {run_dir / 'plan.txt'}" in proc.stdout
     assert len((run_dir / "plan.txt").read_text().splitlines()) == 27  # a title + every table
     assert f"per table: {run_dir / 'comm_stats.json'}" in proc.stdout
@@ -130,7 +135,7 @@ def test_two_nodes_train_as_one_node_of_the_same_world_size(tmp_path):
     run goes at the same time (its own standalone store): their start-ups overlap."""
     common = ["--config", "configs/quickstart.yaml",
               *tiny_overrides(str(tmp_path), "run.max_steps=4", "eval.enabled=false",
-                              "comm.codec=dedup")]
+                              "comm.codec=dedup", "comm.dedup_at=owner")]
     rdzv = f"127.0.0.1:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     commands = {"one node": ["--nproc", "2", *common, "run.name=one_node"],
@@ -184,7 +189,8 @@ def test_train_behind_a_shaped_link(tmp_path):
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", "--nproc", "2",
                      "--link-gbit", "1",
                      *tiny_overrides(str(tmp_path), "run.max_steps=2", "eval.enabled=false",
-                                     "run.name=linked", "comm.codec=dedup"))
+                                     "run.name=linked", "comm.codec=dedup",
+                                     "comm.dedup_at=owner"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "linked" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2

@@ -9,7 +9,7 @@ lossy wire precision, `dedup+fp16`, `dedup+bf16`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
@@ -113,6 +113,50 @@ def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str]
         raise ValueError(f"{where}: fbgemm's variable-batch TBE does not train EXACT_ADAGRAD tables "
                          f"(optim.name: adagrad; it takes SGD, row-wise Adagrad and Adam); use optim.name: "
                          f"sgd or comm.dedup_at: owner")
+
+
+DEDUPING_CODECS = ("dedup", "auto", "dedup+fp16", "dedup+bf16")
+"""The codecs that find distinct rows (an unset `comm.dedup_at` is resolved only for them)."""
+
+
+def dedup_at_default(codec: str, table_codecs: Mapping[str, str], hierarchy: str, optimizer: str,
+                     kind: CollectionKind, row_wise: Callable[[], tuple[int, int]] = lambda: (0, 0)
+                     ) -> tuple[str, str | None]:
+    """What an unset `comm.dedup_at` becomes, and why when it is `owner` for a reason: `source`
+    where this run's codec dedups and its path carries it (the rules `validate_dedup_at` and
+    `embedding.validate_sequence_dedup_at` enforce on an explicit `source`), else `owner`
+    (reason None when no codec of the run dedups: the key then does nothing). `row_wise()`:
+    (row-wise tables, tables that cross the all-to-all) in the config's plan, asked last."""
+    if not any(n in DEDUPING_CODECS for n in (codec, *table_codecs.values())):
+        return "owner", None
+    reason = _source_blocker(codec, table_codecs, hierarchy, optimizer, kind)
+    if reason is None and kind == "pooled" and 2 * (rows := row_wise())[0] > rows[1]:
+        # Row-wise tables at the source: TorchRec's reduce-scatter sends every owner's (zero)
+        # partial of every distinct bag, world size x the distinct rows, where owner-side dedup
+        # sends the distinct rows once; rows outweigh ids (dim 128 fp32: 512 B against 8 B), so
+        # when most tables are row-wise the output's growth with world size outweighs the ids
+        # and lookups saved. A few row-wise tables among table-wise ones stay at the source.
+        reason = (f"sharding: {rows[0]} of {rows[1]} tables row-wise: at the source their "
+                  f"output sends world size x the distinct rows")
+    return ("owner", reason) if reason else ("source", None)
+
+
+def _source_blocker(codec: str, table_codecs: Mapping[str, str], hierarchy: str, optimizer: str,
+                    kind: CollectionKind) -> str | None:
+    """Why `comm.dedup_at: source` is refused on this run (a short reason naming the key), or None."""
+    if codec in ("dedup+fp16", "dedup+bf16"):
+        return f"comm.codec: {codec}: the lossy stacks dedup at the owner"
+    codecs, per_table = (("dedup", "auto"), ("dedup", "none")) if kind == "pooled" else (("dedup",), ("dedup",))
+    if codec not in codecs:
+        return f"comm.codec: {codec}: {kind} tables dedup at the source under {' or '.join(codecs)} only"
+    for table, name in table_codecs.items():
+        if name not in per_table:
+            return f"comm.table_codecs.{table}: {name}: not carried at the source"
+    if hierarchy != "flat":
+        return f"comm.hierarchy: {hierarchy}: two levels dedup at the owner"
+    if kind == "pooled" and optimizer == "adagrad":
+        return "optim.name: adagrad: fbgemm's variable-batch TBE refuses EXACT_ADAGRAD"
+    return None
 
 
 def warn_if_lossy(codec: str, table_codecs: Mapping[str, str], what: str) -> None:

@@ -53,7 +53,8 @@ CodecName = Literal["none", "dedup", "auto", "fp16", "bf16", "int8", "fp8", "ded
 """`comm.codec` / `comm.table_codecs` names (comm/registry.py checks it registers exactly these)"""
 DedupAt = Literal["owner", "source"]
 """`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/registry.py's
-`validate_dedup_at` refuses `source` where it is not built)"""
+`validate_dedup_at` refuses `source` where it is not built; unset: resolved by
+validation.resolve_config)"""
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
             "cannot honour; use bf16")]
@@ -361,12 +362,18 @@ class CommConfig:
     ranks_per_node: Optional[int] = None
     """Ranks per node for `hierarchy: node` and the between-node byte counts; null: torchrun's
     LOCAL_WORLD_SIZE. Set it to simulate nodes on one machine (e.g. 2 with 4 ranks: 2 nodes)."""
-    dedup_at: DedupAt = "owner"
-    """`owner`: dedup finds the distinct rows at the owner (every id still crosses the id all-to-all
-    and is looked up). `source`: each feature's ids are made distinct where the batch is made, so
-    only they cross and are looked up (TorchRec's own paths: pooled tables' variable batch, the
-    sequence collection's index dedup); not yet: Adagrad or row-wise pooled tables, `auto`, lossy,
-    `comm.hierarchy: node`, pooled pipelines."""
+    dedup_at: Optional[DedupAt] = None
+    """Where lossless dedup finds the distinct rows. `owner`: at the owner (every id still crosses
+    the id all-to-all and is looked up). `source`: each feature's ids are made distinct where the
+    batch is made, so only they cross and are looked up (TorchRec's own paths: pooled tables'
+    variable batch, the sequence collection's index dedup; `dedup` and pooled `auto`). Unset
+    (null): resolved when the run starts (validation.resolve_config; the run folder's config
+    records the value taken) to `source` where the run's codec dedups and its path carries it,
+    else `owner`, printing why: pooled `optim.name: adagrad`, the lossy `dedup+fp16/bf16`,
+    `comm.hierarchy: node`, a per-table codec the source does not carry, DLRMv4 under `auto`,
+    and pooled plans whose tables are mostly row-wise (there source's output sends world size x
+    the distinct rows). An explicit value is kept; an explicit `source` where it is not built is
+    refused."""
 
 
 @dataclass

@@ -59,6 +59,8 @@ class Dlrmv4Workload(Workload):
         from dlrmtrain.comm.embedding import validate_sequence_dedup_at  # torch: only when checked
 
         c = cfg.comm
+        if c.dedup_at is None:  # unset: resolve_config picks a value this path takes
+            return
         try:  # comm.dedup_at: source is TorchRec's index dedup of the EmbeddingCollection
             validate_sequence_dedup_at(c.dedup_at, c.codec, c.table_codecs, c.hierarchy)
         except ValueError as e:

@@ -118,7 +118,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
 
     results = {}
     for mode in ("plain", "pipelined"):
-        trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=auto", f"run.max_steps={AUTO_STEPS}",
+        trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=auto", "comm.dedup_at=owner", f"run.max_steps={AUTO_STEPS}",
                            "eval.evals_per_epoch=4", f"run.name=auto_{mode}")
         dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
         stale = []  # per training pass the stock dist ran: a plan still in its context?
@@ -156,7 +156,7 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
     env = init_distributed("cpu")
     results = {}
     for mode in ("plain", "pipelined"):
-        trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=dedup", f"run.max_steps={STEPS}",
+        trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=dedup", "comm.dedup_at=owner", f"run.max_steps={STEPS}",
                            "eval.evals_per_epoch=8", f"run.name={mode}")
         dists = [d for d in comm_counters(trainer.model) if isinstance(d, DedupDist)]
         plans = [{"train": [], "eval": []} for _ in dists]

@@ -247,7 +247,7 @@ def test_validation_checks_without_changing_the_config_and_resolve_fills_in():
     from dlrmtrain.validation import resolve_config, unresolved_keys
 
     cfg = load_config(None, ["data.synthetic.profile=kaggle", "run.global_batch_size=256"])
-    assert unresolved_keys(cfg) == ["data.table_sizes"]
+    assert unresolved_keys(cfg) == ["data.table_sizes", "comm.dedup_at"]
     validate_config(cfg, 2)
     assert cfg.data.table_sizes is None
     resolved = resolve_config(cfg)
@@ -256,7 +256,7 @@ def test_validation_checks_without_changing_the_config_and_resolve_fills_in():
 
 
 def test_the_trainer_reads_run_pipeline_resolved_and_refuses_auto(tmp_path):
-    """`resolve_config` resolves `run.pipeline: auto` once; the Trainer refuses it unresolved
+    """`resolve_config` resolves `run.pipeline: auto` (and an unset comm.dedup_at) once; the Trainer refuses it unresolved
     (as it does null table sizes) before it touches the run directory or the device."""
     from dlrmtrain.trainer import Trainer
     from dlrmtrain.validation import resolve_config
@@ -264,7 +264,7 @@ def test_the_trainer_reads_run_pipeline_resolved_and_refuses_auto(tmp_path):
 
     cfg = load_config(None, tiny_overrides(str(tmp_path)))
     assert cfg.run.pipeline == "auto" and resolve_config(cfg).run.pipeline in ("off", "sparse_dist")
-    with pytest.raises(ValueError, match=r"resolve_config.*run\.pipeline still to resolve"):
+    with pytest.raises(ValueError, match=r"resolve_config.*comm\.dedup_at, run\.pipeline still to resolve"):
         Trainer(cfg, env=None)
     assert not any(tmp_path.iterdir())
 

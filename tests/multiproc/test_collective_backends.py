@@ -27,16 +27,16 @@ SHORT = ["run.max_steps=2", "eval.evals_per_epoch=0", "logging.metrics_every_ste
 V1 = {  # name: the run's overrides (run.name is the name's first word, so a resume finds its run)
     "v1_none": ["comm.codec=none", "checkpoint.at_end=true"],
     "v1_none resumed": ["comm.codec=none", "run.max_steps=3", "checkpoint.resume=true"],
-    "v1_dedup": ["comm.codec=dedup", "sharding.tables={t_cat_2: row_wise}"],
+    "v1_dedup": ["comm.codec=dedup", "comm.dedup_at=owner", "sharding.tables={t_cat_2: row_wise}"],
     "v1_auto": ["comm.codec=auto", "run.max_steps=8"],  # its probe ends: ranks agree
     "v1_two_level": ["comm.codec=dedup", "comm.hierarchy=node", "comm.ranks_per_node=1"],
-    "v1_sparse_dist": ["comm.codec=dedup", "run.pipeline=sparse_dist", "run.max_steps=3"],
-    "dcnv2_dedup": ["model.arch=dlrm_dcnv2", "comm.codec=dedup"],
+    "v1_sparse_dist": ["comm.codec=dedup", "comm.dedup_at=owner", "run.pipeline=sparse_dist", "run.max_steps=3"],
+    "dcnv2_dedup": ["model.arch=dlrm_dcnv2", "comm.codec=dedup", "comm.dedup_at=owner"],
 }
 V4 = {
     "v4_none": ["comm.codec=none", "checkpoint.at_end=true"],
     "v4_none resumed": ["comm.codec=none", "run.max_steps=3", "checkpoint.resume=true"],
-    "v4_dedup": ["comm.codec=dedup"],
+    "v4_dedup": ["comm.codec=dedup", "comm.dedup_at=owner"],
 }
 
 

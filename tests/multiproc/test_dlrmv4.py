@@ -92,11 +92,12 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     for pipeline in ("off", "sparse_dist", "fused_sparse_dist"):
         runs[f"pipeline {pipeline}"] = train(f"pipe_{pipeline}", f"run.pipeline={pipeline}",
                                              "eval.enabled=true", "eval.evals_per_epoch=8")
-    runs["pipeline dedup"] = train("pipe_dedup", "run.pipeline=sparse_dist", "comm.codec=dedup")
+    runs["pipeline dedup"] = train("pipe_dedup", "run.pipeline=sparse_dist", "comm.codec=dedup",
+                                    "comm.dedup_at=owner")
     if rank == 0:  # the run records are rank 0's
         runs["pipeline dedup"]["comm_stats"] = json.loads(
             (Path(out_dir) / "pipe_dedup" / "comm_stats.json").read_text())
-    runs["dedup"] = train("dedup", "comm.codec=dedup")
+    runs["dedup"] = train("dedup", "comm.codec=dedup", "comm.dedup_at=owner")
     # TorchRec's index dedup (comm.dedup_at: source): only distinct ids cross, through its own dists
     runs["source"] = train("source", "comm.codec=dedup", "comm.dedup_at=source")
     runs["source sparse_dist"] = train("source_pipe", "comm.codec=dedup", "comm.dedup_at=source",

@@ -31,7 +31,7 @@ def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
         for codec in ("none", "dedup"):
             for sparse_first in (True, False):
                 cfg = resolve_config(tiny_config(out_dir, MIXED, f"model.arch={arch}",
-                                                 f"comm.codec={codec}"))
+                                                 f"comm.codec={codec}", "comm.dedup_at=owner"))
                 validate_config(cfg, world_size)
                 data = build_datasets(cfg, rank, world_size)
                 model, _ = build_sharded_model(cfg, data.table_rows, env.device, world_size)

@@ -110,7 +110,7 @@ def test_failing_node_stops_the_others_and_gives_its_exit_code():
 @needs_sim
 def test_training_runs_across_two_simulated_nodes(tmp_path):
     overrides = tiny_overrides(str(tmp_path), "run.max_steps=2", "eval.enabled=false",
-                               "run.name=sim", "comm.codec=dedup")
+                               "run.name=sim", "comm.codec=dedup", "comm.dedup_at=owner")
     done = subprocess.run([sys.executable, "-m", "dlrmtrain", "train", "--config",
                            "configs/quickstart.yaml", "--sim-nodes", "2", "--nproc", "1",
                            "--link-gbit", "1", *overrides],

@@ -17,9 +17,10 @@ LAYOUTS = {"table_wise": [], "pipelined_column_wise": ["run.pipeline=true",
                                                       "sharding.default_type=column_wise"]}
 
 
-SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup", "comm.dedup_at=source"],
+SOURCE = {"none_sgd": ["comm.codec=none"], "source": ["comm.codec=dedup"],
           "auto_source_pipelined": ["comm.codec=auto", "comm.dedup_at=source", "run.pipeline=sparse_dist"]}
-"""comm.dedup_at: source (SGD: fbgemm's variable-batch TBE does not train Adagrad), `auto` choosing
+"""comm.dedup_at: source (left unset: `dedup` resolves to it on this path; SGD: fbgemm's variable-batch
+TBE does not train Adagrad), `auto` choosing
 per step between it and none (pipelined: its picks run ahead; the plain loop's, the same code with
 none in flight, in tests/comm/test_auto_source.py), and their none; column-wise tables and an eval,
 through the loader's prefetch thread"""
@@ -37,7 +38,8 @@ def _none_and_dedup(rank: int, world_size: int, out_dir: str) -> dict:
     """Every (layout, codec) run in one spawned group (a spawn costs as much as a run);
     the none runs first, so that no dedup run came before them in this process."""
     runs = {(layout, codec): _train(rank, world_size, f"{out_dir}/{layout}",
-                                    RUN + extra + [f"run.name={codec}", f"comm.codec={codec}"])
+                                    RUN + extra + [f"run.name={codec}", f"comm.codec={codec}",
+                                                          "comm.dedup_at=owner"])
             for codec in ("none", "dedup") for layout, extra in LAYOUTS.items()}
     for name, extra in SOURCE.items():
         runs["source", name] = _train(rank, world_size, f"{out_dir}/source",
@@ -74,7 +76,12 @@ def test_dedup_tracks_none_in_the_trainer(trained, layout):
 
 
 def test_dedup_at_the_source_trains_like_none_in_the_trainer(trained):
+    """comm.codec=dedup with comm.dedup_at unset (issue 33: the default) dedups at the source
+    on SGD column-wise tables, and the run folder's config records the value taken."""
     runs, out = trained
+    from dlrmtrain.config.loader import load_config
+
+    assert load_config(out / "source" / "source" / "config.yaml", []).comm.dedup_at == "source"
     none, source = runs["source", "none_sgd"], runs["source", "source"]
     assert source["losses"][0] == none["losses"][0]  # the first forward is bitwise
     assert [l for _, l in source["losses"]] == pytest.approx([l for _, l in none["losses"]], rel=1e-5)

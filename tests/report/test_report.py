@@ -29,7 +29,7 @@ def _none_then_dedup(rank: int, world_size: int, out_dir: str) -> None:
     """Both runs in one spawned group: a spawn costs as much as one of these runs."""
     for codec, extra in (("none", []), ("dedup", ["logging.step_breakdown=true"])):
         _train(rank, world_size, out_dir, ["run.max_steps=12", "eval.evals_per_epoch=4",
-                                           "eval.target_auc=0.99", f"comm.codec={codec}",
+                                           "eval.target_auc=0.99", f"comm.codec={codec}", "comm.dedup_at=owner",
                                            f"run.name={codec}", *extra])
 
 
