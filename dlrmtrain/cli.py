@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dlrmtrain.testbed.options import add_link_options, without_link_options
+
 EXIT_CONFIG_ERROR = 2
 SUBCOMMANDS = ("train", "preprocess", "preprocess-yambda", "mlperf", "report")
 
@@ -36,34 +38,9 @@ def _train_parser() -> argparse.ArgumentParser:
                    "(default: $SLURM_JOB_ID, else dlrmtrain)")
     p.add_argument("--local-addr", default=None,
                    help="address this node advertises (default: 127.0.0.1 for a local rendezvous)")
-    p.add_argument("--link-gbit", type=float, default=None,
-                   help="train behind a private loopback shaped to G Gbit/s, one link shared by all "
-                        "ranks and both directions (one node; needs root, unshare and tc)")
-    p.add_argument("--link-latency-ms", type=float, default=0.0,
-                   help="with --link-gbit: added one-way delay per packet")
-    p.add_argument("--sim-nodes", type=int, default=None,
-                   help="simulate N nodes of --nproc ranks each on this machine: a private "
-                        "network namespace per node, only traffic between nodes crosses the "
-                        "link (--link-gbit each way per node; unshaped without it); needs root, "
-                        "unshare, ip, tc")
+    add_link_options(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return p
-
-
-LINK_OPTIONS = ("--link-gbit", "--link-latency-ms", "--sim-nodes")
-
-
-def without_link_options(argv: list[str]) -> list[str]:
-    """`argv` less the link options (and their values): the command to run behind the link."""
-    out, skip = [], False
-    for token in argv:
-        if skip:
-            skip = False
-        elif token in LINK_OPTIONS:
-            skip = True
-        elif not token.startswith(tuple(f"{o}=" for o in LINK_OPTIONS)):
-            out.append(token)
-    return out
 
 
 def _link_of(args: argparse.Namespace):

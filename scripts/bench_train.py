@@ -72,6 +72,8 @@ PLAIN_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from dlrmtrain.testbed.options import add_link_options
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=30, help="steps per timed block")
@@ -88,13 +90,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="add dlrmtrain with the shape's config in torchrec's forward order (bottom MLP, "
                         "then the embedding all-to-all, waited at once) beside sparse first")
     p.add_argument("--json", default=None, help="write the medians and ratios here (rank 0)")
-    p.add_argument("--link-gbit", type=float, default=None,
-                   help="run behind a shaped link of G Gbit/s (needs root, unshare, tc)")
-    p.add_argument("--link-latency-ms", type=float, default=0.0,
-                   help="with --link-gbit: added one-way delay per packet")
-    p.add_argument("--sim-nodes", type=int, default=None,
-                   help="split --world-size into N simulated nodes; --link-gbit is then each "
-                        "node's link (needs root, unshare, ip, tc)")
+    add_link_options(p, "splitting --world-size")
     p.add_argument("overrides", nargs="*")
     return p.parse_args(argv)
 
@@ -214,7 +210,7 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
     train` does): behind a shaped link, on simulated nodes, or on this machine's own loopback."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(REPO))
-    from dlrmtrain.cli import without_link_options
+    from dlrmtrain.testbed.options import without_link_options
     from dlrmtrain.launch import LaunchSpec
     from dlrmtrain.relaunch import relaunch
     from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable

@@ -164,7 +164,7 @@ def test_two_nodes_train_as_one_node_of_the_same_world_size(tmp_path):
 
 
 def test_link_options_are_dropped_from_the_command_run_behind_the_link():
-    from dlrmtrain.cli import without_link_options
+    from dlrmtrain.testbed.options import without_link_options
 
     argv = ["--config", "c.yaml", "--link-gbit", "1", "--nproc", "2", "--link-latency-ms=0.5",
             "run.max_steps=2"]

@@ -55,8 +55,8 @@ class CodecEmbeddingCollectionSharder(EmbeddingCollectionSharder):
     def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
         tables = [c.name for c in module.embedding_configs()]
-        return hooks.build_sharded_ec(CodecShardedEmbeddingCollection, self, module, params, env, device,
-                                      module_fqn, **self._choice.module_kwargs(tables))
+        return hooks.build_sharded(CodecShardedEmbeddingCollection, self, module, params, env, device,
+                                   module_fqn, **self._choice.module_kwargs(tables))
 
     @property
     def sharded_module_type(self):
@@ -73,7 +73,7 @@ class IndexDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
 
     def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
-        return hooks.build_sharded_ec(hooks.IndexDedupShardedEC, self, module, params, env, device, module_fqn)
+        return hooks.build_sharded(hooks.IndexDedupShardedEC, self, module, params, env, device, module_fqn)
 
     @property
     def sharded_module_type(self):

@@ -45,8 +45,8 @@ class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
         tables = [c.name for c in module.embedding_bag_configs()]
-        return hooks.build_sharded_ebc(CodecShardedEmbeddingBagCollection, self, module, params, env, device,
-                                       module_fqn, **self._choice.module_kwargs(tables))
+        return hooks.build_sharded(CodecShardedEmbeddingBagCollection, self, module, params, env, device,
+                                   module_fqn, **self._choice.module_kwargs(tables))
 
     @property
     def sharded_module_type(self):

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from dlrmtrain.comm.labels import parse_contender
 from dlrmtrain.testbed import sim_nodes
+from dlrmtrain.testbed.options import add_link_options
 from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
     wrap_command
 
@@ -562,13 +563,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="train size for dlrmv4's derived rules (default: from the config; "
                         "needed for data.source yambda)")
     p.add_argument("--timeout-min", type=float, default=60.0, help="per run (default: 60)")
-    p.add_argument("--link-gbit", type=float, default=None,
-                   help="train behind a shaped link of this rate, Gbit/s (root, unshare, tc)")
-    p.add_argument("--link-latency-ms", type=float, default=0.0,
-                   help="with --link-gbit: added one-way delay per packet (netem)")
-    p.add_argument("--sim-nodes", type=int, default=None,
-                   help="run on M simulated nodes of --nproc ranks each; --link-gbit then joins "
-                        "the nodes (root, unshare, ip, tc)")
+    add_link_options(p)
     p.add_argument("overrides", nargs="*", help="config overrides, section.key=value")
     return p.parse_args(argv)
 

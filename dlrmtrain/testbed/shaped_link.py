@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 MAX_LOOPBACK_PACKET = 65536
 QUEUE_LATENCY_MS = 200
@@ -173,6 +174,31 @@ def tcp_transfer(nbytes: int) -> tuple[int, float]:
         return received[0], time.perf_counter() - t0
 
 
+def command_of(args: argparse.Namespace) -> list[str]:
+    """The command given after `--` (argparse's REMAINDER keeps the `--`)."""
+    return args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+
+
+def exit_status(prog: str, run: Callable[[], int]) -> int:
+    """`run()`'s exit status, or 2 with `prog: why` on stderr where the link (or the simulated
+    nodes) cannot be had here: a missing tool or right, a bad rate or node count."""
+    try:
+        return run()
+    except (ShapedLinkUnavailable, ValueError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+
+
+def _behind_the_link(p: argparse.ArgumentParser, args: argparse.Namespace, cmd: list[str]) -> int:
+    """The command run behind the link (from outside: in a namespace of its own made first)."""
+    link = LinkSpec(args.gbit, args.latency_ms)
+    if args.inside:
+        return run_inside(link, cmd)
+    if not cmd:
+        p.error("no command given after --")
+    return subprocess.run(wrap_command(cmd, link)).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gbit", type=float, required=True, help="link rate, Gbit/s")
@@ -183,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tcp-transfer", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run behind the link")
     args = p.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = command_of(args)
     if args.tcp_transfer is not None:  # the probe itself, already behind the link
         moved, seconds = tcp_transfer(args.tcp_transfer)
         print(f"{moved} bytes in {seconds:.3f} s = {moved * 8 / seconds / 1e9:.3f} Gbit/s "
@@ -192,16 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe_mb is not None:
         cmd = [sys.executable, "-m", "dlrmtrain.testbed.shaped_link", "--gbit", repr(args.gbit),
                "--tcp-transfer", str(int(args.probe_mb * 1e6))]
-    try:
-        link = LinkSpec(args.gbit, args.latency_ms)
-        if args.inside:
-            return run_inside(link, cmd)
-        if not cmd:
-            p.error("no command given after --")
-        return subprocess.run(wrap_command(cmd, link)).returncode
-    except (ShapedLinkUnavailable, ValueError) as e:
-        print(f"shaped_link: {e}", file=sys.stderr)
-        return 2
+    return exit_status("shaped_link", lambda: _behind_the_link(p, args, cmd))
 
 
 if __name__ == "__main__":

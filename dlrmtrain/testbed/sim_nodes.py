@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dlrmtrain.launch import LaunchSpec
-from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, run_steps
+from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, command_of, exit_status, run_steps
 
 NODE_SUBNET = "127.100.0"
 """Node i's link address is NODE_SUBNET.<i+1> (loopback range only)."""
@@ -437,6 +437,30 @@ def expand(template: list[str], sim: SimNodes, node: int) -> list[str]:
     return out
 
 
+def _on_the_nodes(p: argparse.ArgumentParser, args: argparse.Namespace, cmd: list[str]) -> int:
+    """A command (or a probe) on every simulated node, the nodes built first where not yet."""
+    link = None if args.gbit is None else LinkSpec(args.gbit, args.latency_ms)
+    sim = SimNodes(args.nodes, link)
+    if args.tcp_probe_node is not None:
+        tcp_probe_node(args.tcp_probe_node, sim.nodes, int(args.tcp_probe_mb * 1e6))
+        return 0
+    if args.inside:
+        build(sim)
+        return run_nodes(sim, json.loads(args.node_commands))
+    if args.probe_mb is not None:
+        spec = LaunchSpec(nproc=args.nproc, module="dlrmtrain.testbed.sim_nodes",
+                          args=["--gloo-probe-bytes", str(int(args.probe_mb * 1e6))])
+        print(f"sim_nodes: {sim.describe()}, {args.nproc} ranks each", flush=True)
+        return launch_nodes(spec, sim)
+    if args.tcp_probe_mb is not None:
+        cmd = [sys.executable, "-m", "dlrmtrain.testbed.sim_nodes", *sim.inside_args(),
+               "--tcp-probe-mb", repr(args.tcp_probe_mb), "--tcp-probe-node", "{node_rank}"]
+    if not cmd:
+        p.error("no command given after -- (or --probe-mb / --tcp-probe-mb)")
+    node_cmds = [expand(cmd, sim, i) for i in range(sim.nodes)]
+    return subprocess.run(wrap_node_commands(node_cmds, sim)).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes (default: 2)")
@@ -460,7 +484,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="-- command each node runs; {node_rank}, {nnodes}, {node_addr} and "
                         "{rdzv_endpoint} are replaced per node")
     args = p.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.gloo_probe_bytes is not None:  # one rank of the probe, already in its node
         gloo_probe_rank(args.gloo_probe_bytes)
         return 0
@@ -468,30 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         from dlrmtrain.launch import launch
 
         return launch(LaunchSpec(**json.loads(args.agent)))
-    try:
-        link = None if args.gbit is None else LinkSpec(args.gbit, args.latency_ms)
-        sim = SimNodes(args.nodes, link)
-        if args.tcp_probe_node is not None:
-            tcp_probe_node(args.tcp_probe_node, sim.nodes, int(args.tcp_probe_mb * 1e6))
-            return 0
-        if args.inside:
-            build(sim)
-            return run_nodes(sim, json.loads(args.node_commands))
-        if args.probe_mb is not None:
-            spec = LaunchSpec(nproc=args.nproc, module="dlrmtrain.testbed.sim_nodes",
-                              args=["--gloo-probe-bytes", str(int(args.probe_mb * 1e6))])
-            print(f"sim_nodes: {sim.describe()}, {args.nproc} ranks each", flush=True)
-            return launch_nodes(spec, sim)
-        if args.tcp_probe_mb is not None:
-            cmd = [sys.executable, "-m", "dlrmtrain.testbed.sim_nodes", *sim.inside_args(),
-                   "--tcp-probe-mb", repr(args.tcp_probe_mb), "--tcp-probe-node", "{node_rank}"]
-        if not cmd:
-            p.error("no command given after -- (or --probe-mb / --tcp-probe-mb)")
-        node_cmds = [expand(cmd, sim, i) for i in range(sim.nodes)]
-        return subprocess.run(wrap_node_commands(node_cmds, sim)).returncode
-    except (ShapedLinkUnavailable, ValueError) as e:
-        print(f"sim_nodes: {e}", file=sys.stderr)
-        return 2
+    return exit_status("sim_nodes", lambda: _on_the_nodes(p, args, command_of(args)))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ from dlrmtrain.comm import torchrec_hooks as hooks
 
 
 def test_ec_shard_call_mirrors_torchrec_signatures():
-    """`build_sharded_ec` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
+    """`build_sharded` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
     assert str(inspect.signature(EmbeddingCollectionSharder.shard)) == hooks.EC_SHARD_SIGNATURE
     params = tuple(inspect.signature(ShardedEmbeddingCollection.__init__).parameters)
     assert params == hooks.SHARDED_EC_PARAMETERS
-    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(hooks.build_sharded_ec)))
+    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(hooks.build_sharded)))
               if isinstance(node, ast.Call) for kw in node.keywords if kw.arg}
     assert set(params) - {"self"} <= passed
 

@@ -33,11 +33,11 @@ def test_another_torchrec_version_fails_clearly():
 
 
 def test_shard_call_mirrors_torchrec_signatures():
-    """`build_sharded_ebc` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
+    """`build_sharded` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
     assert str(inspect.signature(EmbeddingBagCollectionSharder.shard)) == hooks.SHARD_SIGNATURE
     params = tuple(inspect.signature(ShardedEmbeddingBagCollection.__init__).parameters)
     assert params == hooks.SHARDED_EBC_PARAMETERS
-    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(hooks.build_sharded_ebc)))
+    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(hooks.build_sharded)))
               if isinstance(node, ast.Call) for kw in node.keywords if kw.arg}
     assert set(params) - {"self"} <= passed
 

@@ -45,8 +45,7 @@ class SourceDedupEBCSharder(EmbeddingBagCollectionSharder):
     def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
         hooks.register_cpu_vbe_metadata()
-        return hooks.build_sharded_ebc(hooks.RowGatherExpandShardedEBC, self, module, params, env, device,
-                                       module_fqn)
+        return hooks.build_sharded(hooks.RowGatherExpandShardedEBC, self, module, params, env, device, module_fqn)
 
     @property
     def sharded_module_type(self):

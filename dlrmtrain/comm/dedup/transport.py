@@ -82,6 +82,14 @@ def read_here(req: Any) -> None:
     streams.record_stream(req, streams.current_stream(req.dummy.device))
 
 
+def taken_here(ctx: Any) -> Any:
+    """The request a start half's backward finishes: taken off `ctx` (the graph keeps it no longer)
+    and recorded on this stream (`read_here`)."""
+    req, ctx.req = ctx.req, None
+    read_here(req)
+    return req
+
+
 def awaited(out: torch.Tensor) -> torch.Tensor:
     """What a wait hands back, recorded on the caller's stream as TorchRec's `comm_ops.Request` does."""
     streams.record_tensor(out, streams.current_stream(out.device))
@@ -132,15 +140,15 @@ def count_codec(stats: DistCommStats, t0: timing.Stamp, device: torch.device, ho
     return t1
 
 
-def owner_gradient(owner: DedupDistState, grad_rows: torch.Tensor, send_index: torch.Tensor,
-                   local_shape: torch.Size, unit: int) -> torch.Tensor:
-    """The gradient of the owner's local embeddings: each received row sum where its row was
-    sent from, zeros elsewhere (for the fused embedding backward), divided by the world
-    size as TorchRec's all-to-all backward does."""
+def owner_gradient(req: Any, grad_rows: torch.Tensor) -> torch.Tensor:
+    """The gradient of the owner's local embeddings (`req.local_shape`): each received row sum where
+    its row was sent from (`plan.send_index`), zeros elsewhere (for the fused embedding backward),
+    divided by the world size as TorchRec's all-to-all backward does."""
+    owner, unit, local_shape = req.owner, req.plan.unit, req.local_shape
     if comm_ops.get_gradient_division():
         grad_rows = grad_rows / owner.world_size
     numel = math.prod(local_shape)
-    grad = owner.grad_pool.scattered((numel // unit, unit), send_index, grad_rows.view(-1, unit))
+    grad = owner.grad_pool.scattered((numel // unit, unit), req.plan.send_index, grad_rows.view(-1, unit))
     return grad.view(local_shape)
 
 
@@ -178,15 +186,11 @@ class _DedupStart(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
-        req = ctx.req
-        read_here(req)
-        plan, owner = req.plan, req.owner
-        device = req.dummy.device
-        t0 = timed_wait(req.grad_work, owner.comm_stats, device)
-        grad_local = owner_gradient(owner, _decode(req.grad_send, req.dtype), plan.send_index,
-                                    req.local_shape, plan.unit)
-        count_codec(owner.comm_stats, t0, device)
-        ctx.req = None
+        req = taken_here(ctx)
+        stats, device = req.owner.comm_stats, req.dummy.device
+        t0 = timed_wait(req.grad_work, stats, device)
+        grad_local = owner_gradient(req, _decode(req.grad_send, req.dtype))
+        count_codec(stats, t0, device)
         return grad_local, None
 
 

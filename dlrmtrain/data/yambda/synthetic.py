@@ -41,33 +41,18 @@ from dlrmtrain.data.yambda.events import LIKE_BIT, LP_BIT, SKIP_BIT
 CrossSpec = tuple[str, Sequence[str], int, int]
 
 
-# The calibrated defaults live once, in the config section users set them through.
-_CALIBRATED = SyntheticYambdaConfig()
+@dataclass
+class YambdaLikeProfile(SyntheticYambdaConfig):
+    """Shape of the synthetic data: the `data.yambda.synthetic` section (its fields and its
+    defaults, documented there; its `calibrate` is for the builder, the generator ignores it)
+    and two shares users do not set. The defaults are the reference-shape calibration
+    (calibration.py: in-batch unique rates 2.4 % item, 1.5 % album, 0.6 % artist at local
+    batch 1024, ~2627 history events per sample) over a full-size catalog (9.38 M items)."""
 
-
-@dataclass(frozen=True)
-class YambdaLikeProfile:
-    """Shape of the synthetic data (fields as `data.yambda.synthetic`, documented there).
-    The defaults are the reference-shape calibration (calibration.py: in-batch unique
-    rates 2.4 % item, 1.5 % album, 0.6 % artist at local batch 1024, ~2627 history
-    events per sample) over a full-size catalog (9.38 M items)."""
-
-    num_users: int = _CALIBRATED.num_users
-    num_artists: int = _CALIBRATED.num_artists
-    albums_per_artist: int = _CALIBRATED.albums_per_artist
-    tracks_per_album: int = _CALIBRATED.tracks_per_album
-    artist_zipf: float = _CALIBRATED.artist_zipf
-    artists_per_user: float = _CALIBRATED.artists_per_user
-    user_zipf: float = _CALIBRATED.user_zipf
-    album_zipf: float = _CALIBRATED.album_zipf
-    track_zipf: float = _CALIBRATED.track_zipf
-    history_length: int = _CALIBRATED.history_length
-    min_history_fraction: float = _CALIBRATED.min_history_fraction
-    anchors_per_user: int = _CALIBRATED.anchors_per_user
-    eval_anchors_per_user: int = _CALIBRATED.eval_anchors_per_user
     like_share: float = 0.019
+    """Share of events that are likes (the others are listens)."""
     organic_share: float = 0.5
-    seed: int = _CALIBRATED.seed
+    """Share of events flagged organic (`is_organic`), which moves a listen's odds of listen_plus."""
 
     @property
     def num_items(self) -> int:

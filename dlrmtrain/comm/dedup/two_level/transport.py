@@ -38,7 +38,7 @@ from dlrmtrain.comm.dedup.transport import (
     expand_output,
     gradient_sums,
     owner_gradient,
-    read_here,
+    taken_here,
     timed_wait,
 )
 from dlrmtrain.comm.dedup.two_level.shared import TwoLevelPlan
@@ -95,10 +95,8 @@ class _TwoLevelStart(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
-        req = ctx.req
-        read_here(req)
-        plan, owner = req.plan, req.owner
-        device, stats = req.dummy.device, owner.comm_stats
+        req = taken_here(ctx)
+        device, stats = req.dummy.device, req.owner.comm_stats
         t0 = timing.stamp(device)
         req.grad_rail.wait()  # the node's gradients summed and their rail hop launched
         grad_work = req.grad_rail_work
@@ -108,11 +106,10 @@ class _TwoLevelStart(torch.autograd.Function):
         t0 = timed_wait(grad_work, stats, device, "rail bwd")
         if req.grad_local_work is not None:
             t0 = timed_wait(req.grad_local_work, stats, device, "intra bwd")
-        grad_local = owner_gradient(owner, req.grad_owner, plan.send_index, req.local_shape, plan.unit)
+        grad_local = owner_gradient(req, req.grad_owner)
         req.grad_owner = req.grad_rail = req.grad_rail_work = req.grad_local_work = None
         req.grad_sends = ()
         count_codec(stats, t0, device, "scatter")
-        ctx.req = None
         return grad_local, None
 
 
