@@ -62,6 +62,8 @@ def test_a_rank_without_samples_and_an_id_outside_its_table():
         seqs = {**SEQS, "c": [[3], [9, bad]]}
         with pytest.raises(ValueError, match=rf"id {bad} of feature c is outside its table's 10 rows"):
             SequenceSourceDedup(SHARDINGS)(_kjt(seqs))
+    with pytest.raises(ValueError, match="already distinct"):  # its distinct ids are not a batch
+        SequenceSourceDedup(SHARDINGS)(SequenceSourceDedup(SHARDINGS)(_kjt(SEQS)))
 
 
 def test_the_expansion_moves_and_pins_with_its_kjt():

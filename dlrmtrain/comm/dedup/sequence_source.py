@@ -97,6 +97,8 @@ class SequenceSourceDedup:
         self.shardings = shardings
 
     def __call__(self, kjt: KeyedJaggedTensor) -> DistinctIdsKJT:
+        if isinstance(kjt, DistinctIdsKJT):
+            raise ValueError("comm.dedup_at: source: the batch's ids are already distinct")
         if kjt.weights_or_none() is not None or kjt.variable_stride_per_key():
             raise ValueError("comm.dedup_at: source: sequence features must be unweighted, one batch size")
         B, keys = kjt.stride(), kjt.keys()
