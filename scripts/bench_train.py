@@ -106,16 +106,23 @@ def print_reference_wire(arch: str, names: list[str]) -> None:
             print(f"  ({name}: {label.split(': ', 1)[1]})")
 
 
-def with_distinct_bags(stepper, trainer, batches: list):
-    """`stepper` fed each batch's distinct bags (comm.dedup_at: source): in a run the loader's
-    prefetch thread makes them; here all are made before any timing (the shared batches come
-    from the first contender's loader), so the figure leaves out that thread's CPU time."""
+def with_distinct_bags(stepper, trainer, batches: list, kind: str):
+    """`stepper` fed each batch's distinct bags (comm.dedup_at: source; `kind` sequence: each
+    table's distinct ids): in a run the loader's prefetch thread makes them; here all are made
+    before any timing (the shared batches come from the first contender's loader), so the
+    figure leaves out that thread's CPU time."""
     import dataclasses
 
-    from dlrmtrain.comm.dedup.source import source_transform
+    if kind == "sequence":
+        from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
 
-    transform = source_transform(trainer.model, trainer.cfg.comm.table_codecs)
-    made = {id(b): dataclasses.replace(b, sparse_features=transform(b.sparse_features)) for b in batches}
+        transform = sequence_source_transform(trainer.model)
+        made = {id(b): dataclasses.replace(b, sparse=transform(b.sparse)) for b in batches}
+    else:
+        from dlrmtrain.comm.dedup.source import source_transform
+
+        transform = source_transform(trainer.model, trainer.cfg.comm.table_codecs)
+        made = {id(b): dataclasses.replace(b, sparse_features=transform(b.sparse_features)) for b in batches}
     return lambda block: stepper([made[id(b)] for b in block])
 
 
@@ -362,10 +369,9 @@ def main() -> None:
     link_bytes: dict[str, list[float]] = {n: [] for n in steppers}
     trainers = {"dlrmtrain": trainer, **{f"dlrmtrain {vs}": t for vs, t in zip(args.vs, others)}}
     from dlrmtrain.workloads import workload_of
-    for name, t in trainers.items():  # comm.dedup_at: source takes its pooled batches deduplicated
-        # (sequence tables: TorchRec's index dedup, inside the step)
-        if t.cfg.comm.dedup_at == "source" and workload_of(t.cfg).collection_kind == "pooled":
-            steppers[name] = with_distinct_bags(steppers[name], t, batches)
+    for name, t in trainers.items():  # comm.dedup_at: source takes its batches deduplicated
+        if t.cfg.comm.dedup_at == "source":
+            steppers[name] = with_distinct_bags(steppers[name], t, batches, workload_of(t.cfg).collection_kind)
     assert set(trainers) <= set(steppers)
     codec_seconds = {n: 0.0 for n in trainers}
 

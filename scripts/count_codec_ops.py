@@ -22,9 +22,9 @@ prefetch thread, not counted: it is off the step's thread) and the step runs
 only what TorchRec's variable batch needs beyond `none`: pooled, the expand of
 the distinct bags' rows (`RowGatherExpand`, forward and backward) and, on CPU,
 the TBE's variable-batch metadata (`vbe_metadata`; fbgemm's CUDA kernel on a
-GPU); sequence (DLRMv4), TorchRec's index dedup in the id dist
-(`jagged_unique_indices`) and its expand (one `index_select` per sharding in
-TorchRec's `construct_jagged_tensors`, not wrapped: TorchRec's own code).
+GPU); sequence (DLRMv4), the expand of the distinct ids' rows (one `index_select` per
+sharding in TorchRec's `construct_jagged_tensors`, counted as "sequence expand", and its
+autograd backward, "sequence expand backward").
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def _sync_counter():
 NO_KERNEL = frozenset({
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::slice", "aten::select", "aten::unsqueeze",
     "aten::squeeze", "aten::expand", "aten::as_strided", "aten::t", "aten::transpose", "aten::permute",
-    "aten::unbind", "aten::split", "aten::alias", "aten::detach", "aten::view_as", "aten::narrow",
+    "aten::unbind", "aten::split", "aten::split_with_sizes", "aten::alias", "aten::detach", "aten::view_as",
+    "aten::narrow",
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::lift_fresh", "aten::resize_",
     "aten::_unsafe_view", "aten::contiguous", "aten::result_type", "aten::is_nonzero", "aten::item",
     "aten::_local_scalar_dense",
@@ -117,7 +118,56 @@ def _instrument_source() -> None:
     _wrap(hooks._RowGatherExpand, "_expand", "RowGatherExpand.forward")
     _wrap(hooks.ExpandRows, "backward", "RowGatherExpand.backward", static=True)
     _wrap(hooks, "vbe_metadata", "vbe_metadata (CPU)")
-    _wrap(hooks, "jagged_unique_indices", "jagged_unique_indices (CPU)")
+    _wrap_sequence_expand()
+
+
+def _wrap_sequence_expand() -> None:
+    """TorchRec's expand of the sequence rows under dedup at the source: its `index_select` in
+    `construct_jagged_tensors` (when given reverse indices) and that op's backward node."""
+    import torch
+    import torchrec.distributed.embedding as ec_module
+
+    build = ec_module.construct_jagged_tensors
+
+    def expanding(*a, **k):
+        if k.get("reverse_indices") is None:
+            return build(*a, **k)
+        select, expanded = torch.index_select, []
+
+        def recorded(*sa, **sk):
+            expanded.append(select(*sa, **sk))
+            return expanded[-1]
+        torch.index_select = recorded
+        _OPEN.append("sequence expand")
+        try:
+            with torch.profiler.record_function("codec::sequence expand"):
+                out = build(*a, **k)
+        finally:
+            torch.index_select = select
+            _OPEN.pop()
+        for t in expanded:
+            if t.grad_fn is not None:
+                _range_around_node(t.grad_fn, "sequence expand backward")
+        return out
+    ec_module.construct_jagged_tensors = expanding
+
+
+def _range_around_node(node, label: str) -> None:
+    """Open a codec profiler range when autograd runs `node`, close it when it is done."""
+    import torch
+
+    ranges = []
+
+    def before(_grad_outputs):
+        ranges.append(torch.profiler.record_function(f"codec::{label}"))
+        ranges[-1].__enter__()
+        _OPEN.append(label)
+
+    def after(_grad_inputs, _grad_outputs):
+        _OPEN.pop()
+        ranges.pop().__exit__(None, None, None)
+    node.register_prehook(before)
+    node.register_hook(after)
 
 
 def _instrument() -> None:

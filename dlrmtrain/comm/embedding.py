@@ -11,10 +11,10 @@ dist through the sharder's `qcomm_codecs_registry`) keep the stock dist. Both
 ends' ids are recorded by `IdRecordingShardedEC` (torchrec_hooks.py). Lookups,
 the fused optimizer and the state dict stay TorchRec's.
 
-`comm.dedup_at: source` (`dedup` only) needs no dist of ours: TorchRec's own index dedup
-(`use_index_dedup`, as the MLPerf DLRMv4 reference) sends each sharding's distinct ids and
-expands the rows that come back, through the stock dists; its op gets a CPU kernel
-(`torchrec_hooks.register_cpu_jagged_unique_indices`).
+`comm.dedup_at: source` (`dedup` only) needs no dist of ours: the loader's prefetch thread
+replaces each table's ids by its distinct ones (dedup/sequence_source.py), the stock dists
+send them and TorchRec's expand (the one its index dedup uses) gives the rows back per
+position (`torchrec_hooks.SourceDedupShardedEC`).
 """
 
 from __future__ import annotations
@@ -63,43 +63,39 @@ class CodecEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         return CodecShardedEmbeddingCollection
 
 
-class IndexDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
-    """TorchRec's sharder with `use_index_dedup` on (`comm.dedup_at: source`), building
-    `IndexDedupShardedEC`: TorchRec's module, which also records the positions for the counters."""
-
-    def __init__(self, fused_params: dict[str, Any] | None = None) -> None:
-        super().__init__(fused_params=fused_params, use_index_dedup=True)
-        hooks.register_cpu_jagged_unique_indices()
+class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's sharder building `SourceDedupShardedEC` (`comm.dedup_at: source`): the stock
+    dists carry the distinct ids the loader made (dedup/sequence_source.py)."""
 
     def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
-        return hooks.build_sharded(hooks.IndexDedupShardedEC, self, module, params, env, device, module_fqn)
+        return hooks.build_sharded(hooks.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
 
     @property
     def sharded_module_type(self):
-        return hooks.IndexDedupShardedEC
+        return hooks.SourceDedupShardedEC
 
 
 def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str],
                                hierarchy: str) -> None:
-    """`comm.dedup_at: source` on sequence embeddings is TorchRec's index dedup: the lossless
+    """`comm.dedup_at: source` on sequence embeddings is the loader's distinct ids: the lossless
     `dedup` on every table of the EC, flat. What it does not build is refused, naming the key."""
     check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup",),
-                        "TorchRec's index dedup covers every table of the EmbeddingCollection")
+                        "dedup at the source covers every table of the EmbeddingCollection")
 
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
                     dedup_at: str = "owner") -> ModuleSharder:
     """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, TorchRec's
-    with index dedup for `dedup` at the source, else ours.
+    taking the loader's distinct ids for `dedup` at the source, else ours.
 
     Same arguments as `make_ebc_sharder` (embeddingbag.py), plus `comm.dedup_at`;
     `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
     """
     validate_sequence_dedup_at(dedup_at, codec, table_codecs, hierarchy.kind)
     if dedup_at == "source":
-        return IndexDedupEmbeddingCollectionSharder(fused_params=fused_params)
+        return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)
     choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence")
     if choice is None:
         return EmbeddingCollectionSharder(fused_params=fused_params)

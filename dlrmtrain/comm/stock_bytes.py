@@ -211,7 +211,7 @@ class SequenceStockCounter:
             T, device = len(lay.tables), sample_lengths.device
             self._sent = torch.zeros(T, dtype=torch.int64, device=device)
             self._received = torch.zeros(T, dtype=torch.int64, device=device)
-        source = hooks.source_lengths(sharding_ctx)  # index dedup: sample_lengths are the distinct ids'
+        source = hooks.source_lengths(sharding_ctx)  # at the source: sample_lengths are the distinct ids'
         if source is not None and self._positions is None:
             self._positions = torch.zeros_like(self._received)
         for acc, lengths, tables in ((self._sent, owner_lengths, lay.owner_tables),
@@ -261,8 +261,8 @@ def count_sequence_stock_dists(model: nn.Module) -> int:
             return None
         layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
                                     dist.get_rank(env.process_group))
-        # TorchRec's index dedup (comm.dedup_at: source) is codec dedup through the stock dist
-        return SequenceStockCounter(layout, sharding_type, "dedup" if hooks.uses_index_dedup(m) else "none")
+        # dedup at the source (comm.dedup_at: source) is codec dedup through the stock dist
+        return SequenceStockCounter(layout, sharding_type, "dedup" if hooks.dedups_at_source(m) else "none")
 
     return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, hooks.ec_shardings,
                                   counter_for)

@@ -685,114 +685,51 @@ def register_cpu_vbe_metadata() -> None:
     _VBE_KERNELS.append(lib)
 
 
-# ====================== sequence dedup at the source (comm.dedup_at: source, EC index dedup)
-# TorchRec's sharded EC with `use_index_dedup=True` replaces each sharding's ids by their
-# distinct ones before the id all-to-all (`ShardedEmbeddingCollection._dedup_indices`) and
-# expands the received rows with the inverse (`construct_jagged_tensors`). It calls
-# `fbgemm.jagged_unique_indices`, whose schema the CPU fbgemm declares but implements on CUDA
-# only; `jagged_unique_indices` below is the same op in torch ops (CPU and CUDA alike),
-# registered for the CPU dispatch key of fbgemm's own schema (`register_cpu_jagged_unique_indices`).
-def jagged_unique_indices(hash_size_cumsum: torch.Tensor, hash_size_offsets: torch.Tensor,
-                          offsets: torch.Tensor, indices: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fbgemm's `jagged_unique_indices` (fbgemm_gpu 1.8 CUDA kernel's outputs), in torch ops.
-
-    The KJT is feature-major, `offsets` over T features × B samples. Feature t's ids are
-    linearized as `hash_size_cumsum[t] + id` (TorchRec gives every feature of a table its
-    table's base, so features sharing a table share their distinct ids) and uniqued, sorted.
-    Returns (lengths, offsets, unique_indices, reverse_indices): the unique ids in sorted
-    linear order, delinearized; `reverse_indices[i]` the position of id i among them (int64);
-    each hash group g (features `hash_size_offsets[g]..[g+1]`, one table) spreads its distinct
-    ids evenly over its features × B length slots, the first `count % slots` one longer.
-    An id outside its table (negative or ≥ its rows) raises ValueError: linearized, it would
-    silently land in a neighbouring table.
-    """
-    device, T = indices.device, hash_size_cumsum.numel() - 1
-    total_b = offsets.numel() - 1
-    batch = total_b // T if T > 0 else 0
-    idx_dtype, len_dtype = indices.dtype, offsets.dtype
-    n = indices.numel()
-    if n == 0:
-        zeros = torch.zeros(total_b + 1, dtype=len_dtype, device=device)
-        return zeros[1:].clone(), zeros, indices.new_empty(0), torch.empty(0, dtype=torch.int64, device=device)
-    feature_of_slot = torch.arange(total_b, device=device) // batch
-    feature_of_id = torch.repeat_interleave(feature_of_slot, offsets[1:] - offsets[:-1], output_size=n)
-    _check_ids_in_hash_range(hash_size_cumsum, feature_of_id, indices)
-    linear = hash_size_cumsum[feature_of_id] + indices
-    unique_linear, reverse = torch.unique(linear, sorted=True, return_inverse=True)
-    owner_feature = torch.searchsorted(hash_size_cumsum, unique_linear, right=True) - 1
-    unique_indices = (unique_linear - hash_size_cumsum[owner_feature]).to(idx_dtype)
-    first, last = hash_size_offsets[:-1], hash_size_offsets[1:]
-    per_group = (torch.searchsorted(unique_linear, hash_size_cumsum[last])
-                 - torch.searchsorted(unique_linear, hash_size_cumsum[first]))
-    slots = (last - first) * batch
-    div = per_group // slots.clamp(min=1)
-    rem = per_group - div * slots
-    group_of_slot = torch.repeat_interleave(torch.arange(first.numel(), device=device), slots, output_size=total_b)
-    within = torch.arange(total_b, device=device) - (first * batch)[group_of_slot]
-    lengths = (div[group_of_slot] + (within < rem[group_of_slot]).to(div.dtype)).to(len_dtype)
-    out_offsets = torch.zeros(total_b + 1, dtype=len_dtype, device=device)
-    torch.cumsum(lengths, 0, out=out_offsets[1:])
-    return lengths, out_offsets, unique_indices, reverse.to(torch.int64)
+# ====================== sequence dedup at the source (comm.dedup_at: source, distinct ids)
+# The sample rank's KJT comes deduplicated from the loader (comm/dedup/sequence_source.py): per
+# sharding, each table's distinct ids over its features' slots, lengths not the samples'.
+# TorchRec's own index dedup (`use_index_dedup`) sends the same kind of KJT through the same
+# stock dists, and its `construct_jagged_tensors` expands the rows that come back with
+# `ctx.input_features` (the real lengths) and `ctx.reverse_indices`: this module fills those two
+# from the KJT's `expansion` instead of deduplicating on the step's thread.
+def source_shardings(ec: ShardedEmbeddingCollection) -> list[tuple[str, list[str], dict[str, tuple[str, int]]]]:
+    """Per sharding, in input-dist order: (sharding type, its features as TorchRec's permute and
+    split hand them to it, feature → (table, rows))."""
+    table_of = {f: (c.name, c.num_embeddings) for c in ec._embedding_configs for f in c.feature_names}
+    return [(st, list(sharding.feature_names()), {f: table_of[f] for f in sharding.feature_names()})
+            for st, sharding in ec_shardings(ec)]
 
 
-def _check_ids_in_hash_range(hash_size_cumsum: torch.Tensor, feature_of_id: torch.Tensor,
-                             indices: torch.Tensor) -> None:
-    """Raise naming the first id outside its table: [0, the hash size of its feature's table)."""
-    # every feature of a table has the table's base; the table ends at the first base above it
-    base = hash_size_cumsum[:-1]
-    end = torch.searchsorted(hash_size_cumsum, base, right=True).clamp(max=hash_size_cumsum.numel() - 1)
-    rows = hash_size_cumsum[end] - base
-    bad = (indices < 0) | (indices >= rows[feature_of_id])
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"EmbeddingCollection index dedup (comm.dedup_at: source): id {int(indices[i])} of "
-                         f"feature {int(feature_of_id[i])} of its sharding is outside its table's "
-                         f"{int(rows[feature_of_id[i]])} rows (negative or too large)")
-
-
-_CPU_KERNELS: list[torch.library.Library] = []
-"""the library handle of the CPU kernel, kept alive (dropping it would unregister the kernel)"""
-
-
-def register_cpu_jagged_unique_indices() -> None:
-    """Give `fbgemm::jagged_unique_indices` the CPU kernel above; idempotent. fbgemm's CUDA kernel is
-    kept (it is the one the reference runs on a GPU); a CPU build that gains its own is refused,
-    so that the two never differ silently."""
-    if _CPU_KERNELS:
-        return
-    import fbgemm_gpu  # noqa: F401 - declares the fbgemm ops' schemas
-
-    if torch._C._dispatch_has_kernel_for_dispatch_key("fbgemm::jagged_unique_indices", "CPU"):
-        raise RuntimeError("fbgemm::jagged_unique_indices has a CPU kernel in this fbgemm_gpu: compare it with "
-                           "dlrmtrain.comm.torchrec_hooks.jagged_unique_indices and drop this registration")
-    lib = torch.library.Library("fbgemm", "IMPL")
-    lib.impl("jagged_unique_indices", jagged_unique_indices, "CPU")
-    _CPU_KERNELS.append(lib)
-
-
-def uses_index_dedup(ec: ShardedEmbeddingCollection) -> bool:
-    """Whether the sharded EC dedups its ids before the id all-to-all (`_use_index_dedup`)."""
-    return bool(ec._use_index_dedup)
+def dedups_at_source(ec: ShardedEmbeddingCollection) -> bool:
+    """Whether the sharded EC takes the loader's distinct ids (`SourceDedupShardedEC`)."""
+    return isinstance(ec, SourceDedupShardedEC)
 
 
 SOURCE_FEATURES = "dlrmtrain_source_features"
-"""sharding-context attribute (index dedup): this rank's KJT slice before its ids were deduplicated"""
+"""sharding-context attribute (dedup at the source): this rank's KJT slice as the batch has it"""
 
 
-class IndexDedupShardedEC(IdRecordingShardedEC):
-    """TorchRec's sharded EC with `use_index_dedup` on, leaving in each sharding context the KJT it
-    had before its ids were deduplicated (TorchRec's `ctx.input_features`), so the counters read
-    the positions (`source_lengths`) beside the distinct ids that crossed."""
+class SourceDedupShardedEC(IdRecordingShardedEC):
+    """TorchRec's sharded EC (no index dedup) taking a KJT of distinct ids with its `expansion`:
+    each sharding's real features and reverse indices go where TorchRec's index dedup puts them,
+    so its awaitable expands the rows in one `index_select` per sharding. A KJT without one (a
+    batch not made by the loader) is sent whole."""
 
     def input_dist(self, ctx: EmbeddingCollectionContext, features: KeyedJaggedTensor):
+        expansion = getattr(features, "expansion", None)
         awaitable = super().input_dist(ctx, features)
-        for sharding_ctx, before in zip(ctx.sharding_contexts, ctx.input_features):
-            setattr(sharding_ctx, SOURCE_FEATURES, before)
+        if expansion is not None:
+            if len(expansion.features) != len(ctx.sharding_contexts):
+                raise RuntimeError(f"dedup at the source: the batch was deduplicated for "
+                                   f"{len(expansion.features)} shardings, the EC has {len(ctx.sharding_contexts)}")
+            ctx.input_features.extend(expansion.features)
+            ctx.reverse_indices.extend(expansion.reverse)
+            for sharding_ctx, before in zip(ctx.sharding_contexts, expansion.features):
+                setattr(sharding_ctx, SOURCE_FEATURES, before)
         return awaitable
 
 
 def source_lengths(sharding_ctx) -> torch.Tensor | None:
-    """The sample rank's lengths before index dedup (`IndexDedupShardedEC`), None without it."""
+    """The sample rank's lengths before dedup at the source (`SourceDedupShardedEC`), None without it."""
     before = getattr(sharding_ctx, SOURCE_FEATURES, None)
     return None if before is None else before.lengths()

@@ -47,7 +47,7 @@ class Datasets:
     table_rows: dict[str, int]
     """Embedding table → rows, in the model's table order (ids of the data are below them)."""
     set_sparse_transform: Optional[Callable[..., None]] = None
-    """Where the source has one (the row loader): sets a KJT → KJT transform that every
+    """Where the source has one (the row and sequence loaders): sets a KJT → KJT transform that every
     train and eval batch takes where it is made (comm.dedup_at: source), before its first batch;
     `keep_full=True` keeps the full KJT too (the transform's goes to `distinct_features`)."""
 
@@ -97,6 +97,12 @@ def build_sequence_datasets(cfg: Config, rank: int, world_size: int,
     loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
                                    cfg.eval.batch_size)
     loaders.train.pin_memory = loaders.eval.pin_memory = pin_memory
+
+    def set_sparse_transform(transform: Callable, keep_full: bool = False) -> None:
+        if keep_full:
+            raise ValueError("a sequence source keeps no full batch beside the transformed one")
+        loaders.train.sparse_transform = loaders.eval.sparse_transform = transform
+
     return Datasets(
         train_batches=lambda epoch, start=0: loaders.train.batches_from(start),
         eval_batches=loaders.eval.iter_weighted,
@@ -104,6 +110,7 @@ def build_sequence_datasets(cfg: Config, rank: int, world_size: int,
         num_eval_samples=loaders.eval.num_real_samples,
         steps_per_epoch=loaders.train.num_batches,
         table_rows=dict(loaders.table_rows),
+        set_sparse_transform=set_sparse_transform,
     )
 
 

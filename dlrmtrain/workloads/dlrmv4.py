@@ -61,7 +61,7 @@ class Dlrmv4Workload(Workload):
         c = cfg.comm
         if c.dedup_at is None:  # unset: resolve_config picks a value this path takes
             return
-        try:  # comm.dedup_at: source is TorchRec's index dedup of the EmbeddingCollection
+        try:  # comm.dedup_at: source is the loader's distinct ids for the EmbeddingCollection
             validate_sequence_dedup_at(c.dedup_at, c.codec, c.table_codecs, c.hierarchy)
         except ValueError as e:
             raise ConfigError(str(e)) from None

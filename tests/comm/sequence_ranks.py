@@ -141,13 +141,22 @@ def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | Non
     return dmp, plan_text
 
 
+def source_made(dmp: nn.Module):
+    """sequences → the KJT the loader makes under comm.dedup_at: source (each table's distinct ids)."""
+    from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
+
+    transform = sequence_source_transform(dmp)
+    return lambda seqs: transform(kjt_of(seqs))
+
+
 def train(sc: SeqScenario, codec: str, rank: int, world_size: int, dedup_at: str = "owner") -> dict:
     """sc.steps fused-RowWiseAdagrad steps; outputs per step, losses, tables after, comm stats."""
     dmp, plan_text = shard(sc, codec, world_size, dedup_at=dedup_at)
+    made = source_made(dmp) if dedup_at == "source" else kjt_of
     probes = probe_vectors()
     result: dict = {"outputs": [], "losses": [], "plan": plan_text}
     for step in range(sc.steps):
-        out = dmp(kjt_of(sequences_for(sc, step, rank)))
+        out = dmp(made(sequences_for(sc, step, rank)))
         out = out.wait() if hasattr(out, "wait") else out
         result["outputs"].append({f: out[f].values().detach().numpy().copy() for f in features()})
         loss = loss_of(out, sc.batch_of(rank), probes)
@@ -160,8 +169,9 @@ def train(sc: SeqScenario, codec: str, rank: int, world_size: int, dedup_at: str
     from tests.comm.sync_counter import HostSyncCounter
 
     counter = HostSyncCounter()
+    batch = made(sequences_for(sc, sc.steps, rank))  # where the loader makes it: off the step
     with counter:
-        out = dmp(kjt_of(sequences_for(sc, sc.steps, rank)))
+        out = dmp(batch)
         out = out.wait() if hasattr(out, "wait") else out
         loss_of(out, sc.batch_of(rank), probes).backward()
     result["syncs"] = counter.syncs

@@ -23,10 +23,10 @@ from tests.comm.sequence_ranks import (
     SeqScenario,
     feature_table,
     features,
-    kjt_of,
     make_ec,
     shard,
     sequences_for,
+    source_made,
     table_rows,
     train,
 )
@@ -61,8 +61,8 @@ def _bad_input(sc: SeqScenario, rank: int, world_size: int, bad: int) -> str:
     dmp, _ = shard(sc, "dedup", world_size, dedup_at="source")
     seqs = sequences_for(sc, 0, rank)
     seqs["artist_id"][0][0] = bad  # on every rank: each refuses it before the id all-to-all
-    try:
-        dmp(kjt_of(seqs))
+    try:  # where the loader makes the batch, before the id all-to-all
+        dmp(source_made(dmp)(seqs))
     except ValueError as e:
         return str(e)
     return "ran"

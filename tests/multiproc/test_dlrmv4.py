@@ -98,7 +98,7 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
         runs["pipeline dedup"]["comm_stats"] = json.loads(
             (Path(out_dir) / "pipe_dedup" / "comm_stats.json").read_text())
     runs["dedup"] = train("dedup", "comm.codec=dedup", "comm.dedup_at=owner")
-    # TorchRec's index dedup (comm.dedup_at: source): only distinct ids cross, through its own dists
+    # dedup at the source (the loader's distinct ids): only they cross, through TorchRec's own dists
     runs["source"] = train("source", "comm.codec=dedup", "comm.dedup_at=source")
     runs["source sparse_dist"] = train("source_pipe", "comm.codec=dedup", "comm.dedup_at=source",
                                        "run.pipeline=sparse_dist")
@@ -109,6 +109,10 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
         runs[f"auto {pipeline}"] = _train_auto(rank, world_size, out_dir, pipeline)
     train("split", f"run.max_steps={STEPS // 2}", "checkpoint.at_end=true")
     runs["resumed"] = train("split", "checkpoint.resume=true")
+    # checkpointed under dedup at the owner, resumed at the source (the same tables and state)
+    train("switch", "comm.codec=dedup", "comm.dedup_at=owner", f"run.max_steps={STEPS // 2}",
+          "checkpoint.at_end=true")
+    runs["switched"] = train("switch", "comm.codec=dedup", "comm.dedup_at=source", "checkpoint.resume=true")
     return runs
 
 
@@ -134,7 +138,7 @@ def test_dedup_sequence_all_to_all_gives_the_loss_of_none(two_ranks):
     assert two_ranks[0]["dedup"]["codec"] == "dedup"
 
 
-def test_source_dedup_through_torchrecs_index_dedup_gives_the_loss_of_none(two_ranks):
+def test_source_dedup_of_the_loaders_distinct_ids_gives_the_loss_of_none(two_ranks):
     none, source = two_ranks[0]["none"], two_ranks[0]["source"]
     assert _losses(source)[0] == _losses(none)[0]  # lossless forward, same weights: bitwise
     assert _losses(source) == pytest.approx(_losses(none), rel=1e-5, abs=1e-6)
@@ -145,8 +149,12 @@ def test_source_dedup_through_torchrecs_index_dedup_gives_the_loss_of_none(two_r
     assert counted["ids_sent_per_step"] == counted["total"]["unique_bags"] / STEPS < stock["ids_sent_per_step"]
     assert counted["rows_looked_up_per_step"] == counted["rows_sent_per_step"] < stock["rows_looked_up_per_step"]
     assert counted["total"]["bags"] == stock["total"]["bags"]
-    # TorchRec's pipeline carries the index dedup's context (reverse indices) across its stages
+    # TorchRec's pipeline carries the batch's expansion (reverse indices) across its stages
     assert _losses(two_ranks[0]["source sparse_dist"]) == _losses(source)  # bitwise
+    # a run checkpointed under dedup at the owner resumes at the source
+    switched = _losses(two_ranks[0]["switched"])
+    assert len(switched) == STEPS - STEPS // 2
+    assert switched == pytest.approx(_losses(source)[STEPS // 2:], rel=1e-5, abs=1e-6)
 
 
 def test_sparse_dist_pipelines_train_the_plain_loops_numbers(two_ranks):

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from dlrmtrain.comm import timing
 from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.dedup.source import source_transform
+from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
 from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
 
 logger = logging.getLogger(__name__)
@@ -142,10 +143,13 @@ def attach_source_auto(model: torch.nn.Module, device: torch.device, policy: Aut
 
 def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module, data: Any,
                         device: torch.device) -> SourceAuto | None:
-    """`comm.dedup_at: source` on pooled tables: `data`'s loader keeps each feature's distinct
-    bags (sequence embeddings dedup in their sharder); under `auto` beside the full batch, and
-    the returned `SourceAuto` picks one per step. None where the batch is left as it is."""
-    if comm.dedup_at != "source" or collection_kind != "pooled":
+    """`comm.dedup_at: source`: `data`'s loader keeps each feature's distinct bags (pooled) or
+    each table's distinct ids (sequence: dedup/sequence_source.py); pooled under `auto` beside
+    the full batch, and the returned `SourceAuto` picks one per step. None where no `auto`."""
+    if comm.dedup_at != "source":
+        return None
+    if collection_kind == "sequence":  # `dedup` only (validate_sequence_dedup_at)
+        data.set_sparse_transform(sequence_source_transform(model))
         return None
     auto = comm.codec == "auto"
     data.set_sparse_transform(source_transform(model, comm.table_codecs), keep_full=auto)

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.data.prefetch import Prefetcher
 from dlrmtrain.data.yambda.batch import SampleColumns, to_sequence_batch
@@ -75,6 +76,8 @@ class SequenceBatchLoader:
         self.global_batch, self.local_batch = global_batch_size, global_batch_size // world_size
         self.slicing, self.last_batch, self.prefetch = spec.slicing, spec.last_batch, spec.prefetch
         self.pin_memory = spec.pin_memory  # set by build_datasets from the device
+        self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
+        """applied to each batch's `sparse` KJT where the batch is made (comm.dedup_at: source)"""
         last_batch = spec.last_batch
         per_window = [n // global_batch_size if last_batch == "drop" else -(-n // global_batch_size)
                       for n in self.windows.sizes]
@@ -125,6 +128,8 @@ class SequenceBatchLoader:
         weights = torch.zeros(len(ids), dtype=torch.float32)
         weights[:real] = 1.0
         batch = to_sequence_batch(self.make_columns(ids))
+        if self.sparse_transform is not None:  # here: the prefetch thread, off the step's
+            batch = SequenceBatch(batch.uih, batch.candidates, self.sparse_transform(batch.sparse))
         if self.pin_memory:
             return batch.pin_memory(), weights.pin_memory()
         return batch, weights

@@ -1,0 +1,197 @@
+"""Sequence dedup at the source (`comm.dedup_at: source`, DLRMv4's EmbeddingCollection).
+
+Where the batch is made (the sequence loader's prefetch thread), `SequenceSourceDedup`
+replaces, per sharding of the sharded EC and per table in it, the ids of the
+table's features by the table's distinct ones (sorted), spread evenly over the
+features × samples slots: the lengths of the KJT it returns are not the samples'
+(TorchRec's own index dedup sends such KJTs). The stock input dist then sends
+each distinct id once per destination, the owner looks each up once and the
+stock output dist returns one row per distinct id. What the sample rank needs to
+expand them stays on it (`SequenceExpansion`, carried by the KJT, never sent):
+per sharding its features as the batch has them (real lengths, their per-key
+counts on the host) and each position's row among the distinct ids. The sharded
+EC (`torchrec_hooks.SourceDedupShardedEC`) hands both to TorchRec's
+`construct_jagged_tensors`, which expands with one `index_select` per sharding;
+its backward sums the duplicates' gradients (in the rows' dtype, fp32) before
+the output all-to-all's backward. Forward rows are the rows `none` looks up:
+bitwise equal. All counts are host integers made here: the step needs no host
+sync for the codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+DEDUPED_SHARDING_TYPES = ("table_wise", "row_wise")
+"""the sharding types whose ids are deduplicated; the others travel whole (identity inverse)"""
+
+
+@dataclass(frozen=True)
+class ShardingFeatures:
+    """One sharding of the sharded EC as its input dist takes it."""
+
+    sharding_type: str
+    features: list[str]
+    """its features, in the order TorchRec's permute and split give them to it"""
+    tables: list[str]
+    """the table of each feature"""
+    rows: dict[str, int]
+    """rows of each of its tables (the ids must lie below)"""
+
+
+@dataclass
+class SequenceExpansion:
+    """What the sample rank keeps to expand the distinct ids' rows: per sharding, its features as
+    the batch has them and each position's row among the distinct ids it sent."""
+
+    features: list[KeyedJaggedTensor]
+    reverse: list[torch.Tensor]
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "SequenceExpansion":
+        return SequenceExpansion([f.to(device, non_blocking=non_blocking) for f in self.features],
+                                 [r.to(device, non_blocking=non_blocking) for r in self.reverse])
+
+    def pin_memory(self) -> "SequenceExpansion":
+        return SequenceExpansion([f.pin_memory() for f in self.features], [r.pin_memory() for r in self.reverse])
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        for f in self.features:
+            f.record_stream(stream)
+        for r in self.reverse:
+            r.record_stream(stream)
+
+
+class DistinctIdsKJT(KeyedJaggedTensor):
+    """A KJT of distinct ids (lengths not the samples') with its `expansion`, which moves, pins
+    and records streams with it."""
+
+    expansion: SequenceExpansion
+
+    @classmethod
+    def of(cls, kjt: KeyedJaggedTensor, expansion: SequenceExpansion) -> "DistinctIdsKJT":
+        out = cls(keys=kjt.keys(), values=kjt.values(), lengths=kjt.lengths(), stride=kjt.stride(),
+                  length_per_key=kjt.length_per_key())
+        out.expansion = expansion
+        return out
+
+    def to(self, device: torch.device, non_blocking: bool = False, dtype: torch.dtype | None = None
+           ) -> "DistinctIdsKJT":
+        moved = super().to(device, non_blocking=non_blocking, dtype=dtype)
+        return DistinctIdsKJT.of(moved, self.expansion.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "DistinctIdsKJT":
+        return DistinctIdsKJT.of(super().pin_memory(), self.expansion.pin_memory())
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        super().record_stream(stream)
+        self.expansion.record_stream(stream)
+
+
+class SequenceSourceDedup:
+    """KJT → `DistinctIdsKJT` for the sharded EC whose shardings are `shardings` (made once)."""
+
+    def __init__(self, shardings: list[ShardingFeatures]) -> None:
+        self.shardings = shardings
+
+    def __call__(self, kjt: KeyedJaggedTensor) -> DistinctIdsKJT:
+        if isinstance(kjt, DistinctIdsKJT):
+            raise ValueError("comm.dedup_at: source: the batch's ids are already distinct")
+        if kjt.weights_or_none() is not None or kjt.variable_stride_per_key():
+            raise ValueError("comm.dedup_at: source: sequence features must be unweighted, one batch size")
+        B, keys = kjt.stride(), kjt.keys()
+        per_key = dict(zip(keys, zip(kjt.lengths().view(len(keys), B).unbind(0),
+                                     torch.split(kjt.values(), kjt.length_per_key()))))
+        sent: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        originals, reverse = [], []
+        for s in self.shardings:
+            lengths = [per_key[f][0] for f in s.features]
+            values = [per_key[f][1] for f in s.features]
+            counts = [v.numel() for v in values]
+            originals.append(KeyedJaggedTensor(keys=s.features, values=_cat(values, kjt.values()),
+                                               lengths=_cat(lengths, kjt.lengths()), stride=B,
+                                               length_per_key=counts))
+            if s.sharding_type in DEDUPED_SHARDING_TYPES:
+                distinct, rev = _distinct(s, lengths, values, B)
+            else:
+                distinct, rev = dict(zip(s.features, zip(lengths, values))), torch.arange(sum(counts))
+            sent.update(distinct)
+            reverse.append(rev)
+        empty = (kjt.lengths().new_zeros(B), kjt.values()[:0])
+        out_lengths = [sent.get(k, empty)[0] for k in keys]  # features of no sharding: none sent
+        out_values = [sent.get(k, empty)[1] for k in keys]
+        out = KeyedJaggedTensor(keys=keys, values=_cat(out_values, kjt.values()),
+                                lengths=_cat(out_lengths, kjt.lengths()), stride=B,
+                                length_per_key=[v.numel() for v in out_values])
+        return DistinctIdsKJT.of(out, SequenceExpansion(originals, reverse))
+
+
+def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return torch.cat(parts).to(like.dtype) if parts else like[:0]
+
+
+def _distinct(s: ShardingFeatures, lengths: list[torch.Tensor], values: list[torch.Tensor], B: int
+              ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """Each table's distinct ids over its features in sharding `s`, spread evenly over those
+    features' B slots each (feature name → its lengths and ids), and the row of each of the
+    sharding's positions among the distinct ids as the sharding's KJT orders them."""
+    tables = list(dict.fromkeys(s.tables))
+    span = max(s.rows.values()) + 1
+    table_of = torch.tensor([tables.index(t) for t in s.tables], dtype=torch.int64)
+    counts = [v.numel() for v in values]
+    ids = torch.cat(values).to(torch.int64) if values else torch.zeros(0, dtype=torch.int64)
+    table = torch.repeat_interleave(table_of, torch.tensor(counts, dtype=torch.int64), output_size=ids.numel())
+    _check_ids(s, tables, ids, table, counts)
+    uniq, inverse = torch.unique(table * span + ids, sorted=True, return_inverse=True)
+    per_table = torch.bincount(uniq // span, minlength=len(tables)).tolist()
+    starts = [sum(per_table[:i]) for i in range(len(tables))]
+    taken = dict.fromkeys(tables, 0)  # of each table's distinct ids, those given to a feature so far
+    slices, out = [], {}
+    for f, (feature, t) in enumerate(zip(s.features, s.tables)):
+        n_features, j = s.tables.count(t), s.tables[:f].count(t)
+        slot_lengths = _spread(per_table[tables.index(t)], n_features * B)[j * B:(j + 1) * B]
+        n = int(slot_lengths.sum())
+        first = starts[tables.index(t)] + taken[t]
+        taken[t] += n
+        slices.append(torch.arange(first, first + n))
+        out[feature] = (slot_lengths.to(lengths[f].dtype), (uniq[first:first + n] % span).to(values[f].dtype))
+    order = torch.cat(slices) if slices else torch.zeros(0, dtype=torch.int64)
+    row_of = torch.empty_like(order)
+    row_of[order] = torch.arange(order.numel())  # distinct id (sorted) → its row in the KJT's order
+    return out, row_of[inverse]
+
+
+def _spread(n: int, slots: int) -> torch.Tensor:
+    """n ids over `slots` lengths, as even as can be (the first n % slots one longer)."""
+    if slots == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    return n // slots + (torch.arange(slots) < n % slots).to(torch.int64)
+
+
+def _check_ids(s: ShardingFeatures, tables: list[str], ids: torch.Tensor, table: torch.Tensor,
+               counts: list[int]) -> None:
+    """Raise naming the first id outside its table: it would silently take another table's key."""
+    rows = torch.tensor([s.rows[t] for t in tables], dtype=torch.int64)
+    bad = (ids < 0) | (ids >= rows[table])
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        f = int(torch.searchsorted(torch.tensor(counts).cumsum(0), i, right=True))
+        raise ValueError(f"EmbeddingCollection dedup at the source (comm.dedup_at: source): id {int(ids[i])} "
+                         f"of feature {s.features[f]} is outside its table's {s.rows[s.tables[f]]} rows "
+                         f"(negative or too large)")
+
+
+def sequence_source_transform(model: torch.nn.Module) -> SequenceSourceDedup:
+    """The loader's transform for sharded `model`'s one EmbeddingCollection taking distinct ids."""
+    from dlrmtrain.comm import torchrec_hooks as hooks  # the sharded module: only where one is built
+
+    ecs = [m for m in model.modules() if isinstance(m, hooks.SourceDedupShardedEC)]
+    if len(ecs) != 1:
+        raise ValueError(f"comm.dedup_at: source on sequence tables needs one EmbeddingCollection sharded "
+                         f"for it, the model has {len(ecs)}")
+    return SequenceSourceDedup([
+        ShardingFeatures(sharding_type, features, [table_of[f][0] for f in features],
+                         {t: n for t, n in table_of.values()})
+        for sharding_type, features, table_of in hooks.source_shardings(ecs[0])])
