@@ -94,6 +94,9 @@ class SequenceBatch(Pipelineable):
     uih: KeyedJaggedTensor
     candidates: KeyedJaggedTensor
     sparse: KeyedJaggedTensor
+    distinct_sparse: KeyedJaggedTensor | None = None
+    """under `comm.codec: auto` at the source, `sparse`'s distinct ids beside it (the loader's
+    `DistinctIdsKJT`; comm/auto/source.py picks one form per step)"""
 
     @classmethod
     def of(cls, uih: KeyedJaggedTensor, candidates: KeyedJaggedTensor) -> "SequenceBatch":
@@ -114,14 +117,18 @@ class SequenceBatch(Pipelineable):
         return (bits.to(torch.int64) & LISTEN_PLUS_BIT).ne(0).to(torch.float32)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "SequenceBatch":
+        distinct = self.distinct_sparse
         return SequenceBatch(self.uih.to(device, non_blocking=non_blocking),
                              self.candidates.to(device, non_blocking=non_blocking),
-                             self.sparse.to(device, non_blocking=non_blocking))
+                             self.sparse.to(device, non_blocking=non_blocking),
+                             None if distinct is None else distinct.to(device, non_blocking=non_blocking))
 
     def record_stream(self, stream: torch.Stream) -> None:
-        for kjt in (self.uih, self.candidates, self.sparse):
-            kjt.record_stream(stream)
+        for kjt in (self.uih, self.candidates, self.sparse, self.distinct_sparse):
+            if kjt is not None:
+                kjt.record_stream(stream)
 
     def pin_memory(self) -> "SequenceBatch":
+        distinct = self.distinct_sparse
         return SequenceBatch(self.uih.pin_memory(), self.candidates.pin_memory(),
-                             self.sparse.pin_memory())
+                             self.sparse.pin_memory(), None if distinct is None else distinct.pin_memory())

@@ -108,21 +108,28 @@ def print_reference_wire(arch: str, names: list[str]) -> None:
 
 def with_distinct_bags(stepper, trainer, batches: list, kind: str):
     """`stepper` fed each batch's distinct bags (comm.dedup_at: source; `kind` sequence: each
-    table's distinct ids): in a run the loader's prefetch thread makes them; here all are made
-    before any timing (the shared batches come from the first contender's loader), so the
-    figure leaves out that thread's CPU time."""
+    table's distinct ids), or under `auto` both forms, each step taking the one its `SourceAuto`
+    picks as the trainer's batches do: in a run the loader's prefetch thread makes them; here
+    all are made before any timing (the shared batches come from the first contender's loader),
+    so the figure leaves out that thread's CPU time."""
     import dataclasses
+
+    from dlrmtrain.comm.auto.source import BOTH_FORMS
 
     if kind == "sequence":
         from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
 
-        transform = sequence_source_transform(trainer.model)
-        made = {id(b): dataclasses.replace(b, sparse=transform(b.sparse)) for b in batches}
+        transform, (full, distinct) = sequence_source_transform(trainer.model), BOTH_FORMS[1]
     else:
         from dlrmtrain.comm.dedup.source import source_transform
 
         transform = source_transform(trainer.model, trainer.cfg.comm.table_codecs)
-        made = {id(b): dataclasses.replace(b, sparse_features=transform(b.sparse_features)) for b in batches}
+        full, distinct = BOTH_FORMS[0]
+    auto = trainer.source_auto  # comm.codec auto: both forms kept, each step picks one as it is taken
+    made = {id(b): dataclasses.replace(b, **{distinct if auto else full: transform(getattr(b, full))})
+            for b in batches}
+    if auto is not None:
+        return lambda block: stepper(auto.pick(made[id(b)]) for b in block)
     return lambda block: stepper([made[id(b)] for b in block])
 
 

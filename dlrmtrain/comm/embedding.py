@@ -79,9 +79,11 @@ class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
 def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str],
                                hierarchy: str) -> None:
     """`comm.dedup_at: source` on sequence embeddings is the loader's distinct ids: the lossless
-    `dedup` on every table of the EC, flat. What it does not build is refused, naming the key."""
-    check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup",),
-                        "dedup at the source covers every table of the EmbeddingCollection")
+    `dedup`, or `auto` choosing per step between them and the full batch (comm/auto/source.py),
+    on every table of the EC alike, flat. What it does not build is refused, naming the key."""
+    check_source_codecs(dedup_at, codec, table_codecs, hierarchy, (codec,),
+                        "the run's codec covers every table of the EmbeddingCollection at the source",
+                        ("dedup", "auto"))
 
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,

@@ -146,7 +146,7 @@ def _source_blocker(codec: str, table_codecs: Mapping[str, str], hierarchy: str,
     """Why `comm.dedup_at: source` is refused on this run (a short reason naming the key), or None."""
     if codec in ("dedup+fp16", "dedup+bf16"):
         return f"comm.codec: {codec}: the lossy stacks dedup at the owner"
-    codecs, per_table = (("dedup", "auto"), ("dedup", "none")) if kind == "pooled" else (("dedup",), ("dedup",))
+    codecs, per_table = ("dedup", "auto"), (("dedup", "none") if kind == "pooled" else (codec,))
     if codec not in codecs:
         return f"comm.codec: {codec}: {kind} tables dedup at the source under {' or '.join(codecs)} only"
     for table, name in table_codecs.items():

@@ -201,7 +201,7 @@ class SequenceStockCounter:
                                    table_codecs={t: codec for t in layout.tables})
         self._sent: torch.Tensor | None = None      # [tables] rows this rank sends (as owner)
         self._received: torch.Tensor | None = None  # [tables] rows it receives (as sample rank)
-        self._positions: torch.Tensor | None = None  # [tables] its positions before index dedup, if on
+        self._positions: torch.Tensor | None = None  # [tables] its positions (before dedup at the source)
 
     def count(self, sharding_ctx, elem_bytes: int) -> None:
         """Add one pass (TorchRec's sharding context holds both ends' lengths)."""
@@ -211,13 +211,14 @@ class SequenceStockCounter:
             T, device = len(lay.tables), sample_lengths.device
             self._sent = torch.zeros(T, dtype=torch.int64, device=device)
             self._received = torch.zeros(T, dtype=torch.int64, device=device)
-        source = hooks.source_lengths(sharding_ctx)  # at the source: sample_lengths are the distinct ids'
-        if source is not None and self._positions is None:
-            self._positions = torch.zeros_like(self._received)
+            self._positions = torch.zeros(T, dtype=torch.int64, device=device)
+        # at the source sample_lengths are the distinct ids'; `auto` there mixes both forms' steps
+        source = hooks.source_lengths(sharding_ctx)
         for acc, lengths, tables in ((self._sent, owner_lengths, lay.owner_tables),
                                      (self._received, sample_lengths, lay.sample_tables),
-                                     (self._positions, source, lay.sample_tables)):
-            if tables and acc is not None and lengths is not None:
+                                     (self._positions, sample_lengths if source is None else source,
+                                      lay.sample_tables)):
+            if tables:
                 per_feature = lengths.reshape(len(tables), -1).sum(1).to(torch.int64)
                 acc.index_add_(0, host_to_device(tables, acc.device), per_feature)
         self.elem_bytes = elem_bytes
@@ -226,10 +227,9 @@ class SequenceStockCounter:
     def flush(self) -> DistCommStats:
         """The counters, with the positions summed so far added (a host read: only when read)."""
         if self._sent is not None:
-            sent, received = self._sent.tolist(), self._received.tolist()
-            # under index dedup the positions are what `none` would move (the owner sees only
-            # the distinct ids: its stock_sent stays what it sent)
-            positions = received if self._positions is None else self._positions.tolist()
+            # positions: what `none` would move (at the source the owner sees only the distinct
+            # ids: its stock_sent stays what it sent)
+            sent, received, positions = self._sent.tolist(), self._received.tolist(), self._positions.tolist()
             self.stats.ids_looked_up += sum(sent)  # the owner looks up one row per id it got
             self.stats.rows_looked_up += sum(sent)
             for t, name in enumerate(self.layout.tables):
@@ -249,7 +249,7 @@ class SequenceStockCounter:
         return self.flush()
 
 
-def count_sequence_stock_dists(model: nn.Module) -> int:
+def count_sequence_stock_dists(model: nn.Module, codec: str = "none") -> int:
     """Attach a `SequenceStockCounter` to every table-/row-wise stock sequence dist in `model`.
 
     Codec dists count themselves; the counters join them in each sharded EC's
@@ -261,8 +261,8 @@ def count_sequence_stock_dists(model: nn.Module) -> int:
             return None
         layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
                                     dist.get_rank(env.process_group))
-        # dedup at the source (comm.dedup_at: source) is codec dedup through the stock dist
-        return SequenceStockCounter(layout, sharding_type, "dedup" if hooks.dedups_at_source(m) else "none")
+        # dedup at the source (comm.dedup_at: source) is codec dedup (or auto's two forms) through the stock dist
+        return SequenceStockCounter(layout, sharding_type, codec if hooks.dedups_at_source(m) else "none")
 
     return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, hooks.ec_shardings,
                                   counter_for)

@@ -366,12 +366,11 @@ class CommConfig:
     """Where lossless dedup finds the distinct rows. `owner`: at the owner (every id still crosses
     the id all-to-all and is looked up). `source`: each feature's ids are made distinct where the
     batch is made, so only they cross and are looked up (TorchRec's own paths: pooled tables'
-    variable batch, the sequence loader's distinct ids per table; `dedup` and pooled `auto`). Unset
+    variable batch, the sequence loader's distinct ids per table; `dedup` and `auto`). Unset
     (null): resolved when the run starts (validation.resolve_config; the run folder's config
     records the value taken) to `source` where the run's codec dedups and its path carries it,
     else `owner`, printing why: pooled `optim.name: adagrad`, the lossy `dedup+fp16/bf16`,
-    `comm.hierarchy: node`, a per-table codec the source does not carry, DLRMv4 under `auto`,
-    and pooled plans whose tables are mostly row-wise (there source's output sends world size x
+    `comm.hierarchy: node`, a per-table codec the source does not carry, and pooled plans whose tables are mostly row-wise (there source's output sends world size x
     the distinct rows). An explicit value is kept; an explicit `source` where it is not built is
     refused."""
 

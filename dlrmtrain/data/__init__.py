@@ -99,9 +99,8 @@ def build_sequence_datasets(cfg: Config, rank: int, world_size: int,
     loaders.train.pin_memory = loaders.eval.pin_memory = pin_memory
 
     def set_sparse_transform(transform: Callable, keep_full: bool = False) -> None:
-        if keep_full:
-            raise ValueError("a sequence source keeps no full batch beside the transformed one")
         loaders.train.sparse_transform = loaders.eval.sparse_transform = transform
+        loaders.train.keep_full_batch = loaders.eval.keep_full_batch = keep_full
 
     return Datasets(
         train_batches=lambda epoch, start=0: loaders.train.batches_from(start),

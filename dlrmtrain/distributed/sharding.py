@@ -100,5 +100,6 @@ def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: Shardin
     sharder = build_ec_sharder(comm, fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ec_path)
     dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
-    count_sequence_stock_dists(dmp)  # bytes of the sequence all-to-alls left to TorchRec (codec none)
+    # bytes of the sequence all-to-alls left to TorchRec (codec none; dedup or auto at the source)
+    count_sequence_stock_dists(dmp, comm.codec if comm.dedup_at == "source" else "none")
     return dmp, describe_plan(plan)

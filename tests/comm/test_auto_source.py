@@ -69,3 +69,27 @@ def test_a_batch_without_its_distinct_bags_is_refused_by_name():
     auto = SourceAuto(AutoPolicy(), torch.device("cpu"))
     with pytest.raises(ValueError, match="comm.codec: auto with comm.dedup_at: source needs batches"):
         auto.pick(dataclasses.replace(both_forms(), distinct_features=None))
+
+
+def test_a_sequence_batch_carries_both_forms_and_each_step_takes_one():
+    """DLRMv4: the sequence loader keeps `sparse` whole and its distinct ids (`DistinctIdsKJT`)
+    beside it; the fraction is distinct ids / positions; a step holds one form only."""
+    from dlrmtrain.comm.dedup.sequence_source import DistinctIdsKJT, SequenceSourceDedup
+    from dlrmtrain.sequence_features import SequenceBatch
+    from tests.comm.test_sequence_source import SEQS, SHARDINGS, _kjt
+
+    full = _kjt(SEQS)
+    batch = SequenceBatch(full, full, full, SequenceSourceDedup(SHARDINGS)(full)).to(torch.device("cpu"))
+    assert isinstance(batch.distinct_sparse, DistinctIdsKJT)
+    # 16 positions; sent: T's 3 distinct, U's 2, d's 2 whole, x none
+    assert distinct_fraction(batch) == pytest.approx(7 / 16)
+    auto = SourceAuto(AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1, margin=-100.0),
+                      torch.device("cpu"))
+    forms = []
+    for _ in range(5):
+        step = auto.pick(batch)
+        assert step.distinct_sparse is None
+        forms.append("dedup" if isinstance(step.sparse, DistinctIdsKJT) else "none")
+        auto.step_ended()
+    assert forms == ["dedup", "dedup", "none", "dedup", "dedup"] and auto.policy.choice == "dedup"
+    assert not isinstance(SourceAuto(AutoPolicy(), torch.device("cpu")).pick_for_eval(batch).sparse, DistinctIdsKJT)

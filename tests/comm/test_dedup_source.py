@@ -110,15 +110,16 @@ def test_source_is_refused_where_it_is_not_built(tmp_path, overrides, message):
 
 
 def test_sequence_embeddings_take_source_through_their_own_check(tmp_path):
-    """DLRMv4's EC dedups at the source through TorchRec's index dedup: the pooled refusals
+    """DLRMv4's EC dedups at the source through the loader's distinct ids: the pooled refusals
     (no Adagrad) are not its; its own (comm/embedding.py) still apply."""
     from dlrmtrain.config import ConfigError, load_config
     from dlrmtrain.validation import validate_config
 
     base = [f"run.output_dir={tmp_path}", "comm.codec=dedup", "comm.dedup_at=source"]
     validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["run.pipeline=sparse_dist"]), 2)
-    with pytest.raises(ConfigError, match="comm.dedup_at: source needs comm.codec: dedup"):
-        validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["comm.codec=auto"]), 2)
+    validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["comm.codec=auto", "run.pipeline=sparse_dist"]), 2)
+    with pytest.raises(ConfigError, match="comm.dedup_at: source needs comm.codec: dedup or auto"):
+        validate_config(load_config("configs/mini_dlrmv4.yaml", base + ["comm.codec=dedup+fp16"]), 2)
 
 
 def test_a_pipelines_copy_keeps_the_inverse_and_records_its_stream(monkeypatch):

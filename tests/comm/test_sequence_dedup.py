@@ -272,7 +272,7 @@ def test_source_dedup_refuses_an_id_outside_its_table_on_each_rank(runs):
 
 
 @pytest.mark.parametrize("codec,table_codecs,hierarchy,key", [
-    ("auto", {}, "flat", "comm.codec: dedup"), ("dedup+fp16", {}, "flat", "comm.codec: dedup"),
+    ("auto", {"uid": "dedup"}, "flat", "comm.table_codecs.uid"), ("dedup+fp16", {}, "flat", "comm.codec: dedup"),
     ("none", {}, "flat", "comm.codec: dedup"), ("dedup", {"uid": "none"}, "flat", "comm.table_codecs.uid"),
     ("dedup", {}, "node", "comm.hierarchy: flat")])
 def test_source_dedup_refuses_what_it_does_not_build_naming_the_key(codec, table_codecs, hierarchy, key):

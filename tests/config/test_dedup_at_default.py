@@ -23,7 +23,8 @@ OWNER_FOR_A_REASON = {  # name: (config, overrides, what the printed line names)
                         "comm.table_codecs.t_cat_1"),
     "per-table dedup under none": (None, ["comm.codec=none", "comm.table_codecs={t_cat_1: dedup}"],
                                    "comm.codec: none"),
-    "sequence auto": (MINI_V4, ["comm.codec=auto"], "comm.codec: auto"),
+    "sequence per-table dedup under auto": (MINI_V4, ["comm.codec=auto", "comm.table_codecs={uid: dedup}"],
+                                            "comm.table_codecs.uid"),
 }
 SOURCE = {
     "dedup": (None, ["comm.codec=dedup"]),
@@ -32,6 +33,7 @@ SOURCE = {
     "per-table none": (None, ["comm.codec=dedup", "comm.table_codecs={t_cat_1: none}"]),
     "a few row-wise tables": (None, ["comm.codec=dedup", "sharding.tables={t_cat_1: row_wise, t_cat_2: row_wise}"]),
     "sequence dedup": (MINI_V4, ["comm.codec=dedup"]),
+    "sequence auto": (MINI_V4, ["comm.codec=auto"]),
 }
 
 

@@ -111,8 +111,8 @@ def test_settings_the_dlrmv4_path_cannot_honour_are_refused_naming_the_key(overr
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["comm.codec=auto"], "comm.dedup_at: source needs comm.codec: dedup"),
-    (["comm.codec=dedup+fp16"], "comm.dedup_at: source needs comm.codec: dedup"),
+    (["comm.codec=auto", "comm.table_codecs={uid: dedup}"], "comm.table_codecs.uid"),
+    (["comm.codec=dedup+fp16"], "comm.dedup_at: source needs comm.codec: dedup or auto"),
     (["comm.codec=dedup", "comm.table_codecs={uid: none}"], "comm.table_codecs.uid"),
 ])
 def test_dedup_at_source_refuses_what_it_does_not_build_naming_the_key(overrides, key):
@@ -121,4 +121,5 @@ def test_dedup_at_source_refuses_what_it_does_not_build_naming_the_key(overrides
     cfg = load_config(CONFIGS / "mini_dlrmv4.yaml", ["comm.dedup_at=source", *overrides])
     with pytest.raises(ConfigError, match=key):
         validate_config(cfg, world_size=2)
-    validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", ["comm.dedup_at=source", "comm.codec=dedup"]), 2)
+    for codec in ("dedup", "auto"):  # `auto` at the source: none or the loader's distinct ids per step
+        validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", ["comm.dedup_at=source", f"comm.codec={codec}"]), 2)

@@ -45,9 +45,10 @@ def _losses(summary: dict) -> list[float]:
 AUTO_STEPS = 7
 
 
-def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str) -> dict:
+def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str, dedup_at: str = "owner") -> dict:
     """`auto` decided dedup at step 4 whatever the clock says (tests/comm/test_plan_ahead.py's
-    policy), each step's codec host syncs counted."""
+    policy), each step's codec host syncs counted; at the owner (its dists) or the source (the
+    loader's two forms, `SourceAuto`)."""
     from dlrmtrain.comm.auto.dist import AutoDist
     from dlrmtrain.comm.stats import comm_counters
     from dlrmtrain.config import load_config
@@ -58,21 +59,27 @@ def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str) -> dict
 
     cfg = resolve_config(load_config(MINI, [
         *TINY, "eval.enabled=false", f"run.max_steps={AUTO_STEPS}", f"run.output_dir={out_dir}",
-        f"run.name=auto_{pipeline}", "comm.codec=auto", f"run.pipeline={pipeline}"]))
+        f"run.name=auto_{dedup_at}_{pipeline}", "comm.codec=auto", f"comm.dedup_at={dedup_at}",
+        f"run.pipeline={pipeline}"]))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
     dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
     for d in dists:
         d.policy = forced_policy("dedup")
+    if trainer.source_auto is not None:
+        trainer.source_auto.policy = forced_policy("dedup")
     syncs: list = []
     if trainer.pipeline is not None:
         trainer.pipeline.progress = syncs_per_call(trainer.pipeline.progress, syncs)
     else:
         trainer.train_step = syncs_per_call(trainer.train_step, syncs)
     summary = trainer.train().as_dict()
+    policies = [d.policy for d in dists] + ([trainer.source_auto.policy] if trainer.source_auto else [])
     out = {"losses": summary["losses"], "syncs": syncs,
-           "decisions": [[(x.step, x.choice) for x in d.policy.decisions] for d in dists],
+           "decisions": [[(x.step, x.choice) for x in p.decisions] for p in policies],
            "planned_ahead": [d.dedup_dist.comm_stats.planned_ahead for d in dists]}
+    if rank == 0:  # the run records are rank 0's
+        out["comm_stats"] = json.loads((Path(out_dir) / f"auto_{dedup_at}_{pipeline}" / "comm_stats.json").read_text())
     trainer.close()
     del trainer, dists
     return out
@@ -107,6 +114,7 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
             runs[name]["comm_stats"] = json.loads((Path(out_dir) / folder / "comm_stats.json").read_text())
     for pipeline in ("off", "sparse_dist"):
         runs[f"auto {pipeline}"] = _train_auto(rank, world_size, out_dir, pipeline)
+    runs["auto source"] = _train_auto(rank, world_size, out_dir, "sparse_dist", "source")
     train("split", f"run.max_steps={STEPS // 2}", "checkpoint.at_end=true")
     runs["resumed"] = train("split", "checkpoint.resume=true")
     # checkpointed under dedup at the owner, resumed at the source (the same tables and state)
@@ -186,6 +194,31 @@ def test_auto_settled_on_dedup_plans_the_sequence_all_to_all_ahead(two_ranks):
         assert all(critical for critical, _ in plain["syncs"][AUTO_DECIDES_AT:])  # plain: planned in-step
         # plans made ahead and used: step 2, the decision's step 4, and every later one
         assert piped["planned_ahead"] == [AUTO_STEPS - 2] and plain["planned_ahead"] == [0]
+
+
+def test_auto_at_the_source_chooses_records_and_trains_as_none(two_ranks):
+    """`comm.codec: auto`, `comm.dedup_at: source`, pipelined: the loader makes both forms, the
+    probe trains on each (warm-up and probe: dedup, dedup, none), every rank takes the agreed
+    choice at the same step, comm_stats.json records it, and the losses are `none`'s (the first
+    bitwise; then the summation order of the distinct ids' gradients differs). No codec host
+    sync on a step's thread, whichever form it took."""
+    from tests.comm.test_plan_ahead import AUTO_DECIDES_AT
+
+    none = _losses(two_ranks[0]["none"])
+    for rank, runs in enumerate(two_ranks):
+        auto = runs["auto source"]
+        assert auto["decisions"] == [[(AUTO_DECIDES_AT - 1, "dedup")]], rank
+        assert _losses(auto)[0] == none[0]
+        assert _losses(auto)[:STEPS] == pytest.approx(none, rel=1e-5, abs=1e-6)
+        assert all(critical == [] for critical, _ in auto["syncs"]), (rank, auto["syncs"])
+    assert _losses(two_ranks[1]["auto source"]) == _losses(two_ranks[0]["auto source"])
+    stats, source = two_ranks[0]["auto source"]["comm_stats"], two_ranks[0]["source"]["comm_stats"]
+    assert stats["codecs"] == ["auto"]
+    assert len(stats["auto_decisions"]) == 1, stats["auto_decisions"]
+    assert stats["auto_decisions"][0].startswith(f"source step {AUTO_DECIDES_AT - 1}: dedup ("), stats
+    # every position is counted; one none step (of 7) sent them all, the others each table's distinct ids
+    assert stats["total"]["bags"] == AUTO_STEPS * source["total"]["bags"] / STEPS
+    assert stats["total"]["bags"] / AUTO_STEPS < stats["total"]["unique_bags"] < stats["total"]["bags"]
 
 
 def test_resume_from_a_sharded_checkpoint_continues_the_trajectory(two_ranks):

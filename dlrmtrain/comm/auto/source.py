@@ -1,11 +1,14 @@
 """`comm.codec: auto` with `comm.dedup_at: source`: per training step, the full batch (`none`) or its
-distinct bags (`dedup` at the source), whichever `AutoPolicy` (policy.py) measures faster.
+distinct bags or ids (`dedup` at the source), whichever `AutoPolicy` (policy.py) measures faster.
 
-The choice is made before the batch reaches the sharded EBC, so it is made per batch, not per
-all-to-all: the row loader's prefetch thread builds both forms of every batch (the full KJT in
-`sparse_features`, the variable-batch KJT of its distinct bags in `distinct_features`), and
-`pick` hands the batch on in the form its training step's path takes. Both run through
-TorchRec's stock dists and give `none`'s forward bitwise, so any step may take either.
+The choice is made before the batch reaches the sharded module, so it is made per batch, not per
+all-to-all: the loader's prefetch thread builds both forms of every batch (pooled, the row
+loader's: the full KJT in `sparse_features`, the variable-batch KJT of its distinct bags in
+`distinct_features`; sequence, the Yambda loader's: the full KJT in `sparse`, the
+`DistinctIdsKJT` of each table's distinct ids in `distinct_sparse`), and `pick` hands the batch on
+in the form its training step's path takes. Both run through TorchRec's stock dists (the sequence
+EC, `SourceDedupShardedEC`, sends a KJT without its expansion whole) and give `none`'s forward
+bitwise, so any step may take either.
 
 A pipeline takes a batch one or two steps before its training step (its input dist starts
 early), so `pick` chooses by the policy's path that many steps ahead (`path_ahead`: the batches
@@ -14,7 +17,8 @@ previous step's end, on the device's clock, comm/timing.py, as `AutoDist`) under
 batch actually took. Where a decision or a drift check changes the path after a batch was
 picked, that batch keeps its form: lossless either way, and timed as what it took. A period that
 held an evaluation is not timed. Decisions and drift checks are agreed over ranks as
-`AutoDist`'s; the drift check also watches the batch's distinct fraction (host integers, free).
+`AutoDist`'s; the drift check also watches the batch's distinct fraction (host integers, free:
+distinct bags / bags pooled, distinct ids / positions sequence).
 All features take the chosen path (no per-table choice). Evaluation batches take the current
 choice (`none` while probing).
 """
@@ -38,12 +42,26 @@ from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
 logger = logging.getLogger(__name__)
 
 
+BOTH_FORMS = (("sparse_features", "distinct_features"), ("sparse", "distinct_sparse"))
+"""(full KJT, distinct KJT) attribute names of the batches that carry both: the row loader's
+`PooledBatch`, the sequence loader's `SequenceBatch`"""
+
+
+def _forms_of(batch: Any) -> tuple[str, str] | None:
+    return next(((full, distinct) for full, distinct in BOTH_FORMS if hasattr(batch, distinct)), None)
+
+
 def distinct_fraction(batch: Any) -> float | None:
-    """Distinct bags / bags of a batch carrying both forms (host integers), None without them."""
-    distinct = getattr(batch, "distinct_features", None)
+    """Distinct bags / bags (pooled: a variable-batch KJT) or distinct ids / positions (sequence)
+    of a batch carrying both forms (host integers), None without them."""
+    names = _forms_of(batch)
+    distinct = None if names is None else getattr(batch, names[1])
     if distinct is None:
         return None
-    bags = len(distinct.keys()) * batch.sparse_features.stride()
+    full = getattr(batch, names[0])
+    if not distinct.variable_stride_per_key():
+        return distinct.values().numel() / full.values().numel() if full.values().numel() else None
+    bags = len(distinct.keys()) * full.stride()
     return sum(s[0] for s in distinct.stride_per_key_per_rank()) / bags if bags else None
 
 
@@ -78,12 +96,14 @@ class SourceAuto:
 
     @staticmethod
     def _form(batch: Any, path: str) -> Any:
-        distinct = getattr(batch, "distinct_features", None)
-        if distinct is None:
+        names = _forms_of(batch)
+        if names is None or getattr(batch, names[1]) is None:
             raise ValueError("comm.codec: auto with comm.dedup_at: source needs batches carrying their "
-                             "distinct bags (the row loader's, set_sparse_transform(keep_full=True))")
-        sparse = distinct if path == "dedup" else batch.sparse_features
-        return dataclasses.replace(batch, sparse_features=sparse, distinct_features=None)
+                             "distinct bags or ids (the row or sequence loader's, "
+                             "set_sparse_transform(keep_full=True))")
+        full, distinct = names
+        sparse = getattr(batch, distinct if path == "dedup" else full)
+        return dataclasses.replace(batch, **{full: sparse, distinct: None})
 
     def step_ended(self) -> None:
         """A training step has ended (it trained the oldest picked batch): time its period, then
@@ -144,13 +164,12 @@ def attach_source_auto(model: torch.nn.Module, device: torch.device, policy: Aut
 def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module, data: Any,
                         device: torch.device) -> SourceAuto | None:
     """`comm.dedup_at: source`: `data`'s loader keeps each feature's distinct bags (pooled) or
-    each table's distinct ids (sequence: dedup/sequence_source.py); pooled under `auto` beside
-    the full batch, and the returned `SourceAuto` picks one per step. None where no `auto`."""
+    each table's distinct ids (sequence: dedup/sequence_source.py); under `auto` beside the full
+    batch, and the returned `SourceAuto` picks one per step. None where no `auto`."""
     if comm.dedup_at != "source":
         return None
-    if collection_kind == "sequence":  # `dedup` only (validate_sequence_dedup_at)
-        data.set_sparse_transform(sequence_source_transform(model))
-        return None
     auto = comm.codec == "auto"
-    data.set_sparse_transform(source_transform(model, comm.table_codecs), keep_full=auto)
+    transform = (sequence_source_transform(model) if collection_kind == "sequence"
+                 else source_transform(model, comm.table_codecs))
+    data.set_sparse_transform(transform, keep_full=auto)
     return attach_source_auto(model, device) if auto else None

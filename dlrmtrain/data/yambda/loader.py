@@ -78,6 +78,9 @@ class SequenceBatchLoader:
         self.pin_memory = spec.pin_memory  # set by build_datasets from the device
         self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
         """applied to each batch's `sparse` KJT where the batch is made (comm.dedup_at: source)"""
+        self.keep_full_batch = False
+        """True: the transform's KJT goes beside the full one (`SequenceBatch.distinct_sparse`:
+        comm.codec auto at the source)"""
         last_batch = spec.last_batch
         per_window = [n // global_batch_size if last_batch == "drop" else -(-n // global_batch_size)
                       for n in self.windows.sizes]
@@ -129,7 +132,9 @@ class SequenceBatchLoader:
         weights[:real] = 1.0
         batch = to_sequence_batch(self.make_columns(ids))
         if self.sparse_transform is not None:  # here: the prefetch thread, off the step's
-            batch = SequenceBatch(batch.uih, batch.candidates, self.sparse_transform(batch.sparse))
+            made = self.sparse_transform(batch.sparse)
+            batch = (SequenceBatch(batch.uih, batch.candidates, batch.sparse, made) if self.keep_full_batch
+                     else SequenceBatch(batch.uih, batch.candidates, made))
         if self.pin_memory:
             return batch.pin_memory(), weights.pin_memory()
         return batch, weights
