@@ -220,7 +220,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01}
     for codec in codecs:
         name, kind = parse_contender(codec)  # dedup/node: comm.hierarchy node
-        comm = CommConfig(codec=name, hierarchy=kind, ranks_per_node=ranks_per_node or world)
+        comm = CommConfig(codec=name, hierarchy=kind, ranks_per_node=ranks_per_node or world, dedup_at="owner")
         torch.manual_seed(1234)  # TorchRec's table init draws from it: equal weights for every codec
         ebc = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],

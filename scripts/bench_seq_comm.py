@@ -119,7 +119,7 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
 
         torch.manual_seed(1234)
         dmp, _ = shard_sequence_model(Model(), "ec", ShardingConfig(default_type=args.sharding),
-                                      CommConfig(codec=codec), rowwise_adagrad_fused_params(0.01, 1e-8),
+                                      CommConfig(codec=codec, dedup_at="owner"), rowwise_adagrad_fused_params(0.01, 1e-8),
                                       torch.device("cpu"), world)
         times = []
         for step in range(args.warmup + args.steps):

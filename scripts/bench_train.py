@@ -369,8 +369,12 @@ def main() -> None:
     needed = args.steps * args.rounds + max(warmup, 1)
     batches = []
     epoch = 0
+    # Full batches from a loader of their own: the first contender's loader hands out distinct
+    # bags when it dedups at the source, and every contender must start from the same batches.
+    from dlrmtrain.workloads import build_datasets
+    full = build_datasets(trainer.cfg, env.rank, env.world_size)
     while len(batches) < needed:
-        batches.extend(b.to(env.device) for b in trainer.data.train_batches(epoch))
+        batches.extend(b.to(env.device) for b in full.train_batches(epoch))
         epoch += 1
 
     link_bytes: dict[str, list[float]] = {n: [] for n in steppers}

@@ -1,7 +1,8 @@
 """Ops the dedup codec issues per training step, counted with the torch profiler at 2 and 4 ranks.
 
     PYTHONPATH=. python scripts/count_codec_ops.py [--worlds 2 4] [--batch-per-rank 256] [overrides...]
-    PYTHONPATH=. python scripts/count_codec_ops.py comm.dedup_at=source   # dedup at the source
+    PYTHONPATH=. python scripts/count_codec_ops.py comm.dedup_at=source optim.name=sgd   # at the source
+    PYTHONPATH=. python scripts/count_codec_ops.py --config configs/mini_dlrmv4.yaml comm.dedup_at=source
 
 For each world size, real ranks (torchrun, Gloo on CPU) train dlrmtrain's own
 loop (configs/quickstart.yaml with codec dedup, or --config, plus overrides)

@@ -72,7 +72,7 @@ def main() -> None:
     timed(transport, "timed_wait", "transfer wait")
     timed(DedupDist, "forward", "dist.forward (plan + launch)")
 
-    overrides = ["comm.codec=dedup", "eval.enabled=false", f"run.max_steps={args.steps}",
+    overrides = ["comm.codec=dedup", "comm.dedup_at=owner", "eval.enabled=false",  # the owner-side planner it times f"run.max_steps={args.steps}",
                  "run.name=profile_dedup", "run.output_dir=/tmp/dlrmtrain_profile", "run.overwrite=true",
                  "logging.progress_bar=false",
                  *args.overrides]

@@ -154,6 +154,7 @@ def main() -> None:
     env = init_distributed("cpu")
     common = ["logging.progress_bar=false", "eval.enabled=false", "mlperf.enabled=false",
               "run.output_dir=/tmp/dlrmtrain-profile", "run.overwrite=true", "comm.codec=dedup",
+              "comm.dedup_at=owner",  # one level against two, both owner-side (two levels have no source path)
               *args.overrides]
     if not args.sim_nodes:
         common.append(f"comm.ranks_per_node={args.world_size // 2}")

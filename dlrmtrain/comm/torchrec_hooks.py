@@ -717,6 +717,10 @@ class SourceDedupShardedEC(IdRecordingShardedEC):
 
     def input_dist(self, ctx: EmbeddingCollectionContext, features: KeyedJaggedTensor):
         expansion = getattr(features, "expansion", None)
+        if expansion is not None and self._use_index_dedup:  # TorchRec's EC_INDEX_DEDUP flag: it would
+            # dedup again and put its own context entries first, so the lengths would be wrong
+            raise RuntimeError("dedup at the source: TorchRec's index dedup is on for this EC "
+                               "(EC_INDEX_DEDUP?); a batch deduplicated by the loader cannot take it")
         awaitable = super().input_dist(ctx, features)
         if expansion is not None:
             if len(expansion.features) != len(ctx.sharding_contexts):

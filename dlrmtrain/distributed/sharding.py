@@ -38,11 +38,20 @@ def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[s
     return {**params, "optimizer": EmbOptimType.EXACT_ADAGRAD, "eps": optim.adagrad_eps}
 
 
+def check_dedup_at_resolved(comm: CommConfig) -> None:
+    """Refuse a `comm.dedup_at` still unset: both sharders need to know where dedup happens,
+    and an unset key means "what this run's path carries", which only the resolved config knows."""
+    if comm.dedup_at is None:
+        raise ValueError("comm.dedup_at is unset: resolve the config first (validation.resolve_config), "
+                         "or give comm.dedup_at: owner or source")
+
+
 def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
     `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
     device type picks TorchRec's quantized-comms kernels for the lossy codecs. Under
     comm.dedup_at: source the batch comes deduplicated and TorchRec's own dists carry it."""
+    check_dedup_at_resolved(comm)
     if comm.dedup_at == "source":
         return SourceDedupEBCSharder(fused_params=fused_params)
     return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
@@ -85,6 +94,7 @@ def rowwise_adagrad_fused_params(lr: float, eps: float, output_dtype=None) -> di
 def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
     """The EmbeddingCollection sharder: TorchRec's own when every table's codec is `none`, else
     the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/embedding.py)."""
+    check_dedup_at_resolved(comm)
     return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm),
                            comm.dedup_at)
 

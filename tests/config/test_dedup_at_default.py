@@ -98,3 +98,14 @@ def test_an_explicit_owner_stays_where_source_would_be_taken():
 def test_an_explicit_source_the_path_cannot_take_stays_refused():
     with pytest.raises(ConfigError, match="comm.dedup_at: source.*EXACT_ADAGRAD"):
         validate_config(load_config(None, ["comm.codec=dedup", "optim.name=adagrad", "comm.dedup_at=source"]), 2)
+
+
+@pytest.mark.parametrize("builder", ["build_ebc_sharder", "build_ec_sharder"])
+def test_a_sharder_asked_with_the_key_unset_refuses_by_name(builder):
+    """Both sharders need to know where dedup happens; an unset key reached the sequence one as
+    `None` (a ValueError naming nothing useful) and the pooled one silently as `owner`."""
+    from dlrmtrain.config.schema import CommConfig
+    from dlrmtrain.distributed import sharding
+
+    with pytest.raises(ValueError, match=r"comm\.dedup_at is unset: resolve the config first"):
+        getattr(sharding, builder)(CommConfig(codec="dedup"), sharding.rowwise_adagrad_fused_params(0.01, 1e-8))

@@ -108,7 +108,7 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     # dedup at the source (the loader's distinct ids): only they cross, through TorchRec's own dists
     runs["source"] = train("source", "comm.codec=dedup", "comm.dedup_at=source")
     runs["source sparse_dist"] = train("source_pipe", "comm.codec=dedup", "comm.dedup_at=source",
-                                       "run.pipeline=sparse_dist")
+                                       "run.pipeline=sparse_dist", "eval.enabled=true", "eval.evals_per_epoch=8")
     if rank == 0:
         for name, folder in (("source", "source"), ("none", "full")):
             runs[name]["comm_stats"] = json.loads((Path(out_dir) / folder / "comm_stats.json").read_text())
@@ -159,6 +159,9 @@ def test_source_dedup_of_the_loaders_distinct_ids_gives_the_loss_of_none(two_ran
     assert counted["total"]["bags"] == stock["total"]["bags"]
     # TorchRec's pipeline carries the batch's expansion (reverse indices) across its stages
     assert _losses(two_ranks[0]["source sparse_dist"]) == _losses(source)  # bitwise
+    # its evaluations (each a detach and re-attach) take the loader's distinct ids too
+    evals, none_evals = two_ranks[0]["source sparse_dist"]["evals"], two_ranks[0]["pipeline sparse_dist"]["evals"]
+    assert len(evals) == 2 and [e["auc"] for e in evals] == pytest.approx([e["auc"] for e in none_evals], abs=1e-4)
     # a run checkpointed under dedup at the owner resumes at the source
     switched = _losses(two_ranks[0]["switched"])
     assert len(switched) == STEPS - STEPS // 2
