@@ -12,7 +12,7 @@ step (data_prep/); checks.py holds the data section's config rules.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -66,6 +66,15 @@ def table_rows(cfg: Config) -> list[int]:
     return [min(n, cap) if cap else n for n in data_table_sizes(cfg)]
 
 
+def _transform_setter(*loaders: Any) -> Callable[..., None]:
+    """`Datasets.set_sparse_transform` for these loaders (train and eval): each takes the
+    transform, and `keep_full` says whether the full KJT stays beside the transform's."""
+    def set_sparse_transform(transform: Callable, keep_full: bool = False) -> None:
+        for loader in loaders:
+            loader.sparse_transform, loader.keep_full_batch = transform, keep_full
+    return set_sparse_transform
+
+
 def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: list[int],
               pin_memory: bool) -> Datasets:
     train.pin_memory = evaluation.pin_memory = pin_memory
@@ -74,10 +83,6 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
         train.set_epoch(epoch)
         return train.batches_from(start)
 
-    def set_sparse_transform(transform: Callable, keep_full: bool = False) -> None:
-        train.sparse_transform = evaluation.sparse_transform = transform
-        train.keep_full_batch = evaluation.keep_full_batch = keep_full
-
     return Datasets(
         train_batches=train_for_epoch,
         eval_batches=evaluation.iter_weighted,
@@ -85,7 +90,7 @@ def _datasets(train: CriteoBatchLoader, evaluation: CriteoBatchLoader, rows: lis
         num_eval_samples=evaluation.source.rows,
         steps_per_epoch=train.full_batches,
         table_rows=dict(zip(TABLE_NAMES, rows)),
-        set_sparse_transform=set_sparse_transform,
+        set_sparse_transform=_transform_setter(train, evaluation),
     )
 
 
@@ -98,11 +103,6 @@ def build_sequence_datasets(cfg: Config, rank: int, world_size: int,
     loaders = build_yambda_loaders(cfg.data, rank, world_size, cfg.run.global_batch_size,
                                    cfg.eval.batch_size)
     loaders.train.pin_memory = loaders.eval.pin_memory = pin_memory
-
-    def set_sparse_transform(transform: Callable, keep_full: bool = False) -> None:
-        loaders.train.sparse_transform = loaders.eval.sparse_transform = transform
-        loaders.train.keep_full_batch = loaders.eval.keep_full_batch = keep_full
-
     return Datasets(
         train_batches=lambda epoch, start=0: loaders.train.batches_from(start),
         eval_batches=loaders.eval.iter_weighted,
@@ -110,7 +110,7 @@ def build_sequence_datasets(cfg: Config, rank: int, world_size: int,
         num_eval_samples=loaders.eval.num_real_samples,
         steps_per_epoch=loaders.train.num_batches,
         table_rows=dict(loaders.table_rows),
-        set_sparse_transform=set_sparse_transform,
+        set_sparse_transform=_transform_setter(loaders.train, loaders.eval),
     )
 
 
