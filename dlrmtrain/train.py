@@ -70,16 +70,14 @@ def _tear_down_finished(shutdown, cfg, run_id: str, step: int, last_checkpoint: 
 def _record_lost_writer(cfg, run_id: str, step: int, lost: RunError) -> None:
     """The `stopped` record of a run whose rank 0 was lost before its records were complete,
     by the rank that names it (run/teardown.py)."""
-    from dlrmtrain.run.directory import RunClaim, run_dir_of
+    from dlrmtrain.run.directory import run_dir_of
     from dlrmtrain.run.lock import RunLock
-    from dlrmtrain.run.records import open_run_records
-    from dlrmtrain.run.teardown import FailureRecords, records_of_lost_writer, writes_for_lost_rank0
+    from dlrmtrain.run.teardown import opened_as_writer, records_of_lost_writer, writes_for_lost_rank0
 
     if not writes_for_lost_rank0(lost, int(os.environ.get("RANK", "0"))):
         return
-    resumed = RunClaim(run_id, resuming=True, adopt_run_id=False)
     records = records_of_lost_writer(run_dir_of(cfg), run_id, RunLock(run_dir_of(cfg)),
-                                     lambda: FailureRecords(open_run_records(cfg, 0, resumed)))
+                                     lambda: opened_as_writer(cfg, run_id))
     if records is not None:
         records.stopped(step, str(lost), 0.0, 0, clock_running=False)
         records.close()
