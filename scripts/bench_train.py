@@ -110,8 +110,8 @@ def with_distinct_bags(stepper, trainer, batches: list, kind: str):
     """`stepper` fed each batch's distinct bags (comm.dedup_at: source; `kind` sequence: each
     table's distinct ids), or under `auto` both forms, each step taking the one its `SourceAuto`
     picks as the trainer's batches do: in a run the loader's prefetch thread makes them; here
-    all are made before any timing (the shared batches come from the first contender's loader),
-    so the figure leaves out that thread's CPU time."""
+    all are made before any timing (from the shared full batches, which a loader of their own
+    makes), so the figure leaves out that thread's CPU time."""
     import dataclasses
 
     from dlrmtrain.comm.auto.source import BOTH_FORMS
