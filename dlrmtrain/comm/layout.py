@@ -9,7 +9,8 @@ ceil(num_embeddings / world size) (TorchRec's bucketization), so id // block
 is the rank that holds it (`RowWiseLayout`).
 
 A sequence (EmbeddingCollection) all-to-all's view of the same shardings is
-`SequenceLayout` (`sequence_layout_of`), at the end of this module.
+`SequenceLayout` (`sequence_layout_of`), at the end of this module; a column-wise sequence
+sharding is table-wise over its column shards, each an entry of width dim / shards.
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ def layout_for(sharding_type: str, sharding, world_size: int) -> Layout | None:
 
 @dataclass(frozen=True)
 class SequenceLayout:
-    """Per-feature table indices and owners of one sequence sharding (table-wise or row-wise)."""
+    """Per-feature table indices and owners of one sequence sharding (table-, column- or row-wise).
+
+    Column-wise is table-wise over the column shards: each shard's features are entries of their
+    own (`dim` the shard's width), so one feature appears once per shard."""
 
     world_size: int
     dim: int
@@ -135,6 +139,11 @@ class SequenceLayout:
     """per sample feature, its table's rows"""
     features: list[str]
     """the sample rank's features in KJT order (for error messages)"""
+    owner_first_shard: list[bool] | None = None
+    """column-wise: per owner feature, whether it is the feature's first column shard (rank-major):
+    a position's id, lookup and row count there, once; None: every feature is (table-/row-wise)"""
+    sample_first_shard: list[bool] | None = None
+    """per sample feature, the same"""
 
     @property
     def radix(self) -> int:
@@ -143,7 +152,7 @@ class SequenceLayout:
 
 
 def sequence_layout_of(layout: Layout, rank: int) -> SequenceLayout:
-    """The sequence view of a table-wise `DistLayout` or a `RowWiseLayout`."""
+    """The sequence view of a table-/column-wise `DistLayout` or a `RowWiseLayout`."""
     if isinstance(layout, DistLayout):
         entries = layout.all_entries()
         own = layout.entries_per_rank[rank]
@@ -158,12 +167,16 @@ def sequence_layout_of(layout: Layout, rank: int) -> SequenceLayout:
     index = {t: i for i, t in enumerate(tables)}
     if isinstance(layout, DistLayout):
         owners = [r for r, per_rank in enumerate(layout.entries_per_rank) for _ in per_rank]
+        first = _first_shards(entries)
         return SequenceLayout(layout.world_size, dims.pop() if dims else 1, tables,
                               owner_tables=[index[e.table] for e in own],
                               owner_rows=[e.num_embeddings for e in own],
                               sample_tables=[index[e.table] for e in entries], sample_owner=owners,
                               sample_block=None, sample_rows=[e.num_embeddings for e in entries],
-                              features=[e.feature for e in entries])
+                              features=[e.feature for e in entries],
+                              owner_first_shard=None if first is None else
+                              [f for f, o in zip(first, owners, strict=True) if o == rank],
+                              sample_first_shard=first)
     # row-wise: rank r holds rows [r·block, min((r+1)·block, rows)) of every table
     owner_rows = [max(0, min(b, e.num_embeddings - rank * b)) for e, b in zip(entries, layout.block_sizes)]
     return SequenceLayout(layout.world_size, dims.pop() if dims else 1, tables,
@@ -171,3 +184,14 @@ def sequence_layout_of(layout: Layout, rank: int) -> SequenceLayout:
                           sample_tables=[index[e.table] for e in entries], sample_owner=None,
                           sample_block=list(layout.block_sizes), sample_rows=[e.num_embeddings for e in entries],
                           features=[e.feature for e in entries])
+
+
+def _first_shards(entries: list[FeatureEntry]) -> list[bool] | None:
+    """Per entry, whether it is its feature's first (a column-wise feature has one entry per
+    column shard); None where every feature has one entry."""
+    seen: set[str] = set()
+    out = []
+    for e in entries:
+        out.append(e.feature not in seen)
+        seen.add(e.feature)
+    return None if all(out) else out

@@ -43,14 +43,16 @@ class TableCommStats:
     """ids and lengths this rank sent in the input (id) all-to-all"""
     id_recv_bytes: int = 0
     rows_sent: int = 0
-    """rows this rank sent forward in the output all-to-all (a column shard's are its own)"""
+    """rows this rank sent forward in the output all-to-all (pooled: a column shard's are its own;
+    sequence: one full row per position, counted on the feature's first column shard)"""
 
     def add(self, other: "TableCommStats") -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def add_rows(self, dim: int, wire_bytes: float, elem_bytes: int, *, sent: int = 0, received: int = 0,
-                 stock_sent: int = 0, stock_received: int = 0, bags: int = 0, distinct: int | None = None) -> None:
+                 stock_sent: int = 0, stock_received: int = 0, bags: int = 0, distinct: int | None = None,
+                 rows: int | None = None) -> None:
         """Count one block of rows of width `dim` (every codec dist's byte accounting).
 
         `sent` / `received`: rows this rank put on / took off the wire forward at
@@ -59,9 +61,11 @@ class TableCommStats:
         `bags`: bags this rank received pooled embeddings for. Received rows
         are the distinct bags that crossed the wire, unless `distinct` says
         otherwise (a reduce-scatter receives several partial rows per bag).
+        `rows`: the rows sent as a user counts them (None: `sent`; a sequence
+        column shard's part of a row is no row of its own).
         """
         sent_bytes, recv_bytes = round(sent * dim * wire_bytes), round(received * dim * wire_bytes)
-        self.rows_sent += sent
+        self.rows_sent += sent if rows is None else rows
         self.payload_fwd_sent_bytes += sent_bytes
         self.payload_bwd_recv_bytes += sent_bytes
         self.payload_fwd_recv_bytes += recv_bytes

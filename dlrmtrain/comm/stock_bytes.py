@@ -20,7 +20,7 @@ from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
-from dlrmtrain.comm.dedup.kernels import host_to_device
+from dlrmtrain.comm.dedup.sequence_source import DEDUPED_SHARDING_TYPES
 from dlrmtrain.comm.layout import (
     DistLayout, Layout, RowWiseLayout, SequenceLayout, layout_for, sequence_layout_of)
 from dlrmtrain.comm.stats import COUNTERS_ATTR, CountsCommBytes, DistCommStats
@@ -183,61 +183,82 @@ def _attach_stock_counters(model: nn.Module, module_type: type, counter_type: ty
 # --- sequence embeddings: one row per id position, per table.
 #
 # `none` keeps TorchRec's `SequenceEmbeddingsAllToAll` untouched; a forward
-# pre-hook sums each step's positions per table on the device (from the lengths
+# pre-hook sums each step's positions per feature on the device (from the lengths
 # both ends hold) and the sums are read back only with the counters, so counting
 # adds no host sync. `auto`'s `none` path (auto/sequence.py) counts the same way.
+# A column-wise sharding is table-wise over its column shards (`SequenceLayout`):
+# each shard moves its own width per position, so the bytes are every shard's,
+# while ids, lookups and rows count once per position of the table, on the
+# feature's first shard: a user reads one row of the full dim per position.
 
 
-COUNTED_SHARDING_TYPES = ("table_wise", "row_wise")
+COUNTED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
+
+
+def _per_feature(lengths: torch.Tensor, features: int) -> torch.Tensor:
+    """Positions per feature of feature-major `lengths` (int64, on their device)."""
+    if not features:
+        return torch.zeros(0, dtype=torch.int64, device=lengths.device)
+    return lengths.reshape(features, -1).sum(1).to(torch.int64)
+
+
+def _per_table(counts: list[int], tables: list[int], first_shard: list[bool] | None, n: int
+               ) -> tuple[list[int], list[int]]:
+    """Per table: (the positions of all its column shards, those of its first shard only)."""
+    all_shards, first = [0] * n, [0] * n
+    for count, t, is_first in zip(counts, tables, first_shard or [True] * len(tables), strict=True):
+        all_shards[t] += count
+        first[t] += count if is_first else 0
+    return all_shards, first
 
 
 class SequenceStockCounter:
-    """Positions per table of one sequence all-to-all, summed on the device."""
+    """Positions per feature of one sequence all-to-all, summed on the device."""
 
     def __init__(self, layout: SequenceLayout, sharding_type: str, codec: str = "none") -> None:
         self.layout = layout
         self.elem_bytes = 4
         self.stats = DistCommStats(codec=codec, sharding_type=sharding_type,
                                    table_codecs={t: codec for t in layout.tables})
-        self._sent: torch.Tensor | None = None      # [tables] rows this rank sends (as owner)
-        self._received: torch.Tensor | None = None  # [tables] rows it receives (as sample rank)
-        self._positions: torch.Tensor | None = None  # [tables] its positions (before dedup at the source)
+        self._sums: list[torch.Tensor] | None = None
+        """per owner feature the rows this rank sends (as owner); per sample feature the rows it
+        receives (as sample rank), and its positions (before dedup at the source)"""
 
     def count(self, sharding_ctx, elem_bytes: int) -> None:
         """Add one pass (TorchRec's sharding context holds both ends' lengths)."""
         owner_lengths, sample_lengths = hooks.sequence_lengths_of_both_ends(sharding_ctx)
         lay = self.layout
-        if self._sent is None:
-            T, device = len(lay.tables), sample_lengths.device
-            self._sent = torch.zeros(T, dtype=torch.int64, device=device)
-            self._received = torch.zeros(T, dtype=torch.int64, device=device)
-            self._positions = torch.zeros(T, dtype=torch.int64, device=device)
         # at the source sample_lengths are the distinct ids'; `auto` there mixes both forms' steps
         source = hooks.source_lengths(sharding_ctx)
-        for acc, lengths, tables in ((self._sent, owner_lengths, lay.owner_tables),
-                                     (self._received, sample_lengths, lay.sample_tables),
-                                     (self._positions, sample_lengths if source is None else source,
-                                      lay.sample_tables)):
-            if tables:
-                per_feature = lengths.reshape(len(tables), -1).sum(1).to(torch.int64)
-                acc.index_add_(0, host_to_device(tables, acc.device), per_feature)
+        sums = [_per_feature(owner_lengths, len(lay.owner_tables)),
+                _per_feature(sample_lengths, len(lay.sample_tables)),
+                _per_feature(sample_lengths if source is None else source, len(lay.sample_tables))]
+        if self._sums is None:
+            self._sums = sums
+        else:
+            for acc, add in zip(self._sums, sums):
+                acc.add_(add)
         self.elem_bytes = elem_bytes
         self.stats.steps += 1
 
     def flush(self) -> DistCommStats:
         """The counters, with the positions summed so far added (a host read: only when read)."""
-        if self._sent is not None:
+        if self._sums is not None:
+            lay, T = self.layout, len(self.layout.tables)
+            sent, received, positions = (s.tolist() for s in self._sums)
+            sent, sent_rows = _per_table(sent, lay.owner_tables, lay.owner_first_shard, T)
+            received, received_rows = _per_table(received, lay.sample_tables, lay.sample_first_shard, T)
+            positions, position_rows = _per_table(positions, lay.sample_tables, lay.sample_first_shard, T)
+            self.stats.ids_looked_up += sum(sent_rows)  # the owner looks up one row per id it got
+            self.stats.rows_looked_up += sum(sent_rows)
             # positions: what `none` would move (at the source the owner sees only the distinct
-            # ids: its stock_sent stays what it sent)
-            sent, received, positions = self._sent.tolist(), self._received.tolist(), self._positions.tolist()
-            self.stats.ids_looked_up += sum(sent)  # the owner looks up one row per id it got
-            self.stats.rows_looked_up += sum(sent)
-            for t, name in enumerate(self.layout.tables):
-                self.stats.table(name).add_rows(self.layout.dim, self.elem_bytes, self.elem_bytes, sent=sent[t],
+            # ids: its stock_sent stays what it sent); bytes at the shards' width, rows whole
+            for t, name in enumerate(lay.tables):
+                self.stats.table(name).add_rows(lay.dim, self.elem_bytes, self.elem_bytes, sent=sent[t],
                                                 received=received[t], stock_sent=sent[t],
-                                                stock_received=positions[t], bags=positions[t],
-                                                distinct=received[t])
-            self._sent = self._received = self._positions = None
+                                                stock_received=positions[t], bags=position_rows[t],
+                                                distinct=received_rows[t], rows=sent_rows[t])
+            self._sums = None
         return self.stats
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
@@ -250,11 +271,12 @@ class SequenceStockCounter:
 
 
 def count_sequence_stock_dists(model: nn.Module, codec: str = "none") -> int:
-    """Attach a `SequenceStockCounter` to every table-/row-wise stock sequence dist in `model`.
+    """Attach a `SequenceStockCounter` to every table-, column- and row-wise stock sequence dist in `model`.
 
     Codec dists count themselves; the counters join them in each sharded EC's
-    `comm_counters`. Column-wise sequence dists and TorchRec's qcomms are not
-    counted. Returns how many were attached.
+    `comm_counters`. TorchRec's qcomms are not counted. At the source (`codec`
+    given) only table- and row-wise ids are deduplicated: column-wise tables travel
+    whole and are counted as `none`. Returns how many were attached.
     """
     def counter_for(m: nn.Module, env, sharding_type: str, sharding) -> SequenceStockCounter | None:
         if sharding_type not in COUNTED_SHARDING_TYPES:
@@ -262,7 +284,8 @@ def count_sequence_stock_dists(model: nn.Module, codec: str = "none") -> int:
         layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
                                     dist.get_rank(env.process_group))
         # dedup at the source (comm.dedup_at: source) is codec dedup (or auto's two forms) through the stock dist
-        return SequenceStockCounter(layout, sharding_type, codec if hooks.dedups_at_source(m) else "none")
+        deduped = hooks.dedups_at_source(m) and sharding_type in DEDUPED_SHARDING_TYPES
+        return SequenceStockCounter(layout, sharding_type, codec if deduped else "none")
 
     return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, hooks.ec_shardings,
                                   counter_for)

@@ -37,7 +37,7 @@ SCENARIOS = {
     "row_wise": SeqScenario(default_type="row_wise"),
     "table_wise": SeqScenario(default_type="table_wise"),
     "row_wise_uneven": SeqScenario(default_type="row_wise", uneven=True),
-    # column-wise sequence tables keep TorchRec's dist under dedup, beside the dedup dists
+    # column-wise sequence tables keep TorchRec's dist under dedup, beside the dedup dists (counted as none)
     "mixed": SeqScenario(default_type="table_wise", sharding_tables={"item_id": "row_wise", "album_id": "column_wise"}),
 }
 DEDUP_DISTS = {"row_wise": 1, "table_wise": 1, "row_wise_uneven": 1, "mixed": 2}
@@ -126,6 +126,25 @@ def _positions_by_table(sc: SeqScenario, step: int, rank: int) -> dict[str, int]
     return out
 
 
+def _column_wise(sc: SeqScenario, table: str) -> bool:
+    return sc.sharding_tables.get(table, sc.default_type) == "column_wise"
+
+
+def _check_column_wise_table(sc: SeqScenario, stats_by_rank: list[dict], t: str) -> None:
+    """A column-wise table (one column shard of DIM / WORLD per rank) travels whole under every codec:
+    each rank sends its shard's columns of every sample rank's positions and receives every shard's
+    of its own; ids, lookups and rows count once per position, on the first shard's rank (0)."""
+    positions = [sum(_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps))
+                 for rank in range(WORLD)]
+    for rank, stats in enumerate(stats_by_rank):
+        got = stats["tables"][t]
+        assert got["codec"] == "none", (rank, t)
+        assert got["payload_fwd_sent_bytes"] == sum(positions) * (DIM // WORLD) * 4, (rank, t)
+        assert got["payload_fwd_recv_bytes"] == got["uncompressed_fwd_recv_bytes"] == positions[rank] * DIM * 4
+        assert got["bags"] == got["unique_bags"] == positions[rank], (rank, t)
+        assert got["rows_sent"] == (sum(positions) if rank == 0 else 0), (rank, t)
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
     sc = SCENARIOS[name]
@@ -133,9 +152,10 @@ def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
     sent_total: dict[str, int] = {}
     for rank in range(WORLD):
         tables = runs[rank][(name, "dedup")]["stats"]["tables"]
-        column_wise = {t for t, kind in sc.sharding_tables.items() if kind == "column_wise"}
-        assert set(tables) == set(table_rows()) - column_wise
+        assert set(tables) == set(table_rows())  # column-wise ones too: TorchRec's dist, counted
         for t, got in tables.items():
+            if _column_wise(sc, t):
+                continue  # below
             # the receiver: its distinct ids of t (all features sharing t), whoever owns them
             distinct = sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
             positions = sum(_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps))
@@ -153,6 +173,9 @@ def test_dedup_bytes_are_distinct_rows_per_table_and_destination(runs, name):
     for t, sent in sent_total.items():  # every row sent is received
         assert sent == sum(runs[r][(name, "dedup")]["stats"]["tables"][t]["payload_fwd_recv_bytes"]
                            for r in range(WORLD)), t
+    for t in filter(lambda t: _column_wise(sc, t), table_rows()):  # TorchRec's dist, every position
+        for codec in ("none", "dedup"):
+            _check_column_wise_table(sc, [runs[r][(name, codec)]["stats"] for r in range(WORLD)], t)
     # none: TorchRec's untouched dist, counted around it: every position, = dedup's `uncompressed`
     for rank in range(WORLD):
         none, dedup = runs[rank][(name, "none")]["stats"], runs[rank][(name, "dedup")]["stats"]
@@ -177,8 +200,9 @@ def test_dedup_fp16_halves_dedup_bytes_and_is_labelled_lossy(runs):
     for rank in range(WORLD):
         lossless, lossy = runs[rank][("mixed", "dedup")], runs[rank][("mixed", "dedup+fp16")]
         assert lossy["stats"]["lossy_codecs"] == ["dedup+fp16"] and lossless["stats"]["lossy_codecs"] == []
-        for t, row in lossy["stats"]["tables"].items():
-            assert 2 * row["payload_fwd_recv_bytes"] == lossless["stats"]["tables"][t]["payload_fwd_recv_bytes"]
+        for t, row in lossy["stats"]["tables"].items():  # a column-wise table travels whole (none)
+            halved = 1 if row["codec"] == "none" else 2
+            assert halved * row["payload_fwd_recv_bytes"] == lossless["stats"]["tables"][t]["payload_fwd_recv_bytes"]
         none = runs[rank][("mixed", "none")]
         for f in features():  # rounded to fp16 on the wire: close, not equal
             np.testing.assert_allclose(lossy["outputs"][0][f], none["outputs"][0][f], rtol=1e-3, atol=1e-3)
@@ -230,37 +254,44 @@ def test_source_dedup_forward_is_bitwise_none_and_training_tracks_it(runs, name)
                 np.testing.assert_allclose(source["outputs"][step][f], none["outputs"][step][f],
                                            rtol=RTOL, atol=ATOL, err_msg=f"step {step} rank {rank} {f}")
         assert source["codec_dists"] == 0 and source["syncs"] == none["syncs"]  # TorchRec's own dists
-        assert source["stats"]["codecs"] == ["dedup"]
+        # column-wise tables travel whole at the source: counted as `none`
+        whole = any(_column_wise(SCENARIOS[name], t) for t in table_rows())
+        assert source["stats"]["codecs"] == (["dedup", "none"] if whole else ["dedup"])
     for t, w in runs[0][(name, "none")]["tables"].items():
         np.testing.assert_allclose(runs[0][(name, "source")]["tables"][t], w, rtol=RTOL, atol=ATOL, err_msg=t)
 
 
-@pytest.mark.parametrize("name", ("table_wise", "row_wise_uneven"))  # not "mixed": its column-wise
-def test_source_dedup_sends_and_looks_up_each_distinct_id_once(runs, name):  # table is not counted
+@pytest.mark.parametrize("name", SOURCE)
+def test_source_dedup_sends_and_looks_up_each_distinct_id_once(runs, name):
     """ids sent: each table's distinct ids per sample rank (row-wise: split over the owners, so
     per (sample rank, owner, table)); each is looked up and its row sent once. Owner-side dedup
-    sends every position and looks each up, and sends the same distinct rows back."""
+    sends every position and looks each up, and sends the same distinct rows back. A column-wise
+    table travels whole under each: every position, counted once (not once per column shard)."""
     sc = SCENARIOS[name]
     totals = {codec: dict.fromkeys(("ids_sent", "rows_looked_up", "rows_sent"), 0)
               for codec in ("none", "dedup", "source")}
-    distinct_all = positions_all = 0
+    crossing_all = positions_all = 0
     for rank in range(WORLD):
-        distinct = {t: sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
-                    for t in table_rows()}
         positions = {t: sum(_positions_by_table(sc, step, rank).get(t, 0) for step in range(sc.steps))
                      for t in table_rows()}
-        distinct_all += sum(distinct.values())
+        # what crosses at the source: each table's distinct ids; a column-wise table's every position
+        crossing = {t: positions[t] if _column_wise(sc, t) else
+                    sum(len(_ids_by_table(sc, step, rank).get(t, ())) for step in range(sc.steps))
+                    for t in table_rows()}
+        crossing_all += sum(crossing.values())
         positions_all += sum(positions.values())
         for codec, total in totals.items():
             stats = runs[rank][(name, codec)]["stats"]
             assert {t: r["bags"] for t, r in stats["tables"].items()} == positions, codec  # what `none` moves
             for key in total:  # ids are counted where they arrive: summed over the ranks below
                 total[key] += round(stats[f"{key}_per_step"] * sc.steps)
-        # the rows this rank received: one per distinct id it sent, per table
-        assert {t: r["unique_bags"] for t, r in runs[rank][(name, "source")]["stats"]["tables"].items()} == distinct
-    assert totals["source"] == dict.fromkeys(totals["source"], distinct_all)
-    assert totals["dedup"] == {"ids_sent": positions_all, "rows_looked_up": positions_all, "rows_sent": distinct_all}
-    assert totals["none"] == dict.fromkeys(totals["none"], positions_all) and positions_all > distinct_all
+        # the rows this rank received: one per id it sent, per table
+        assert {t: r["unique_bags"] for t, r in runs[rank][(name, "source")]["stats"]["tables"].items()} == crossing
+    for t in filter(lambda t: _column_wise(sc, t), table_rows()):
+        _check_column_wise_table(sc, [runs[r][(name, "source")]["stats"] for r in range(WORLD)], t)
+    assert totals["source"] == dict.fromkeys(totals["source"], crossing_all)
+    assert totals["dedup"] == {"ids_sent": positions_all, "rows_looked_up": positions_all, "rows_sent": crossing_all}
+    assert totals["none"] == dict.fromkeys(totals["none"], positions_all) and positions_all > crossing_all
 
 
 def test_source_dedup_refuses_an_id_outside_its_table_on_each_rank(runs):

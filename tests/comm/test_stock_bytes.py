@@ -1,5 +1,6 @@
 """`none`'s stock counter tallies passes in its hook and counts them when read: the same
-figures as counting every pass one by one (comm/stock_bytes.py)."""
+figures as counting every pass one by one (comm/stock_bytes.py). The sequence counter
+counts a column-wise table's bytes per shard and its rows once per position."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlrmtrain.comm.layout import DistLayout, FeatureEntry, RowWiseLayout
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm.layout import DistLayout, FeatureEntry, RowWiseLayout, sequence_layout_of
 from dlrmtrain.comm.stats import DistCommStats
-from dlrmtrain.comm.stock_bytes import StockDistCounter, count_stock_step
+from dlrmtrain.comm.stock_bytes import SequenceStockCounter, StockDistCounter, count_stock_step
 
 W = 2
 ENTRIES = [[FeatureEntry(f"f{r}{i}", f"t{r}{i}", 8 * (i + 1), 100) for i in range(3)] for r in range(W)]
@@ -39,3 +42,34 @@ def test_tallied_passes_count_what_each_pass_counts(kind):
     assert {t: dataclasses.asdict(s) for t, s in got.tables.items()} == \
         {t: dataclasses.asdict(s) for t, s in expected.tables.items()}
     assert any(s.uncompressed_fwd_sent_bytes for s in got.tables.values())
+
+
+def test_a_column_wise_sequence_table_counts_each_shards_bytes_and_each_position_once():
+    """Table A (features a, c; dim 8) in 4 column shards of width 2, two on each rank, and table
+    B (feature b; dim 2) in one shard on rank 1: rank 0 sends its two shards of every position of
+    a and c, and only its first shard's count as ids, lookups and rows."""
+    def entry(feature, table):
+        return FeatureEntry(feature, table, 2, 10)
+
+    shard = [entry("a", "A"), entry("c", "A")]
+    layout = sequence_layout_of(DistLayout([shard * 2, shard * 2 + [entry("b", "B")]]), rank=0)
+    assert layout.tables == ["A", "B"] and layout.owner_first_shard == [True, True, False, False]
+    assert layout.sample_first_shard == [True, True] + [False] * 6 + [True]
+    counter = SequenceStockCounter(layout, "column_wise")
+    # this rank's batch of 2 (a: 3 positions, c: 1, b: 2), each feature once per shard that reads it
+    sample = KeyedJaggedTensor.from_lengths_sync(
+        keys=["a", "c"] * 4 + ["b"], values=torch.zeros(4 * 4 + 2, dtype=torch.int64),
+        lengths=torch.tensor([2, 1, 1, 0] * 4 + [1, 1]))
+    # rank 0's 4 features (2 shards of a and c) from both sample ranks (batches 2 and 3):
+    # a: 3 + 4 positions, c: 1 + 2
+    owner = torch.tensor([[2, 1, 1, 2, 1], [1, 0, 0, 1, 1]] * 2)
+    for _ in range(2):
+        counter(None, (torch.zeros(14, 2), SimpleNamespace(lengths_after_input_dist=owner,
+                                                           features_before_input_dist=sample)))
+    got = counter.counted_bytes()
+    a, b = got.tables["A"], got.tables["B"]
+    assert got.steps == 2 and got.ids_looked_up == got.rows_looked_up == 2 * 10  # a's 7 and c's 3
+    assert a.rows_sent == 2 * 10 and a.payload_fwd_sent_bytes == 2 * (2 * 10) * 2 * 4  # 2 shards of width 2
+    assert a.bags == a.unique_bags == 2 * 4  # this rank's positions of a and c, once
+    assert a.payload_fwd_recv_bytes == a.uncompressed_fwd_recv_bytes == 2 * 4 * 8 * 4  # full rows of dim 8
+    assert (b.rows_sent, b.payload_fwd_sent_bytes, b.bags, b.payload_fwd_recv_bytes) == (0, 0, 4, 4 * 2 * 4)
