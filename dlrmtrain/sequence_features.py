@@ -48,6 +48,10 @@ UIH_FEATURES: list[str] = [
 ]
 """Keys of `SequenceBatch.uih`, in this order."""
 
+HISTORY_FEATURES: list[str] = [f for f in UIH_FEATURES if f not in CONTEXTUAL_FEATURES]
+"""The UIH keys with one value per past event (jagged: a sample has as many as its history);
+every other key has one value per sample."""
+
 CANDIDATE_FEATURES: list[str] = [
     "item_candidate_id", "item_candidate_artist_id", "item_candidate_album_id",
     "item_query_time",                         # the last history event's timestamp (the

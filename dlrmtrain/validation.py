@@ -162,6 +162,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     _check_pipeline(cfg, device_type)
     checks.check_table_keys(cfg, workload.table_names(cfg))
     check_sharding_config(cfg, world_size, device_type)
+    workload.check_sharding(cfg)
     _check_codecs(cfg, device_type)
     workload.check_hierarchy(cfg)
     _check_hierarchy(cfg, world_size, workload)

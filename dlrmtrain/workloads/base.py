@@ -85,6 +85,10 @@ class Workload(ABC):
     def table_names(self, cfg: Config) -> list[str]:
         """The embedding tables, in the model's order (per-table keys must name one)."""
 
+    def check_sharding(self, cfg: Config) -> None:
+        """Refuse a sharding type one of this family's tables cannot take beyond what the
+        planner's own checks refuse (distributed/planner.check_sharding_config); default: none."""
+
     def check_hierarchy(self, cfg: Config) -> None:
         """Refuse a `comm.hierarchy` this family's all-to-alls cannot take beyond what
         comm's rule for its `collection_kind` refuses; default: none."""

@@ -71,6 +71,38 @@ class Dlrmv4Workload(Workload):
 
         return list(TABLES)
 
+    def check_sharding(self, cfg: Config) -> None:
+        """data_parallel serves one table read once per sample (uid or a cross), no more.
+        TorchRec looks every replicated table up in one fbgemm dense kernel, whose CPU forward
+        pools (no unpooled CPU kernel): one row per sample and feature, sample-major. TorchRec
+        reads that as a row per id, feature-major: right only for a single feature of one id
+        per sample. A history feature (one id per past event) fails in TorchRec's
+        construct_jagged_tensors; two replicated features get each other's rows, silently.
+        Refused on CUDA too, where no run has checked it."""
+        from dlrmtrain.sequence_features import HISTORY_FEATURES, TABLES
+
+        sharding = cfg.sharding
+        once_per_sample = [t for t, (_rows, features) in TABLES.items() if not set(features) & set(HISTORY_FEATURES)]
+        replicated = [t for t in TABLES if sharding.tables.get(t, sharding.default_type) == "data_parallel"]
+        history = [t for t in replicated if t not in once_per_sample]
+        if history:
+            refused, why = history, ("fbgemm's dense CPU lookup sums each sample's history into one "
+                                     "row, and TorchRec's construct_jagged_tensors fails on it")
+        elif len(replicated) > 1:
+            refused, why = replicated[1:], (
+                f"TorchRec looks every replicated table up in one fbgemm dense kernel, whose CPU "
+                f"forward returns the rows sample by sample where TorchRec reads them feature by "
+                f"feature: each feature would get another's rows (beside {replicated[0]})")
+        else:
+            return
+        listed = [t for t in refused if t in sharding.tables]
+        key, refused = (f"sharding.tables.{listed[0]}", listed[:1]) if listed else ("sharding.default_type", refused)
+        named = ", ".join(f"{t} (features {', '.join(TABLES[t][1])})" for t in refused)
+        raise ConfigError(
+            f"{key}: data_parallel cannot serve {self.family}'s table{'s' * (len(refused) > 1)} {named}: "
+            f"{why}; data_parallel serves at most one table, one read once per sample "
+            f"({', '.join(once_per_sample)}); give {', '.join(refused)} table_wise, row_wise or column_wise")
+
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:
         from dlrmtrain.data import build_sequence_datasets

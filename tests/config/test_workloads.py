@@ -71,6 +71,9 @@ class ToyWorkload(Workload):
         self._ask("table_names")
         return ["toy_table"]
 
+    def check_sharding(self, cfg):
+        self._ask("check_sharding")
+
     def check_hierarchy(self, cfg):
         self._ask("check_hierarchy")
 
@@ -98,7 +101,7 @@ def test_a_new_family_is_one_workload_and_its_registration(toy):
     workload, cfg = toy
     validate_config(cfg, 2)
     assert workload.asked == ["resolve", "check_data", "check_model", "check_pipeline",
-                              "table_names", "check_hierarchy"]
+                              "table_names", "check_sharding", "check_hierarchy"]
     assert resolve_config(cfg).data.table_sizes == [3] and cfg.data.table_sizes is None
     assert workloads.build_datasets(cfg, 1, 2) == ("toy datasets", 1, 2)
     assert workloads.build_model(cfg, {"toy_table": 3}, "cpu") == ("toy model", {"toy_table": 3})
@@ -107,7 +110,7 @@ def test_a_new_family_is_one_workload_and_its_registration(toy):
 
 
 @pytest.mark.parametrize("refuse", ["resolve", "check_data", "check_model", "check_pipeline",
-                                    "table_names", "check_hierarchy"])
+                                    "table_names", "check_sharding", "check_hierarchy"])
 def test_what_the_family_refuses_is_refused(toy, refuse):
     workload, cfg = toy
     workload.refuse = refuse

@@ -123,3 +123,52 @@ def test_dedup_at_source_refuses_what_it_does_not_build_naming_the_key(overrides
         validate_config(cfg, world_size=2)
     for codec in ("dedup", "auto"):  # `auto` at the source: none or the loader's distinct ids per step
         validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", ["comm.dedup_at=source", f"comm.codec={codec}"]), 2)
+
+
+# ---- data_parallel: one table read once per sample, at most ----
+
+@pytest.mark.parametrize("overrides, key, tables", [
+    (["sharding.tables.item_id=data_parallel"], "sharding.tables.item_id",
+     "table item_id (features item_id, item_candidate_id): fbgemm's dense CPU lookup sums"),
+    (["comm.codec=dedup", "comm.dedup_at=source", "run.pipeline=sparse_dist",
+      "sharding.tables={uid: data_parallel, album_id: data_parallel}"], "sharding.tables.album_id",
+     "table album_id (features album_id, item_candidate_album_id): fbgemm's dense CPU lookup sums"),
+    (["sharding.default_type=data_parallel", "sharding.tables={item_id: row_wise}"], "sharding.default_type",
+     "tables artist_id (features artist_id, item_candidate_artist_id), "
+     "album_id (features album_id, item_candidate_album_id): fbgemm's"),
+    (["sharding.tables={uid: data_parallel, user_x_artist: data_parallel}"], "sharding.tables.user_x_artist",
+     "table user_x_artist (features user_x_artist): TorchRec looks every replicated table up in one"),
+], ids=["item_id", "album_id beside uid at the source pipelined", "default_type", "two read once per sample"])
+def test_data_parallel_tables_the_dense_cpu_lookup_gets_wrong_are_refused_naming_the_key(overrides, key, tables):
+    """fbgemm's dense CPU lookup pools, sample-major: with a history table (one id per past event)
+    the run failed in TorchRec's construct_jagged_tensors (split_with_sizes) under every codec and
+    pipeline; with two replicated features it trained on each other's rows (step 1's loss off)."""
+    from dlrmtrain.validation import validate_config
+
+    with pytest.raises(ConfigError) as refused:
+        validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", overrides), world_size=2)
+    message = str(refused.value)
+    assert message.startswith(f"{key}: data_parallel cannot serve DLRMv4's {tables}"), message
+    assert "\n" not in message and message.endswith("table_wise, row_wise or column_wise")
+
+
+@pytest.mark.parametrize("overrides", [
+    ["sharding.tables.uid=data_parallel"],
+    ["sharding.default_type=table_wise", "sharding.tables.user_x_hour=data_parallel"],
+])
+def test_one_data_parallel_table_read_once_per_sample_is_taken(overrides):
+    from dlrmtrain.validation import validate_config
+
+    validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", overrides), world_size=2)
+
+
+def test_the_launcher_refuses_a_data_parallel_history_table_in_one_line(tmp_path, capsys):
+    from dlrmtrain.cli import main
+
+    out = tmp_path / "runs"
+    rc = main(["train", "--config", str(CONFIGS / "mini_dlrmv4.yaml"), "--nproc", "2",
+               f"run.output_dir={out}", "sharding.tables.item_id=data_parallel", "comm.codec=none"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("config error: sharding.tables.item_id: data_parallel cannot serve"), err
+    assert not out.exists()

@@ -4,7 +4,8 @@ configs/mini_dlrmv4.yaml at a tiny size (64 users, global batch 32, dropout off 
 ranks draw no random masks, every history equally long): the row-wise sharded
 EmbeddingCollection on 2 ranks trains as a single process does on the same global
 batches; the `dedup` sequence all-to-all gives the same loss as `none` (bitwise at
-step 1: same weights, lossless forward); a checkpoint of the sharded tables and both
+step 1: same weights, lossless forward); a table read once per sample trained data-parallel
+gives the sharded run's losses; a checkpoint of the sharded tables and both
 optimizers (Adam, RowWiseAdagrad) resumes the same trajectory; TorchRec's sparse_dist and
 fused_sparse_dist pipelines train the plain loop's numbers bitwise under the warmup's changing
 rate, evaluations in between; `auto` settled on dedup plans its sequence all-to-all ahead
@@ -94,6 +95,10 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
     if world_size == 1:
         return runs
     runs["none"] = train("full", "comm.codec=none")
+    # one table read once per sample replicated (dense kernel, dense optimizer: SGD as the fused one)
+    runs["data parallel"] = train("dp", *SGD, "sharding.tables.uid=data_parallel")
+    if rank == 0:
+        runs["data parallel"]["plan"] = (Path(out_dir) / "dp" / "plan.txt").read_text()
     # TorchRec's sparse_dist pipeline against the plain loop, evals every 2 steps (each one
     # detaches and re-attaches the pipeline with the next batch's ids in flight)
     for pipeline in ("off", "sparse_dist", "fused_sparse_dist"):
@@ -136,6 +141,18 @@ def test_two_sharded_ranks_train_as_one_process(two_ranks, tmp_path):
     # Same model and global batches; only the order of float sums differs across ranks.
     assert two == pytest.approx(one, rel=1e-5, abs=1e-6)
     assert one[0] != one[-1]  # it did train
+
+
+def test_a_data_parallel_table_read_once_per_sample_trains_as_a_sharded_one(two_ranks):
+    """validation refuses data_parallel for a history table or a second table (fbgemm's dense CPU
+    lookup pools, sample-major); one table read once per sample takes it and trains as sharded."""
+    sharded, replicated = _losses(two_ranks[0]["sgd"]), _losses(two_ranks[0]["data parallel"])
+    assert replicated[0] == sharded[0]  # same weights, the same rows looked up: bitwise
+    assert replicated == pytest.approx(sharded, rel=1e-5, abs=1e-6)  # gradients summed in another order
+    assert replicated == _losses(two_ranks[1]["data parallel"])
+    replicated_tables = [line.split()[0] for line in two_ranks[0]["data parallel"]["plan"].splitlines()[1:]
+                         if line.split()[1] == "data_parallel"]
+    assert replicated_tables == ["uid"]
 
 
 def test_dedup_sequence_all_to_all_gives_the_loss_of_none(two_ranks):
