@@ -586,20 +586,23 @@ class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
     width D, the received rows are a [bags, D] matrix, and output block k of sample b is its row
     base[k] + inverse[feature of k, b]: one gather gives the output in its final order (the
     same rows: bitwise TorchRec's), and its backward sums each distinct bag's gradients in one
-    `index_add`. Widths that differ take TorchRec's path (`RowGatherExpandShardedEBC`)."""
+    `index_add`. The gather puts the features in the batch's order (TorchRec's: grouped by
+    sharding type), so a model in that order views the rows instead of reordering them (a
+    copy of the whole output, forward and backward). Widths that differ take TorchRec's path
+    (`RowGatherExpandShardedEBC`)."""
 
     def _wait_impl(self) -> KeyedTensor:
         embeddings = [w.wait() for w in self._awaitables]
         for awaitable in self._resize_awaitables or ():
             awaitable.wait()
         rows = embeddings[0] if len(embeddings) == 1 else torch.cat(embeddings)
-        return construct_output_kt(embeddings=[self._expand(rows)], embedding_names=self._embedding_names,
-                                   embedding_dims=self._embedding_dims)
+        _, _, names, dims = self._expand_order
+        return construct_output_kt(embeddings=[self._expand(rows)], embedding_names=names, embedding_dims=dims)
 
     def _expand(self, rows: torch.Tensor) -> torch.Tensor:
         """Three ops: the [B, K] index (inverse rows in output order, plus each block's first row;
         the bases are host ints, the bag counts), the gather."""
-        block_of, feature_of = self._expand_order
+        block_of, feature_of, _, _ = self._expand_order
         inverse = self._inverse_indices[1]
         firsts, first = [], 0
         for bags in self._batch_size_per_feature_pre_a2a:
@@ -617,20 +620,29 @@ class RowGatherExpandShardedEBC(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC whose variable-batch (VBE) output is expanded by `_RowGatherExpand`
     (comm.dedup_at: source). Everything else, the non-VBE path included, is TorchRec's."""
 
-    _expand_order: tuple[list[int], torch.Tensor] | None = None
+    _expand_order: tuple[list[int], torch.Tensor, list[str], list[int]] | None = None
+    """output block k: (its uncombined block, its feature's inverse row, the output's names, dims)"""
 
     def _row_gather(self, awaitable):
         if (not isinstance(awaitable, VariableBatchEmbeddingBagCollectionAwaitable)
                 or len(set(self._uncombined_embedding_dims)) != 1):
             return awaitable
-        if self._expand_order is None:  # output block k is TorchRec's uncombined block permute[k]
-            block_of = self._permute_op._permute.tolist()
-            row = {name: i for i, name in enumerate(awaitable._inverse_indices[0])}
-            feature_of = torch.tensor([row[self._uncombined_embedding_names[u].split("@")[0]] for u in block_of])
-            self._expand_order = (block_of, feature_of.to(awaitable._inverse_indices[1].device))
+        if self._expand_order is None:
+            self._expand_order = self._batch_ordered_blocks(awaitable._inverse_indices)
         awaitable.__class__ = _RowGatherExpand  # same state, our `_wait_impl`
         awaitable._expand_order = self._expand_order
         return awaitable
+
+    def _batch_ordered_blocks(self, inverse_indices) -> tuple[list[int], torch.Tensor, list[str], list[int]]:
+        """The output's blocks in the batch's feature order, a feature's column shards in column
+        order (TorchRec's combined order is grouped by sharding type: its block k is uncombined
+        block permute[k]); the features' names and dims in that order."""
+        row = {name: i for i, name in enumerate(inverse_indices[0])}
+        combined = self._permute_op._permute.tolist()
+        block_of = sorted(combined, key=lambda u: row[self._uncombined_embedding_names[u].split("@")[0]])  # stable
+        feature_of = torch.tensor([row[self._uncombined_embedding_names[u].split("@")[0]] for u in block_of])
+        named = sorted(zip(self._embedding_names, self._embedding_dims), key=lambda nd: row[nd[0]])
+        return (block_of, feature_of.to(inverse_indices[1].device), [n for n, _ in named], [d for _, d in named])
 
     def output_dist(self, ctx: EmbeddingBagCollectionContext, output):
         return self._row_gather(super().output_dist(ctx, output))

@@ -51,7 +51,13 @@ def _mlperf_v1_linear_init(module: nn.Module) -> None:
 
 
 def _pooled_rows(sparse_arch: nn.Module, pooled) -> torch.Tensor:
-    """SparseArch's forward after the lookup: [B, F, D] in feature order (waits for the rows)."""
+    """SparseArch's forward after the lookup: [B, F, D] in feature order (waits for the rows).
+
+    A KeyedTensor already in feature order (dedup at the source expands the rows into it) is
+    viewed, not copied: the reorder is a copy of B·F·D values forward and again backward."""
+    if not isinstance(pooled, torch.fx.Proxy) and pooled.keys() == list(sparse_arch.sparse_feature_names) \
+            and pooled.values().size(1) == sparse_arch.F * sparse_arch.D:  # a pipeline's trace: no branch
+        return pooled.values().reshape(-1, sparse_arch.F, sparse_arch.D)
     by_name = pooled.to_dict()
     return torch.cat([by_name[name] for name in sparse_arch.sparse_feature_names],
                      dim=1).reshape(-1, sparse_arch.F, sparse_arch.D)

@@ -116,7 +116,9 @@ class TinyModel(nn.Module):
         self.dense = nn.Linear(sum(t.dim for t in sc.tables), 1)
 
     def forward(self, kjt: KeyedJaggedTensor, labels: torch.Tensor):
-        pooled = self.ebc(kjt).to_dict()
+        kt = self.ebc(kjt)
+        self.last_keys = kt.keys()  # the order the rows arrive in (tests/comm/test_dedup_source_ranks.py)
+        pooled = kt.to_dict()
         x = torch.cat([pooled[f] for f in self.features], dim=1)
         loss = nn.functional.binary_cross_entropy_with_logits(self.dense(x).squeeze(1), labels)
         return loss, x.detach()

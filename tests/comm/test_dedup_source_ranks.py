@@ -74,6 +74,7 @@ def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
         out.setdefault("library_syncs", []).extend(counter.library)
         out["pooled"].append(pooled)
         out["losses"].append(loss.item())
+        out["keys"] = list(dmp.module.last_keys)
     out["stats"] = collect_comm_stats(dmp)
     return out
 
@@ -119,6 +120,19 @@ def test_source_forward_is_bitwise_none_and_losses_track_it(results, name):
         for p_none, p_source in zip(none["pooled"][1:], source["pooled"][1:]):
             np.testing.assert_allclose(p_source, p_none, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(source["losses"], none["losses"], rtol=LOSS_RTOL)
+
+
+@pytest.mark.timeout(300)
+def test_source_rows_arrive_in_the_collections_feature_order(results):
+    """At the source the one-width expand writes the rows in the batch's feature order, across
+    sharding types, so the model views them instead of reordering them (models/dlrm.py
+    `_pooled_rows`); TorchRec's outputs come grouped by sharding type (its stock one, under
+    `none`, by owner rank too), which the model must reorder."""
+    for rank, res in enumerate(results):
+        for name in ("one_hot", "multi_hot"):
+            features = [f"f_{t.name}" for t in SCENARIOS[name].tables]
+            assert res[name, "source"]["keys"] == features, (rank, name)
+            assert res[name, "none"]["keys"] != features, (rank, name)  # else this proves nothing
 
 
 @pytest.mark.timeout(300)
