@@ -638,9 +638,10 @@ class RowGatherExpandShardedEBC(ShardedEmbeddingBagCollection):
         order (TorchRec's combined order is grouped by sharding type: its block k is uncombined
         block permute[k]); the features' names and dims in that order."""
         row = {name: i for i, name in enumerate(inverse_indices[0])}
-        combined = self._permute_op._permute.tolist()
-        block_of = sorted(combined, key=lambda u: row[self._uncombined_embedding_names[u].split("@")[0]])  # stable
-        feature_of = torch.tensor([row[self._uncombined_embedding_names[u].split("@")[0]] for u in block_of])
+        names = self._uncombined_embedding_names
+        feature = {u: row[names[u].split("@")[0]] for u in self._permute_op._permute.tolist()}
+        block_of = sorted(feature, key=feature.get)  # stable: a feature's shards keep TorchRec's combined order
+        feature_of = torch.tensor([feature[u] for u in block_of])
         named = sorted(zip(self._embedding_names, self._embedding_dims), key=lambda nd: row[nd[0]])
         return (block_of, feature_of.to(inverse_indices[1].device), [n for n, _ in named], [d for _, d in named])
 
