@@ -28,7 +28,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
-from dlrmtrain.comm.install import CodecChoice, codec_choice, install_codec_dists
+from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
 from dlrmtrain.comm.registry import check_source_codecs
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy
@@ -45,22 +45,10 @@ class CodecShardedEmbeddingCollection(hooks.IdRecordingShardedEC):
             self, hooks.ec_shardings(self), table_codecs, hierarchy, "sequence")
 
 
-class CodecEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
     """`EmbeddingCollectionSharder` whose sharded module carries codec dists."""
 
-    def __init__(self, choice: CodecChoice, fused_params: dict[str, Any] | None = None) -> None:
-        super().__init__(fused_params=fused_params, qcomm_codecs_registry=choice.qcomm_codecs_registry)
-        self._choice = choice
-
-    def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
-              device: torch.device | None = None, module_fqn: str | None = None):
-        tables = [c.name for c in module.embedding_configs()]
-        return hooks.build_sharded(CodecShardedEmbeddingCollection, self, module, params, env, device,
-                                   module_fqn, **self._choice.module_kwargs(tables))
-
-    @property
-    def sharded_module_type(self):
-        return CodecShardedEmbeddingCollection
+    sharded_type = CodecShardedEmbeddingCollection
 
 
 class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):

@@ -13,13 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.types import ModuleSharder, ShardingEnv
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm import torchrec_hooks as hooks
-from dlrmtrain.comm.install import CodecChoice, codec_choice, install_codec_dists
+from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 
@@ -35,22 +33,10 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
             self, hooks.shardings(self), table_codecs, hierarchy, "pooled", kwargs.get("device"))
 
 
-class CodecEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+class CodecEmbeddingBagCollectionSharder(CodecSharder, EmbeddingBagCollectionSharder):
     """`EmbeddingBagCollectionSharder` whose sharded module carries codec dists."""
 
-    def __init__(self, choice: CodecChoice, fused_params: dict[str, Any] | None = None) -> None:
-        super().__init__(fused_params=fused_params, qcomm_codecs_registry=choice.qcomm_codecs_registry)
-        self._choice = choice
-
-    def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
-              device: torch.device | None = None, module_fqn: str | None = None):
-        tables = [c.name for c in module.embedding_bag_configs()]
-        return hooks.build_sharded(CodecShardedEmbeddingBagCollection, self, module, params, env, device,
-                                   module_fqn, **self._choice.module_kwargs(tables))
-
-    @property
-    def sharded_module_type(self):
-        return CodecShardedEmbeddingBagCollection
+    sharded_type = CodecShardedEmbeddingBagCollection
 
 
 def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,

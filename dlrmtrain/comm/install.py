@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
@@ -46,6 +48,28 @@ class CodecChoice:
     def module_kwargs(self, tables: Iterable[str]) -> dict[str, Any]:
         """The sharded module's own arguments for a module with `tables`."""
         return {"table_codecs": codecs_per_table(self.codec, self.table_codecs, tables), "hierarchy": self.hierarchy}
+
+
+class CodecSharder:
+    """Put before TorchRec's EBC or EC sharder: `shard` builds `sharded_type`, TorchRec's sharded
+    module with the codec dists of `choice` (the sharders of embeddingbag.py and embedding.py)."""
+
+    sharded_type: type
+
+    def __init__(self, choice: CodecChoice, fused_params: dict[str, Any] | None = None) -> None:
+        super().__init__(fused_params=fused_params, qcomm_codecs_registry=choice.qcomm_codecs_registry)
+        self._choice = choice
+
+    def shard(self, module: EmbeddingBagCollection | EmbeddingCollection, params, env: ShardingEnv,
+              device: torch.device | None = None, module_fqn: str | None = None):
+        configs = (module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection)
+                   else module.embedding_configs())
+        return hooks.build_sharded(self.sharded_type, self, module, params, env, device, module_fqn,
+                                   **self._choice.module_kwargs(c.name for c in configs))
+
+    @property
+    def sharded_module_type(self) -> type:
+        return self.sharded_type
 
 
 def codec_choice(codec: str, table_codecs: Mapping[str, str], device_type: str, hierarchy: Hierarchy,

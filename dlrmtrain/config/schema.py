@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Optional, get_args, get_origin
 
-from dlrmtrain.features import NUM_DENSE, NUM_SPARSE
+from dlrmtrain.features import NUM_DENSE
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ tensors; judged under the old NCCL-only default group, the comm stats' host sums
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

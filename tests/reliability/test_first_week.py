@@ -4,7 +4,6 @@ processes, every wait bounded."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -154,7 +154,7 @@ class RowWisePlanner(RowBlockPlanner):
     def plan(self, step: DedupStep) -> DedupPlan | None:
         W, F = self.world_size, len(self.entries)
         owner_kjt, sample_kjt, sizes = step.owner_kjt, step.sample_kjt, step.sizes
-        B, B_global, device = step.batch, step.global_batch, step.device
+        B_global, device = step.global_batch, step.device
         blocks = host_to_device(self.block_sizes, device)
         # owner: bags of all ranks, ids local to this rank's row block; key (dest rank, feature, id)
         o_ids, o_valid, _ = _bag_ids(owner_kjt)

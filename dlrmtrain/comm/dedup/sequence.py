@@ -63,7 +63,7 @@ class SequencePlanner:
         self._bounds: dict[torch.device, torch.Tensor] = {}
 
     def plan(self, step: DedupStep) -> DedupPlan:
-        lay, T, radix, device = self.layout, self.num_tables, self.radix, step.device
+        lay, T, device = self.layout, self.num_tables, step.device
         groups = self.world_size * T
         owner, sample = step.owner_kjt, step.sample_kjt
         n_owner, n_sample = owner.values().numel(), sample.values().numel()  # host integers: tensor sizes

@@ -140,6 +140,15 @@ def count_codec(stats: DistCommStats, t0: timing.Stamp, device: torch.device, ho
     return t1
 
 
+def keep_for_backward(ctx: Any, req: Any, t0: timing.Stamp, device: torch.device, out: torch.Tensor,
+                      hop: str | None = None) -> torch.Tensor:
+    """A forward half's end: the time since `t0` counted as codec time (of `hop`, two levels),
+    `req` kept on `ctx` for the backward half, `out` returned."""
+    count_codec(req.owner.comm_stats, t0, device, hop)
+    ctx.req = req
+    return out
+
+
 def owner_gradient(req: Any, grad_rows: torch.Tensor) -> torch.Tensor:
     """The gradient of the owner's local embeddings (`req.local_shape`): each received row sum where
     its row was sent from (`plan.send_index`), zeros elsewhere (for the fused embedding backward),
@@ -180,9 +189,7 @@ class _DedupStart(torch.autograd.Function):
                                      owner.pg)
         req.send = send
         req.local_shape, req.dtype = local_embs.shape, local_embs.dtype
-        count_codec(owner.comm_stats, t0, local_embs.device)
-        ctx.req = req
-        return req.dummy
+        return keep_for_backward(ctx, req, t0, local_embs.device, req.dummy)
 
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
@@ -204,9 +211,7 @@ class _DedupWait(torch.autograd.Function):
         recv = _decode(req.recv, req.dtype)  # only the U unique rows: decode before expanding
         out = expand_output(owner, recv, plan)
         req.recv = req.send = req.work = None
-        count_codec(owner.comm_stats, t0, dummy.device)
-        ctx.req = req
-        return out
+        return keep_for_backward(ctx, req, t0, dummy.device, out)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from dlrmtrain.models.hstu.layers import init_xavier_uniform_zero_bias
 

@@ -37,6 +37,7 @@ from dlrmtrain.comm.dedup.transport import (
     count_codec,
     expand_output,
     gradient_sums,
+    keep_for_backward,
     owner_gradient,
     taken_here,
     timed_wait,
@@ -75,7 +76,7 @@ class _TwoLevelStart(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, req: _Request) -> torch.Tensor:
-        plan, owner = req.plan, req.owner
+        plan = req.plan
         t0 = timing.stamp(local_embs.device)
         send = gather_rows(local_embs.reshape(-1, plan.unit), plan.send_index).view(-1)
         local = plan.local_elems
@@ -89,9 +90,7 @@ class _TwoLevelStart(torch.autograd.Function):
             req.local_work = _start_all_to_all(req.recv[:stage1], send[:local], plan.local_recv_splits,
                                                plan.local_send_splits, plan.groups.intra)
         req.send, req.local_shape = send, local_embs.shape
-        count_codec(owner.comm_stats, t0, local_embs.device, "gather")
-        ctx.req = req
-        return req.dummy
+        return keep_for_backward(ctx, req, t0, local_embs.device, req.dummy, "gather")
 
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
@@ -138,9 +137,7 @@ class _TwoLevelWait(torch.autograd.Function):
             t0 = timed_wait(req.local_work, owner.comm_stats, device, "intra fwd")
         out = expand_output(owner, req.recv, plan)
         req.rail_recv = req.send = req.recv = req.work = req.local_work = None
-        count_codec(owner.comm_stats, t0, device, "expand")
-        ctx.req = req
-        return out
+        return keep_for_backward(ctx, req, t0, device, out, "expand")
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
