@@ -53,24 +53,23 @@ def estimate_rows(path: str | Path) -> int:
     return int(text_bytes / (len(text) / lines)) + 1 if lines else 1
 
 
+KINDS = ("parts", "staging", "vocabulary", "pass-1 distinct values")
+"""What a preprocess writes, in the order the refusal names them."""
+
+
 @dataclass
 class SpaceEstimate:
-    """Bytes a preprocess will write, by kind, and each remaining input's expected rows."""
+    """Bytes a preprocess will write, by kind (`KINDS`), and each remaining input's expected rows."""
 
-    parts: int = 0
-    staging: int = 0
-    vocabulary: int = 0
-    distinct: int = 0
+    bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.parts + self.staging + self.vocabulary + self.distinct + MARGIN_BYTES
+        return sum(self.bytes.values()) + MARGIN_BYTES
 
     def render(self) -> str:
-        kinds = [("parts", self.parts), ("staging", self.staging), ("vocabulary", self.vocabulary),
-                 ("pass-1 distinct values", self.distinct)]
-        return ", ".join(f"{k} {human_bytes(v)}" for k, v in kinds if v)
+        return ", ".join(f"{k} {human_bytes(v)}" for k, v in self.bytes.items() if v)
 
 
 def estimate_space(parts: dict[str, str], out: Path, mode: str, hash_range: int, workers: int,
@@ -86,17 +85,17 @@ def estimate_space(parts: dict[str, str], out: Path, mode: str, hash_range: int,
         rows = staged["rows"] if staged is not None else estimate_rows(path)
         est.rows[path] = rows
         if mode != "mlperf_vocab":
-            est.parts += rows * bf.PART_ROW_BYTES
+            est.bytes["parts"] += rows * bf.PART_ROW_BYTES
             continue
         if staged is None:
-            est.staging += rows * bf.PART_ROW_BYTES
+            est.bytes["staging"] += rows * bf.PART_ROW_BYTES
         if not (pass1 / f"{name}.npz").exists():
-            est.distinct += distinct_bytes(rows, hash_range)
+            est.bytes["pass-1 distinct values"] += distinct_bytes(rows, hash_range)
         in_flight.append(rows * bf.row_bytes("sparse.i32"))
     if mode == "mlperf_vocab" and est.rows:
-        est.parts = sum(sorted(in_flight, reverse=True)[:max(workers, 1)])
+        est.bytes["parts"] = sum(sorted(in_flight, reverse=True)[:max(workers, 1)])
         if not vocabulary.exists():
-            est.vocabulary = vocabulary_bytes(hash_range)
+            est.bytes["vocabulary"] = vocabulary_bytes(hash_range)
     return est
 
 
