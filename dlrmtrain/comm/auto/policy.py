@@ -57,17 +57,25 @@ def _read(samples: list[SupportsFloat]) -> list[float]:
 
 @dataclass
 class AutoDecision:
+    """One decision, as printed and listed in comm_stats.json's `auto_decisions`."""
+
     choice: str
     """`none` or `dedup`: the path every rank uses from now on"""
     reason: str
+    """why, in words: the probe's times, or a table's distinct fraction"""
     step: int
+    """the training step it was made at (the same on every rank)"""
     none_seconds: float | None = None
+    """the probe's step time of each path (agreed over ranks); None where no probe timed it"""
     dedup_seconds: float | None = None
 
 
 @dataclass
 class AutoPolicy:
+    """`auto`'s settings (the numbered phases above) and its state; the same on every rank."""
+
     warmup_steps: int = 1
+    """untimed steps before the first probe (the first steps pay one-off costs)"""
     probe_steps: int = 6
     """timed steps per path in one probe"""
     min_probe_steps: int = 2
@@ -77,11 +85,15 @@ class AutoPolicy:
     margin: float = 0.03
     """the other path must be this much faster (relative) to switch"""
     check_every: int = 50
+    """steady steps between drift checks"""
     min_dwell: int = 200
+    """steps a decision stands before drift may reopen it"""
     drift: float = 0.25
+    """relative move of the step time or distinct fraction that starts a new probe"""
     drift_samples: int = 8
     """recent step times a drift check needs (timed steps before each check point)"""
     table_keep_fraction: float = 0.9
+    """a table whose distinct fraction is at least this keeps the stock path (dedup saves little)"""
 
     # state (not settings: `dataclasses.replace(policy)` gives a fresh policy with the same settings)
     phase: str = field(default="warmup", init=False)
