@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dlrmtrain.testbed.options import add_link_options, without_link_options
+from dlrmtrain.testbed.options import add_link_options, check_rate_options, without_link_options
 
 EXIT_CONFIG_ERROR = 2
 SUBCOMMANDS = ("train", "preprocess", "preprocess-yambda", "mlperf", "report")
@@ -46,6 +46,7 @@ def _train_parser() -> argparse.ArgumentParser:
 def _link_of(args: argparse.Namespace):
     """The link asked for: a shaped loopback (LinkSpec), simulated nodes (SimNodes) or
     None; ValueError when it cannot be had here."""
+    check_rate_options(args.link_gbit, args.link_latency_ms, "link-")
     if args.sim_nodes is not None:
         return _sim_nodes_of(args)
     if args.link_gbit is None:

@@ -224,13 +224,14 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
     train` does): behind a shaped link, on simulated nodes, or on this machine's own loopback."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(REPO))
-    from dlrmtrain.testbed.options import without_link_options
+    from dlrmtrain.testbed.options import check_rate_options, without_link_options
     from dlrmtrain.launch import LaunchSpec
     from dlrmtrain.relaunch import relaunch
     from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable
     from dlrmtrain.testbed.sim_nodes import SimNodes
 
     try:
+        check_rate_options(args.link_gbit, args.link_latency_ms, "link-")
         link = None if args.link_gbit is None else LinkSpec(args.link_gbit, args.link_latency_ms)
         nodes = 1
         if args.sim_nodes is not None:  # --world-size ranks as nodes of equal size

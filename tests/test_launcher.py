@@ -174,6 +174,8 @@ def test_link_options_are_dropped_from_the_command_run_behind_the_link():
 @pytest.mark.parametrize("args, message", [
     (["--link-gbit", "0"], "link rate must be > 0"),
     (["--link-gbit", "1", "--nnodes", "2", "--rdzv", "127.0.0.1:1"], "one node only"),
+    (["--link-latency-ms", "5"], "--link-latency-ms needs --link-gbit"),
+    (["--sim-nodes", "2", "--link-latency-ms", "5"], "--link-latency-ms needs --link-gbit"),
 ])
 def test_impossible_link_options_exit_2(args, message):
     proc = dlrmtrain("train", "--config", "configs/quickstart.yaml", *args)

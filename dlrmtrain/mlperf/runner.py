@@ -48,7 +48,7 @@ from pathlib import Path
 
 from dlrmtrain.comm.labels import parse_contender
 from dlrmtrain.testbed import sim_nodes
-from dlrmtrain.testbed.options import add_link_options
+from dlrmtrain.testbed.options import add_link_options, check_rate_options
 from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, require_available, \
     wrap_command
 
@@ -186,8 +186,11 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
                 require_available()  # say why not before any launch
         except (ValueError, ShapedLinkUnavailable) as e:
             raise SystemExit(f"--link-gbit: {e}") from None
-    elif args.link_latency_ms:
-        raise SystemExit("--link-latency-ms needs --link-gbit")
+    else:
+        try:
+            check_rate_options(args.link_gbit, args.link_latency_ms, "link-")
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     if args.sim_nodes is not None:
         try:
             sim_nodes.require_available(sim_nodes.SimNodes(args.sim_nodes, link).nodes)

@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from dlrmtrain.testbed.options import add_rate_options
+
 MAX_LOOPBACK_PACKET = 65536
 QUEUE_LATENCY_MS = 200
 
@@ -201,8 +203,7 @@ def _behind_the_link(p: argparse.ArgumentParser, args: argparse.Namespace, cmd: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gbit", type=float, required=True, help="link rate, Gbit/s")
-    p.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay (netem)")
+    add_rate_options(p, "link rate, Gbit/s", required=True)
     p.add_argument("--probe-mb", type=float, default=None,
                    help="instead of a command: time a TCP transfer of this many MB through the link")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dlrmtrain.launch import LaunchSpec
+from dlrmtrain.testbed.options import add_rate_options, check_rate_options
 from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, command_of, exit_status, run_steps
 
 NODE_SUBNET = "127.100.0"
@@ -439,6 +440,10 @@ def expand(template: list[str], sim: SimNodes, node: int) -> list[str]:
 
 def _on_the_nodes(p: argparse.ArgumentParser, args: argparse.Namespace, cmd: list[str]) -> int:
     """A command (or a probe) on every simulated node, the nodes built first where not yet."""
+    try:
+        check_rate_options(args.gbit, args.latency_ms)
+    except ValueError as e:
+        p.error(str(e))
     link = None if args.gbit is None else LinkSpec(args.gbit, args.latency_ms)
     sim = SimNodes(args.nodes, link)
     if args.tcp_probe_node is not None:
@@ -464,9 +469,7 @@ def _on_the_nodes(p: argparse.ArgumentParser, args: argparse.Namespace, cmd: lis
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes (default: 2)")
-    p.add_argument("--gbit", type=float, default=None,
-                   help="each node's link rate, Gbit/s, each way (default: unshaped)")
-    p.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay per packet")
+    add_rate_options(p, "each node's link rate, Gbit/s, each way (default: unshaped)")
     p.add_argument("--probe-mb", type=float, default=None,
                    help="instead of a command: time a Gloo transfer of this many MB inside a "
                         "node and between nodes (torchrun, --nproc ranks per node), then a TCP one")

@@ -69,6 +69,11 @@ def test_impossible_sim_node_options_exit_2(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_delay_without_a_rate_is_refused_not_dropped():
+    proc = sim_nodes("--latency-ms", "5", "--", "true", timeout=30)
+    assert proc.returncode == 2 and "--latency-ms needs --gbit" in proc.stderr, proc.stderr
+
+
 @needs_sim
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_only_traffic_between_nodes_is_shaped(nodes):
