@@ -118,10 +118,12 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
     [d] = [c for c in comm_counters(dmp) if isinstance(c, SequenceAutoDist)]
     d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0,
                           check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2, drift=1e9)
-    probes, settled = probe_vectors(), []
+    probes, settled, positions = probe_vectors(), [], 0
     steps = 12
     for step in range(steps):
-        out = dmp(kjt_of(sequences_for(sc, step, rank)))
+        seqs = sequences_for(sc, step, rank)
+        positions += sum(len(s) for per_sample in seqs.values() for s in per_sample)
+        out = dmp(kjt_of(seqs))
         out = out.wait() if hasattr(out, "wait") else out
         loss_of(out, sc.batch_of(rank), probes).backward()
         settled.append(d.settled)
@@ -129,11 +131,17 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
     torch.distributed.barrier()
     del dmp
     gc.collect()
-    return {"settled": settled, "steps": stats["steps"], "forward_passes": steps}
+    return {"settled": settled, "steps": stats["steps"], "forward_passes": steps, "positions": positions,
+            "ids_looked_up": round(stats["ids_looked_up_per_step"] * stats["steps"]),
+            "rows_looked_up": round(stats["rows_looked_up_per_step"] * stats["steps"])}
 
 
 @pytest.mark.timeout(200)
 def test_sequence_auto_settles_and_counts_every_pass():
-    for rank, res in enumerate(run_ranks(_sequence_settled_run, 2, timeout=180)):
+    results = run_ranks(_sequence_settled_run, 2, timeout=180)
+    for rank, res in enumerate(results):
         assert any(res["settled"]), (rank, res)
         assert res["steps"] == res["forward_passes"], (rank, res)  # settled passes counted too
+    # row-wise, both paths: each position is looked up once by its row's owner, on every pass
+    positions = sum(r["positions"] for r in results)
+    assert sum(r["ids_looked_up"] for r in results) == sum(r["rows_looked_up"] for r in results) == positions

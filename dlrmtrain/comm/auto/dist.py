@@ -296,7 +296,8 @@ class AutoDist(nn.Module):
             d, codec="auto", sharding_type=self.sharding_type, tables=tables,
             table_codecs={t: f"auto:{self.table_choice.get(t, 'none')}" for t in tables},
             steps=d.steps + self.none_stats.steps, decisions=list(self.none_stats.decisions),
-            hop_seconds=dict(d.hop_seconds))
+            ids_looked_up=d.ids_looked_up + self.none_stats.ids_looked_up,
+            rows_looked_up=d.rows_looked_up + self.none_stats.rows_looked_up, hop_seconds=dict(d.hop_seconds))
 
     @comm_stats.setter
     def comm_stats(self, value: DistCommStats) -> None:

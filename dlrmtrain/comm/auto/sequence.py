@@ -41,6 +41,7 @@ class SequenceAutoDist(AutoDist):
         counted = self.stock_counter.flush()
         self.none_stats.steps = counted.steps
         self.none_stats.tables = counted.tables
+        self.none_stats.ids_looked_up, self.none_stats.rows_looked_up = counted.ids_looked_up, counted.rows_looked_up
         return AutoDist.comm_stats.fget(self)
 
     def _restart_stats(self, value: DistCommStats) -> None:
