@@ -98,7 +98,10 @@ def test_expand_rows_behind_is_the_expand_then_the_concatenation_bitwise_both_wa
     rows0 = torch.randn(U, D // shards, generator=g).to(dtype)
     grad = torch.randn(B, 1 + F, D, generator=g).to(dtype) * 100
     outs, grads = [], []
-    for fn in (_behind_the_old_way, hooks.ExpandRowsBehind.apply):
+    def behind(leading, rows, index):  # the gather's table holds the B·shards leading rows first
+        return hooks.ExpandRowsBehind.apply(leading, rows, index + B * shards)
+
+    for fn in (_behind_the_old_way, behind):
         leading, rows = leading0.clone().requires_grad_(), rows0.clone().requires_grad_()
         out = fn(leading, rows, index)
         out.backward(grad)
@@ -117,7 +120,7 @@ def test_expanded_rows_gather_once_either_way():
     or of a width that is no whole number of the rows'."""
     rows = torch.arange(12.0).view(6, 2)
     index = torch.tensor([[5, 0, 2], [1, 1, 4]])
-    kt = hooks.ExpandedRows(["a", "b", "c"], [2, 2, 2], rows, index)
+    kt = hooks.ExpandedRows(["a", "b", "c"], [2, 2, 2], rows, lambda offset: index + offset, index.shape)
     leading = torch.full((2, 2), -1.0)
     assert kt.behind(leading.double()) is None and kt.behind(torch.ones(2, 3)) is None
     assert kt.behind(torch.ones(2, 4)) is None  # 3 blocks of 2 are no whole number of rows of 4

@@ -77,7 +77,7 @@ def test_dense_and_pooled_rows_are_gathered_in_one_op_at_the_source_and_interact
         for fused in (False, True):
             rows = torch.randn(U, D // shards, generator=torch.Generator().manual_seed(2)).requires_grad_()
             dense = torch.randn(B, D, generator=torch.Generator().manual_seed(3)).requires_grad_()
-            kt = ExpandedRows(["a", "b", "c"], [D] * F, rows, index)
+            kt = ExpandedRows(["a", "b", "c"], [D] * F, rows, lambda offset: index + offset, index.shape)
             if fused:
                 combined = _dense_and_pooled_rows(dlrm, kt, dense)
                 out = _interact(arch, dense, combined)
@@ -90,5 +90,6 @@ def test_dense_and_pooled_rows_are_gathered_in_one_op_at_the_source_and_interact
             assert torch.equal(old, new), type(arch).__name__
         dense = torch.randn(B, D)
         assert _dense_and_pooled_rows(dlrm, _kt(["a", "b", "c"], torch.randn(B, F * D)), dense) is None
-        assert _dense_and_pooled_rows(dlrm, ExpandedRows(["b", "a", "c"], [D] * F, torch.randn(U, D // shards), index),
+        assert _dense_and_pooled_rows(dlrm, ExpandedRows(["b", "a", "c"], [D] * F, torch.randn(U, D // shards),
+                                                                   lambda offset: index + offset, index.shape),
                                       dense) is None
