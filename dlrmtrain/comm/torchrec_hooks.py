@@ -39,7 +39,6 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
     VariableBatchEmbeddingBagCollectionAwaitable,
-    construct_output_kt,
 )
 from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist, TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.runtime_forwards import InSyncEmbeddingPipelinedForward
@@ -601,7 +600,7 @@ class ExpandRowsBehind(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, leading: torch.Tensor, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        (U, d), (B, D) = rows.shape, leading.shape
+        d, (B, D) = rows.size(1), leading.shape
         gather = torch.cat((_leading_slots(B, D // d, index.dtype, index.device), index), 1)
         ctx.save_for_backward(gather)
         ctx.rows_shape, ctx.rows_dtype, ctx.leading_rows = rows.shape, rows.dtype, B * (D // d)
