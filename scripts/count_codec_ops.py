@@ -21,7 +21,8 @@ their output by the data (`item`/`bool`/`int` of a tensor, `nonzero`, `unique`,
 Under `comm.dedup_at: source` the plan is made where the batch is (the loader's
 prefetch thread, not counted: it is off the step's thread) and the step runs
 only what TorchRec's variable batch needs beyond `none`: pooled, the expand of
-the distinct bags' rows (`RowGatherExpand`, forward and backward) and, on CPU,
+the distinct bags' rows (`RowGatherExpand`, forward and backward: its index, and the gather,
+`ExpandRows` or, under DLRM's interaction, `ExpandRowsBehind`) and, on CPU,
 the TBE's variable-batch metadata (`vbe_metadata`; fbgemm's CUDA kernel on a
 GPU); sequence (DLRMv4), the expand of the distinct ids' rows (one `index_select` per
 sharding in TorchRec's `construct_jagged_tensors`, counted as "sequence expand", and its
@@ -116,8 +117,10 @@ def _instrument_source() -> None:
     so the kernels registered for fbgemm's ops are the wrapped ones)."""
     from dlrmtrain.comm import torchrec_hooks as hooks
 
-    _wrap(hooks._RowGatherExpand, "_expand", "RowGatherExpand.forward")
-    _wrap(hooks.ExpandRows, "backward", "RowGatherExpand.backward", static=True)
+    _wrap(hooks._RowGatherExpand, "_expand_index", "RowGatherExpand.forward")
+    for gather in (hooks.ExpandRows, hooks.ExpandRowsBehind):  # the gather: alone, or behind DLRM's dense row
+        _wrap(gather, "forward", "RowGatherExpand.forward", static=True)
+        _wrap(gather, "backward", "RowGatherExpand.backward", static=True)
     _wrap(hooks, "vbe_metadata", "vbe_metadata (CPU)")
     _wrap_sequence_expand()
 

@@ -14,6 +14,8 @@ ones recorded here and fails when they change.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -37,7 +39,6 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
     VariableBatchEmbeddingBagCollectionAwaitable,
-    construct_output_kt,
 )
 from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist, TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.runtime_forwards import InSyncEmbeddingPipelinedForward
@@ -577,6 +578,81 @@ class ExpandRows(torch.autograd.Function):
         return torch.zeros(ctx.rows_shape, dtype=grad.dtype, device=grad.device).index_add_(0, index, grad), None
 
 
+@functools.lru_cache(maxsize=8)
+def _leading_slots(batch: int, per_sample: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[batch, per_sample]: the places of `ExpandRowsBehind`'s leading rows in its table (0, 1, ...),
+    made once per shape (the same every step) and only read."""
+    return torch.arange(batch * per_sample, dtype=dtype, device=device).view(batch, per_sample)
+
+
+class ExpandRowsBehind(torch.autograd.Function):
+    """`cat((leading.unsqueeze(1), rows[index - n].view(B, -1, D)), 1)` in one gather: leading [B, D],
+    rows [U, d] (d divides D: a column-wise table's shards, d < D, are a feature's D/d adjacent
+    blocks), index [B, K] into rows, each entry plus n = B·D/d (the leading rows come first in the
+    table the gather reads, `cat((leading as n rows of d, rows))`), give [B, 1 + K·d/D, D], each
+    sample's leading row before its rows, as DLRM's interaction concatenates its dense row before
+    the pooled ones (models/dlrm.py), without the expand's copy of B·K·d values and the
+    concatenation's second one. Its backward reads the incoming gradient in place: the leading
+    rows' gradient is its first block (the concatenation's backward, bitwise), and one
+    `index_add` with the gather's own index sums each row's gradients (the leading places' sums
+    are dropped): the rows' sums are `ExpandRows`'s, bitwise (same adds in the same order; fp32
+    for 16-bit rows), without the copy that made the incoming gradient's row blocks contiguous."""
+
+    @staticmethod
+    def forward(ctx, leading: torch.Tensor, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        d, (B, D) = rows.size(1), leading.shape
+        gather = torch.cat((_leading_slots(B, D // d, index.dtype, index.device), index), 1)
+        ctx.save_for_backward(gather)
+        ctx.rows_shape, ctx.rows_dtype, ctx.leading_rows = rows.shape, rows.dtype, B * (D // d)
+        table = torch.cat((leading.reshape(-1, d), rows))
+        return table.index_select(0, gather.view(-1)).view(B, -1, D)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        (gather,) = ctx.saved_tensors
+        (U, d), n = ctx.rows_shape, ctx.leading_rows
+        wide = grad.dtype in (torch.float16, torch.bfloat16)
+        flat = grad.reshape(-1, d)
+        summed = torch.zeros(n + U, d, dtype=torch.float32 if wide else grad.dtype, device=grad.device)
+        summed.index_add_(0, gather.view(-1), flat.float() if wide else flat)
+        return grad[:, 0], summed[n:].to(ctx.rows_dtype), None
+
+
+class ExpandedRows(KeyedTensor):
+    """The one-width expand's output: TorchRec's KeyedTensor of values [B, K·d] = `rows[index]`
+    (`ExpandRows`), gathered when its values are first read; `behind(leading)` gathers the rows
+    behind a leading row per sample instead (`ExpandRowsBehind`: DLRM's interaction input).
+    `index_at(offset)` makes the [B, K] index (`shape`), each entry plus `offset`, when needed."""
+
+    def __init__(self, keys: list[str], dims: list[int], rows: torch.Tensor,
+                 index_at: Callable[[int], torch.Tensor], shape: tuple[int, int]) -> None:
+        self._rows, self._index_at, self._shape, self._expanded = rows, index_at, shape, None
+        super().__init__(keys=keys, length_per_key=dims, values=None, key_dim=1)
+
+    @property
+    def _values(self) -> torch.Tensor:
+        if self._expanded is None:
+            self._expanded = ExpandRows.apply(self._rows, self._index_at(0).view(-1)).view(self._shape[0], -1)
+        return self._expanded
+
+    @_values.setter
+    def _values(self, values: torch.Tensor | None) -> None:
+        self._expanded = values
+
+    def behind(self, leading: torch.Tensor) -> torch.Tensor | None:
+        """[B, 1 + K·d/D, D]: each sample's `leading` row [D], then its rows in the keys' order;
+        None where the values were gathered already (read before), or `leading` has another
+        dtype than the rows (a concatenation would promote them) or a width D that d does
+        not divide or that does not divide the sample's K·d values, or another batch size."""
+        (B, K), d = self._shape, self._rows.size(1)
+        if self._expanded is not None or leading.dtype != self._rows.dtype or leading.dim() != 2:
+            return None
+        D = leading.size(1)
+        if not D or leading.size(0) != B or D % d or (K * d) % D:
+            return None
+        return ExpandRowsBehind.apply(leading, self._rows, self._index_at(B * (D // d)))
+
+
 class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
     """TorchRec's variable-batch EBC awaitable whose expand is one row gather.
 
@@ -588,32 +664,32 @@ class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
     same rows: bitwise TorchRec's), and its backward sums each distinct bag's gradients in one
     `index_add`. The gather puts the features in the batch's order (TorchRec's: grouped by
     sharding type), so a model in that order views the rows instead of reordering them (a
-    copy of the whole output, forward and backward). Widths that differ take TorchRec's path
-    (`RowGatherExpandShardedEBC`)."""
+    copy of the whole output, forward and backward). The gather waits until the output is read
+    (`ExpandedRows`), so a model that puts a row before each sample's (DLRM's interaction)
+    gathers both in one. Widths that differ take TorchRec's path (`RowGatherExpandShardedEBC`)."""
 
     def _wait_impl(self) -> KeyedTensor:
         embeddings = [w.wait() for w in self._awaitables]
         for awaitable in self._resize_awaitables or ():
             awaitable.wait()
         rows = embeddings[0] if len(embeddings) == 1 else torch.cat(embeddings)
-        _, _, names, dims = self._expand_order
-        return construct_output_kt(embeddings=[self._expand(rows)], embedding_names=names, embedding_dims=dims)
+        block_of, _, names, dims = self._expand_order
+        shape = (self._inverse_indices[1].size(1), len(block_of))
+        return ExpandedRows(names, dims, rows.view(-1, self._uncombined_embedding_dims[0]), self._expand_index, shape)
 
-    def _expand(self, rows: torch.Tensor) -> torch.Tensor:
-        """Three ops: the [B, K] index (inverse rows in output order, plus each block's first row;
-        the bases are host ints, the bag counts), the gather."""
+    def _expand_index(self, offset: int = 0) -> torch.Tensor:
+        """The [B, K] index of the gather, each entry plus `offset`, in two ops: the inverse rows
+        in output order, plus each block's first row and `offset` (host ints: the bag counts)."""
         block_of, feature_of, _, _ = self._expand_order
         inverse = self._inverse_indices[1]
         firsts, first = [], 0
         for bags in self._batch_size_per_feature_pre_a2a:
             firsts.append(first)
             first += bags
-        base = torch.tensor([firsts[u] for u in block_of])
+        base = torch.tensor([firsts[u] + offset for u in block_of])
         if inverse.device.type != "cpu":
             base = base.pin_memory().to(inverse.device, non_blocking=True)
-        index = inverse.t().index_select(1, feature_of).add_(base)
-        expanded = ExpandRows.apply(rows.view(-1, self._uncombined_embedding_dims[0]), index.view(-1))
-        return expanded.view(inverse.size(1), -1)
+        return inverse.t().index_select(1, feature_of).add_(base)
 
 
 class RowGatherExpandShardedEBC(ShardedEmbeddingBagCollection):

@@ -25,7 +25,7 @@ import math
 
 import torch
 from torch import nn
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch, InteractionDCNArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -63,6 +63,33 @@ def _pooled_rows(sparse_arch: nn.Module, pooled) -> torch.Tensor:
                      dim=1).reshape(-1, sparse_arch.F, sparse_arch.D)
 
 
+def _dense_and_pooled_rows(dlrm: nn.Module, pooled, dense: torch.Tensor) -> torch.Tensor | None:
+    """[B, 1 + F, D]: each sample's dense row, then its pooled rows in feature order (what the
+    interaction concatenates), gathered in one op where the lookup's output offers it (dedup at
+    the source: `torchrec_hooks.ExpandedRows.behind`, the rows not expanded yet), else None
+    (waits for the rows either way). Only for torchrec's own two interactions (`_interact`)."""
+    if isinstance(pooled, torch.fx.Proxy) or type(dlrm.inter_arch) not in (InteractionArch, InteractionDCNArch) \
+            or dlrm.inter_arch.F <= 0:  # a pipeline's trace takes `_pooled_rows`
+        return None
+    behind = getattr(pooled, "behind", None)  # a LazyAwaitable waits here
+    sparse_arch = dlrm.sparse_arch
+    if behind is None or pooled.keys() != list(sparse_arch.sparse_feature_names) \
+            or pooled.length_per_key() != [sparse_arch.D] * sparse_arch.F:
+        return None
+    return behind(dense)
+
+
+def _interact(inter_arch: nn.Module, dense: torch.Tensor, combined: torch.Tensor) -> torch.Tensor:
+    """torchrec's `InteractionArch` / `InteractionDCNArch` forward from its concatenation on:
+    `combined` = cat((dense.unsqueeze(1), sparse), 1); the same ops, so bitwise its forward
+    (tests/models/test_dlrm_pooled_rows.py compares the two)."""
+    if type(inter_arch) is InteractionDCNArch:
+        return inter_arch.crossnet(combined.reshape([dense.size(0), -1]))
+    interactions = torch.bmm(combined, torch.transpose(combined, 1, 2))
+    flat = interactions[:, inter_arch.triu_indices[0], inter_arch.triu_indices[1]]
+    return torch.cat((dense, flat), dim=1)
+
+
 class _SparseFirst:
     """DLRM's forward with the embedding all-to-all in flight during the bottom MLP."""
 
@@ -74,7 +101,10 @@ class _SparseFirst:
             return super().forward(dense_features, sparse_features)
         pooled = self.sparse_arch.embedding_bag_collection(sparse_features)  # not waited yet
         embedded_dense = self.dense_arch(dense_features)
-        embedded_sparse = _pooled_rows(self.sparse_arch, pooled)  # the wait
+        combined = _dense_and_pooled_rows(self, pooled, embedded_dense)  # the wait
+        if combined is not None:
+            return self.over_arch(_interact(self.inter_arch, embedded_dense, combined))
+        embedded_sparse = _pooled_rows(self.sparse_arch, pooled)
         return self.over_arch(self.inter_arch(dense_features=embedded_dense,
                                               sparse_features=embedded_sparse))
 

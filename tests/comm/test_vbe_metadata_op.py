@@ -75,3 +75,59 @@ def test_expand_rows_sums_duplicate_gradients_in_fp32_for_16_bit_rows():
     out.backward(torch.tensor([[256.0, 0.0], [5.0, 5.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.bfloat16))
     assert rows.grad.dtype == torch.bfloat16
     assert rows.grad.float().tolist() == [[5.0, 5.0], [258.0, 0.0]]
+
+
+def _behind_the_old_way(leading: torch.Tensor, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """What the model did before `ExpandRowsBehind`: the expand, then the interaction's concatenation."""
+    B, D = leading.shape
+    expanded = hooks.ExpandRows.apply(rows, index.view(-1)).view(B, -1).reshape(B, -1, D)
+    return torch.cat((leading.unsqueeze(1), expanded), dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_expand_rows_behind_is_the_expand_then_the_concatenation_bitwise_both_ways(dtype, shards):
+    """One gather of the leading row and the rows (dedup at the source, DLRM's interaction input):
+    its output and both inputs' gradients are bitwise those of the expand + concatenation it
+    replaces (the rows' duplicates summed in the same order; fp32 sums for 16-bit rows), also
+    where each feature's row comes in column shards narrower than the leading row."""
+    g = torch.Generator().manual_seed(0)
+    B, F, U, D = 64, 5, 23, 8
+    index = torch.randint(0, U, (B, F * shards), generator=g)  # duplicates everywhere
+    leading0 = torch.randn(B, D, generator=g).to(dtype)
+    rows0 = torch.randn(U, D // shards, generator=g).to(dtype)
+    grad = torch.randn(B, 1 + F, D, generator=g).to(dtype) * 100
+    outs, grads = [], []
+    def behind(leading, rows, index):  # the gather's table holds the B·shards leading rows first
+        return hooks.ExpandRowsBehind.apply(leading, rows, index + B * shards)
+
+    for fn in (_behind_the_old_way, behind):
+        leading, rows = leading0.clone().requires_grad_(), rows0.clone().requires_grad_()
+        out = fn(leading, rows, index)
+        out.backward(grad)
+        outs.append(out.detach())
+        grads.append((leading.grad, rows.grad))
+    assert outs[1].shape == (B, 1 + F, D) and outs[1].dtype == dtype
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert grads[1][1].dtype == dtype
+
+
+def test_expanded_rows_gather_once_either_way():
+    """`ExpandedRows` gathers its values when first read (as the eager expand did); `behind`
+    gathers the rows behind a leading row instead, and declines once the values were read
+    (no second gather), or for leading rows of another dtype (a concatenation would promote)
+    or of a width that is no whole number of the rows'."""
+    rows = torch.arange(12.0).view(6, 2)
+    index = torch.tensor([[5, 0, 2], [1, 1, 4]])
+    kt = hooks.ExpandedRows(["a", "b", "c"], [2, 2, 2], rows, lambda offset: index + offset, index.shape)
+    leading = torch.full((2, 2), -1.0)
+    assert kt.behind(leading.double()) is None and kt.behind(torch.ones(2, 3)) is None
+    assert kt.behind(torch.ones(2, 4)) is None  # 3 blocks of 2 are no whole number of rows of 4
+    assert kt._expanded is None
+    combined = kt.behind(leading)
+    assert torch.equal(combined, torch.cat((leading.unsqueeze(1), rows[index]), 1))
+    assert kt._expanded is None  # not gathered for the values too
+    assert torch.equal(kt.values(), rows[index].view(2, 6))
+    assert torch.equal(kt.to_dict()["b"], rows[index[:, 1]])
+    assert kt.behind(leading) is None

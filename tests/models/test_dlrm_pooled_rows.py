@@ -4,6 +4,7 @@ source) and reordered where it does not (TorchRec's stock output, grouped by own
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
@@ -34,3 +35,61 @@ def test_rows_grouped_otherwise_are_reordered_into_feature_order():
     assert torch.equal(rows[0], torch.tensor([[2.0, 3.0], [0.0, 1.0], [4.0, 5.0]]))
     rows.sum().backward()
     assert torch.equal(values.grad, torch.ones(2, 6))
+
+
+def _interactions(F: int, D: int) -> list[torch.nn.Module]:
+    from torchrec.models.dlrm import InteractionArch, InteractionDCNArch
+    from torchrec.modules.crossnet import LowRankCrossNet
+
+    torch.manual_seed(0)
+    return [InteractionArch(num_sparse_features=F),
+            InteractionDCNArch(num_sparse_features=F,
+                               crossnet=LowRankCrossNet(in_features=(F + 1) * D, num_layers=2, low_rank=3))]
+
+
+def test_interact_from_the_concatenation_is_torchrecs_interaction_bitwise():
+    """`_interact` repeats torchrec's two interactions after their concatenation: same output."""
+    from dlrmtrain.models.dlrm import _interact
+
+    B, F, D = 16, 3, 4
+    dense, sparse = torch.randn(B, D), torch.randn(B, F, D)
+    for arch in _interactions(F, D):
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
+        assert torch.equal(_interact(arch, dense, combined), arch(dense, sparse)), type(arch).__name__
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_dense_and_pooled_rows_are_gathered_in_one_op_at_the_source_and_interact_as_before(shards):
+    """Dedup at the source (`ExpandedRows`, the rows not yet expanded): the interaction's input is
+    one gather of the dense and pooled rows, and the interaction's output and gradients are
+    bitwise those of the expand + `_pooled_rows` + torchrec's interaction; the expanded values
+    are never made (column-wise too: each feature's row in `shards` column shards). A plain
+    KeyedTensor, or a model in another feature order, takes the old path."""
+    from dlrmtrain.comm.torchrec_hooks import ExpandedRows
+    from dlrmtrain.models.dlrm import _dense_and_pooled_rows, _interact
+
+    B, F, D, U = 16, 3, 2, 7
+    index = torch.randint(0, U, (B, F * shards), generator=torch.Generator().manual_seed(1))
+    for arch in _interactions(F, D):
+        dlrm = torch.nn.Module()
+        dlrm.sparse_arch, dlrm.inter_arch = _SparseArch(), arch
+        results = []
+        for fused in (False, True):
+            rows = torch.randn(U, D // shards, generator=torch.Generator().manual_seed(2)).requires_grad_()
+            dense = torch.randn(B, D, generator=torch.Generator().manual_seed(3)).requires_grad_()
+            kt = ExpandedRows(["a", "b", "c"], [D] * F, rows, lambda offset: index + offset, index.shape)
+            if fused:
+                combined = _dense_and_pooled_rows(dlrm, kt, dense)
+                out = _interact(arch, dense, combined)
+                assert kt._expanded is None  # the B·F·D expand never made
+            else:
+                out = arch(dense, _pooled_rows(dlrm.sparse_arch, kt))
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(4)))
+            results.append((out.detach(), dense.grad, rows.grad))
+        for old, new in zip(*results):
+            assert torch.equal(old, new), type(arch).__name__
+        dense = torch.randn(B, D)
+        assert _dense_and_pooled_rows(dlrm, _kt(["a", "b", "c"], torch.randn(B, F * D)), dense) is None
+        assert _dense_and_pooled_rows(dlrm, ExpandedRows(["b", "a", "c"], [D] * F, torch.randn(U, D // shards),
+                                                                   lambda offset: index + offset, index.shape),
+                                      dense) is None
