@@ -216,7 +216,31 @@ def test_a_killed_rank_is_named_when_the_rank_left_ends_in_the_same_poll(monkeyp
 
     monkeypatch.setattr(torch.distributed.run, "run", run)
     monkeypatch.setattr(launch, "_quiet_agent", lambda: None)
-    for name in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL"):  # launch sets what is unset: keep
-        monkeypatch.setenv(name, os.environ.get(name, "1" if name[0] == "O" else "WARNING"))
+    for name in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL", *launch.RANK_MALLOC):  # launch sets what is unset: keep
+        monkeypatch.setenv(name, os.environ.get(name, "1" if name[0] in "OM" else "WARNING"))
     assert launch.launch(LaunchSpec(nproc=2, args=["--config", "c.yaml"])) == 3
     assert "dlrmtrain: rank 1 was killed by SIGKILL" in capsys.readouterr().err
+
+
+def test_ranks_take_malloc_from_the_heap_unless_the_environment_says(monkeypatch):
+    """The ranks get glibc malloc without mmap for large blocks and without trimming (a CPU
+    step's tens-of-MB tensors would fault their pages in afresh each step); a value the
+    environment sets is kept."""
+    import torch.distributed.run
+
+    from dlrmtrain import launch
+
+    seen = {}
+
+    def run(_args):
+        seen.update({name: os.environ.get(name) for name in launch.RANK_MALLOC})
+
+    monkeypatch.setattr(torch.distributed.run, "run", run)
+    monkeypatch.setattr(launch, "_quiet_agent", lambda: None)
+    for name in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL"):
+        monkeypatch.setenv(name, os.environ.get(name, "1" if name[0] == "O" else "WARNING"))
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "")  # recorded, so that what launch sets is undone after
+    monkeypatch.delenv("MALLOC_MMAP_MAX_")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")  # the user's own
+    assert launch.launch(LaunchSpec(nproc=2, args=["--config", "c.yaml"])) == 0
+    assert seen == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "12345"}
