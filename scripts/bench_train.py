@@ -92,7 +92,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the medians and ratios here (rank 0)")
     add_link_options(p, "splitting --world-size")
     p.add_argument("overrides", nargs="*")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    seen = set()
+    for vs in args.vs:  # contenders are keyed by their overrides: a repeat would silently be one
+        if " ".join(vs.split()) in seen:
+            p.error(f"--vs {vs!r} is given twice (each contender once)")
+        seen.add(" ".join(vs.split()))
+    return args
 
 
 def print_reference_wire(arch: str, names: list[str]) -> None:

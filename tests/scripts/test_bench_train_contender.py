@@ -48,3 +48,12 @@ def test_plain_contender_refuses_an_architecture_it_cannot_build():
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch="dlrm_v3"))
     with pytest.raises(SystemExit, match="no plain TorchRec model for model.arch='dlrm_v3'"):
         script.plain_torchrec_model(cfg, table_rows(cfg), torch.device("cpu"))
+
+
+def test_a_contender_given_twice_is_refused_not_merged(capsys):
+    """Contenders are keyed by their overrides: the same --vs twice was silently one contender."""
+    with pytest.raises(SystemExit) as e:
+        bench_train().parse_args(["--vs", "comm.codec=dedup", "--vs", "comm.codec=dedup "])
+    assert e.value.code == 2 and "given twice" in capsys.readouterr().err
+    assert bench_train().parse_args(["--vs", "comm.codec=dedup", "--vs", "comm.codec=auto"]).vs == [
+        "comm.codec=dedup", "comm.codec=auto"]
