@@ -10,7 +10,8 @@ at the same per-rank batch. Every codec function training calls (the dist's
 forward and plan-ahead, the transport's four autograd halves) runs inside a
 profiler range; after `--warmup` steps, rank 0 counts the aten ops issued
 inside those ranges (top-level ops: an op another op calls is not counted
-again; views and allocations apart, as they launch no kernel) and the
+again; views and allocations apart, as they launch no kernel, and a `to`, `reshape` or
+`contiguous` that copied nothing) and the
 collectives (c10d ops), per step. Printed side by side: the codec's work
 must not grow with the world size (issue 26, item 5).
 
@@ -82,14 +83,19 @@ def _sync_counter():
     return Counter()
 
 NO_KERNEL = frozenset({
-    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::slice", "aten::select", "aten::unsqueeze",
+    "aten::view", "aten::_reshape_alias", "aten::slice", "aten::select", "aten::unsqueeze",
     "aten::squeeze", "aten::expand", "aten::as_strided", "aten::t", "aten::transpose", "aten::permute",
-    "aten::unbind", "aten::split", "aten::split_with_sizes", "aten::alias", "aten::detach", "aten::view_as",
+    "aten::unbind", "aten::split", "aten::split_with_sizes", "aten::alias", "aten::detach", "aten::detach_",
+    "aten::view_as",
     "aten::narrow",
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::lift_fresh", "aten::resize_",
-    "aten::_unsafe_view", "aten::contiguous", "aten::result_type", "aten::is_nonzero", "aten::item",
+    "aten::_unsafe_view", "aten::result_type", "aten::is_nonzero", "aten::item",
     "aten::_local_scalar_dense",
 })
+MAY_COPY = frozenset({"aten::to", "aten::reshape", "aten::contiguous"})
+"""Ops that launch a copy only where the input's dtype, device or layout asks for one: counted
+when they did (a copying op under them), not when they returned their input or a view of it."""
+COPIES = frozenset({"aten::_to_copy", "aten::clone", "aten::copy_"})
 """views, allocations and scalar reads: ops that launch no kernel (a read is a host sync, counted by the codec)"""
 
 
@@ -223,6 +229,9 @@ def _count(events, warmup: int) -> dict:
             continue
         if e.name.startswith("c10d::"):
             collectives[codec] = collectives.get(codec, 0) + 1
+        elif e.name in MAY_COPY:
+            if any(c.name in COPIES for c in e.cpu_children):
+                ops[codec] = ops.get(codec, 0) + 1
         elif e.name not in NO_KERNEL:
             ops[codec] = ops.get(codec, 0) + 1
     return {"ops": ops, "collectives": collectives}
