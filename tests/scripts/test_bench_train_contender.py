@@ -4,7 +4,6 @@ on the DCNv2 config it once built DLRM v1, a cheaper model, and reported dlrmtra
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,13 @@ import torch
 from dlrmtrain.config import load_config
 from dlrmtrain.data import table_rows
 from dlrmtrain.workloads.dlrm import build_dlrm_model as build_model
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def bench_train():
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts/bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_train")
 
 
 def dense_shapes(model) -> dict[str, tuple[int, ...]]:

@@ -3,23 +3,13 @@ counts, one that returned its input (or a view) does not, nor does an in-place `
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def count_codec_ops():
-    spec = importlib.util.spec_from_file_location("count_codec_ops", REPO / "scripts/count_codec_ops.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load_script
 
 
 def test_only_ops_that_launch_work_are_counted():
-    script = count_codec_ops()
+    script = load_script("count_codec_ops")
     x = torch.randn(4, 3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         with torch.profiler.record_function("step::5"), torch.profiler.record_function("codec::c"):

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"scripts_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[f"scripts_{name}"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+load = load_script
 
 
 def test_dense_params_are_mlperf_v1s():
