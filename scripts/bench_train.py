@@ -95,9 +95,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     seen = set()
     for vs in args.vs:  # contenders are keyed by their overrides: a repeat would silently be one
-        if " ".join(vs.split()) in seen:
+        key = " ".join(vs.split())
+        if key in seen:
             p.error(f"--vs {vs!r} is given twice (each contender once)")
-        seen.add(" ".join(vs.split()))
+        seen.add(key)
     return args
 
 

@@ -178,6 +178,10 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
             raise SystemExit(f"--codecs: {e}") from None
         validate_config(load_config(args.config, [*args.overrides, *settings]),
                         world_size=args.nproc * (args.sim_nodes or 1))
+    try:
+        check_rate_options(args.link_gbit, args.link_latency_ms, "link-")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     link = None
     if args.link_gbit is not None:
         try:
@@ -186,11 +190,6 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
                 require_available()  # say why not before any launch
         except (ValueError, ShapedLinkUnavailable) as e:
             raise SystemExit(f"--link-gbit: {e}") from None
-    else:
-        try:
-            check_rate_options(args.link_gbit, args.link_latency_ms, "link-")
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
     if args.sim_nodes is not None:
         try:
             sim_nodes.require_available(sim_nodes.SimNodes(args.sim_nodes, link).nodes)

@@ -161,6 +161,17 @@ def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
                                    "--link-gbit", "0"]))
 
 
+
+def test_a_delay_without_a_rate_is_refused_before_any_launch(tmp_path):
+    from dlrmtrain.mlperf.runner import parse_args, plan_from_args
+
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    with pytest.raises(SystemExit, match="--link-latency-ms needs --link-gbit"):
+        plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "out"),
+                                   "--link-latency-ms", "5"]))
+    assert not (tmp_path / "out").exists()
+
 def test_dlrmv4_derived_rules_take_their_numbers_from_the_config():
     mini = Path(__file__).parents[2] / "configs" / "mini_dlrmv4.yaml"
     grid = ["mlperf.eval_every_data_pct=0.25", "mlperf.skip_eval_epoch_pct=0.25"]
