@@ -14,7 +14,8 @@ median per-step times and their ratios (goal: dlrmtrain / plain ≤ 1.02).
         [--link-gbit G [--link-latency-ms L]] [--sim-nodes N] [overrides...]
 
 `--link-gbit G` runs it behind a shaped loopback (dlrmtrain.testbed.shaped_link,
-one link shared by all ranks); with `--sim-nodes N` the world size is split into N
+one link shared by all ranks; it then also prints what the bytes each contender saves are
+worth: the first contender's step less their wire time at G); with `--sim-nodes N` the world size is split into N
 simulated nodes (dlrmtrain.testbed.sim_nodes) and G is each node's link to
 the others, so only traffic between nodes is shaped.
 
@@ -147,6 +148,30 @@ def shape_config(args: argparse.Namespace) -> tuple[str, list[str]]:
     return str(REPO / config), [*overrides, *args.overrides]
 
 
+LINK_GBIT_ENV = "BENCH_TRAIN_LINK_GBIT"
+"""the shaped link's rate on the ranks (one link shared by all ranks; unset on simulated nodes)"""
+
+
+def print_wire_worth(names: list[str], median: dict, link_bytes: dict) -> dict[str, float]:
+    """Per contender, the step time of the first one less the wire time of the bytes the
+    contender does not send at the link's rate (every byte through the one shaped link,
+    both directions, pays rate): what the saved bytes alone are worth, as a ratio of the
+    first contender's step. A codec beats it only by also saving work off the wire (an
+    unshaped run's ratio shows that part). {} without a single shaped link."""
+    gbit = os.environ.get(LINK_GBIT_ENV)
+    if gbit is None or not all(link_bytes.values()):
+        return {}
+    base = names[0]
+    sent = {n: statistics.median(b) for n, b in link_bytes.items()}
+    worth = {n: 1 - (sent[base] - sent[n]) * 8 / (float(gbit) * 1e9) / median[base]
+             for n in names[1:] if n in sent}
+    print(f"  wire time the saved bytes are worth at {gbit} Gbit/s ({base}'s step less "
+          "(its bytes − a contender's) × 8 / rate):")
+    for n, ratio in worth.items():
+        print(f"    {n:<40} {ratio:.3f} of ({base})'s time")
+    return worth
+
+
 def link_bytes_sent() -> int | None:
     """Bytes sent through the link so far: `lo` inside shaped_link's private namespace
     (exactly the ranks' traffic), or this node's link to the other nodes
@@ -250,6 +275,8 @@ def relaunch_under_torchrun(args: argparse.Namespace) -> None:
             per_node = args.world_size // nodes
             print(f"bench_train: {link.describe()}, {per_node} rank{'s' if per_node > 1 else ''} "
                   f"each", flush=True)
+        if args.link_gbit is not None and args.sim_nodes is None:  # one link: its rate prices bytes
+            os.environ[LINK_GBIT_ENV] = str(args.link_gbit)
         spec = LaunchSpec(nproc=args.world_size // nodes, script=__file__, args=sys.argv[1:],
                           omp_threads=1)
         sys.exit(relaunch(spec, link, [sys.executable, __file__,
@@ -472,6 +499,7 @@ def main() -> None:
                      "shaped_link's private namespace)")
             print(f"  bytes {where}: "
                   + ", ".join(f"{n} {statistics.median(b) / 1e6:.1f} MB" for n, b in link_bytes.items()))
+        wire_worth = print_wire_worth(names, median, link_bytes)
         print("=" * 72)
         if args.json:
             Path(args.json).write_text(json.dumps({
@@ -487,6 +515,7 @@ def main() -> None:
                 "all_to_all_ms_per_step": {n: 1000 * o[0] for n, o in overlap.items()},
                 "all_to_all_hidden_fraction": {n: o[1] for n, o in overlap.items()},
                 "free_codec_bound": free_codec_bound,
+                "saved_bytes_wire_ratio": wire_worth,
             }, indent=2) + "\n")
     del steppers
     trainer.close()

@@ -54,3 +54,17 @@ def test_a_contender_given_twice_is_refused_not_merged(capsys):
     assert e.value.code == 2 and "given twice" in capsys.readouterr().err
     assert bench_train().parse_args(["--vs", "comm.codec=dedup", "--vs", "comm.codec=auto"]).vs == [
         "comm.codec=dedup", "comm.codec=auto"]
+
+
+def test_wire_worth_prices_only_the_bytes_a_contender_saves(monkeypatch, capsys):
+    """Behind one shaped link every byte pays the rate: 125 kB less per step at 1 Gbit/s is
+    1 ms off a 10 ms step; without the link's rate (unshaped, simulated nodes) nothing is priced."""
+    script = bench_train()
+    median = {"none": 0.010, "dedup": 0.009, "lossy": 0.008}
+    sent = {"none": [250_000.0], "dedup": [125_000.0], "lossy": [250_000.0]}
+    monkeypatch.delenv(script.LINK_GBIT_ENV, raising=False)
+    assert script.print_wire_worth(list(median), median, sent) == {}
+    monkeypatch.setenv(script.LINK_GBIT_ENV, "1")
+    worth = script.print_wire_worth(list(median), median, sent)
+    assert worth == pytest.approx({"dedup": 0.9, "lossy": 1.0})
+    assert "0.900 of (none)'s time" in capsys.readouterr().out
