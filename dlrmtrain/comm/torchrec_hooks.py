@@ -578,10 +578,18 @@ class ExpandRows(torch.autograd.Function):
         return torch.zeros(ctx.rows_shape, dtype=grad.dtype, device=grad.device).index_add_(0, index, grad), None
 
 
-@functools.lru_cache(maxsize=8)
 def _leading_slots(batch: int, per_sample: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[batch, per_sample]: the places of `ExpandRowsBehind`'s leading rows in its table (0, 1, ...),
-    made once per shape (the same every step) and only read."""
+    made once per shape and stream (the same every step) and only read. Per stream: on CUDA the
+    `arange` runs on the stream current at its first use, and a read on another stream would have
+    no event ordering it after that write."""
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else None
+    return _leading_slots_on(batch, per_sample, dtype, device, stream)
+
+
+@functools.lru_cache(maxsize=8)
+def _leading_slots_on(batch: int, per_sample: int, dtype: torch.dtype, device: torch.device,
+                      stream: int | None) -> torch.Tensor:
     return torch.arange(batch * per_sample, dtype=dtype, device=device).view(batch, per_sample)
 
 
