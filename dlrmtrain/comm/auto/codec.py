@@ -15,8 +15,8 @@ from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
-from dlrmtrain.config.schema import AutoConfig
 from dlrmtrain.comm.auto.sequence import SequenceAutoDist
+from dlrmtrain.config.schema import AutoConfig
 
 
 class AutoCodec(EmbeddingCommCodec):
