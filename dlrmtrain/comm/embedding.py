@@ -28,17 +28,19 @@ from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
 from dlrmtrain.comm.registry import check_source_codecs
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy
+from dlrmtrain.config.schema import AutoConfig
 
 
 class CodecShardedEmbeddingCollection(hooks.IdRecordingShardedEC):
     """TorchRec's sharded EC with codec sequence dists where the table codecs ask for them."""
 
-    def __init__(self, *args: Any, table_codecs: Mapping[str, str], hierarchy: Hierarchy = FLAT,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, table_codecs: Mapping[str, EmbeddingCommCodec],
+                 hierarchy: Hierarchy = FLAT, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # the codec dists (`stats.COUNTERS_ATTR`)
         self.comm_counters: list[CountsCommBytes] = install_codec_dists(
@@ -76,17 +78,17 @@ def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
-                    dedup_at: str = "owner") -> ModuleSharder:
+                    dedup_at: str = "owner", auto: AutoConfig | None = None) -> ModuleSharder:
     """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, TorchRec's
     taking the loader's distinct ids for `dedup` at the source, else ours.
 
-    Same arguments as `make_ebc_sharder` (embeddingbag.py), plus `comm.dedup_at`;
+    Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` included), plus `comm.dedup_at`;
     `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
     """
     validate_sequence_dedup_at(dedup_at, codec, table_codecs, hierarchy.kind)
     if dedup_at == "source":
         return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)
-    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence")
+    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence", auto)
     if choice is None:
         return EmbeddingCollectionSharder(fused_params=fused_params)
     return CodecEmbeddingCollectionSharder(choice, fused_params=fused_params)

@@ -17,16 +17,18 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy
+from dlrmtrain.config.schema import AutoConfig
 
 
 class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
     """TorchRec's sharded EBC with codec output dists where the plan asks for them."""
 
-    def __init__(self, *args: Any, table_codecs: Mapping[str, str], hierarchy: Hierarchy = FLAT,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, table_codecs: Mapping[str, EmbeddingCommCodec],
+                 hierarchy: Hierarchy = FLAT, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # the codec dists (`stats.COUNTERS_ATTR`; count_stock_dists appends none's counters)
         self.comm_counters: list[CountsCommBytes] = install_codec_dists(
@@ -40,16 +42,18 @@ class CodecEmbeddingBagCollectionSharder(CodecSharder, EmbeddingBagCollectionSha
 
 
 def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
-                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT) -> ModuleSharder:
+                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
+                     auto: AutoConfig | None = None) -> ModuleSharder:
     """The EBC sharder for a run: stock TorchRec for `none` everywhere, else ours.
 
     `codec` is the run's `comm.codec`; `table_codecs` per-table overrides keyed
     by table name; `fused_params` go to the fused embedding optimizer as usual;
     `device_type` ("cpu" / "cuda") picks TorchRec's qcomms kernels for the lossy
     codecs (`fp8` is refused off GPU); `hierarchy` (comm.hierarchy, comm.ranks_per_node)
-    makes `dedup` two-level across nodes.
+    makes `dedup` two-level across nodes; `auto` (comm.auto; None: the defaults) sets every
+    `auto` dist's policy.
     """
-    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "pooled")
+    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "pooled", auto)
     if choice is None:
         return EmbeddingBagCollectionSharder(fused_params=fused_params)
     return CodecEmbeddingBagCollectionSharder(choice, fused_params=fused_params)

@@ -26,12 +26,14 @@ from dlrmtrain.comm.layout import layout_for, sequence_layout_of
 from dlrmtrain.comm.registry import (
     codecs_per_table,
     get_codec,
+    run_codecs,
     validate_codec_choice,
     validate_hierarchy,
     warn_if_lossy,
 )
 from dlrmtrain.comm.stats import CountsCommBytes
 from dlrmtrain.comm.topology import Hierarchy, make_node_groups, topology_of
+from dlrmtrain.config.schema import AutoConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +46,14 @@ class CodecChoice:
     hierarchy: Hierarchy
     qcomm_codecs_registry: dict | None
     """TorchRec's qcomms for the whole sharder (the lossy fp16/bf16/int8/fp8), else None"""
+    codecs: dict[str, EmbeddingCommCodec]
+    """this run's codec of each name above (registry.run_codecs: `auto` with the run's comm.auto)"""
 
     def module_kwargs(self, tables: Iterable[str]) -> dict[str, Any]:
         """The sharded module's own arguments for a module with `tables`."""
-        return {"table_codecs": codecs_per_table(self.codec, self.table_codecs, tables), "hierarchy": self.hierarchy}
+        return {"table_codecs": {t: self.codecs[name] for t, name in
+                                 codecs_per_table(self.codec, self.table_codecs, tables).items()},
+                "hierarchy": self.hierarchy}
 
 
 class CodecSharder:
@@ -73,22 +79,26 @@ class CodecSharder:
 
 
 def codec_choice(codec: str, table_codecs: Mapping[str, str], device_type: str, hierarchy: Hierarchy,
-                 kind: CollectionKind) -> CodecChoice | None:
+                 kind: CollectionKind, auto: AutoConfig | None = None) -> CodecChoice | None:
     """The run's choice for `kind` embeddings, checked (errors name the config keys); None when
-    every table is `none` (TorchRec's own sharder, untouched). Lossy codecs are warned about."""
+    every table is `none` (TorchRec's own sharder, untouched). Lossy codecs are warned about.
+    `auto`: the run's comm.auto (None: its defaults)."""
     validate_codec_choice(codec, table_codecs, device_type)
     validate_hierarchy(hierarchy, codec, table_codecs, kind)
     if {codec, *table_codecs.values()} == {"none"}:
         return None
     warn_if_lossy(codec, table_codecs, f"{kind} embeddings")
-    return CodecChoice(codec, dict(table_codecs), hierarchy, get_codec(codec).qcomm_codecs_registry(device_type))
+    return CodecChoice(codec, dict(table_codecs), hierarchy, get_codec(codec).qcomm_codecs_registry(device_type),
+                       run_codecs({codec, *table_codecs.values()}, auto))
 
 
-def install_codec_dists(module: nn.Module, shardings: list[tuple[str, Any]], table_codecs: Mapping[str, str],
+def install_codec_dists(module: nn.Module, shardings: list[tuple[str, Any]],
+                        table_codecs: Mapping[str, EmbeddingCommCodec],
                         hierarchy: Hierarchy, kind: CollectionKind,
                         device: torch.device | None = None) -> list[CountsCommBytes]:
     """Replace each output dist of `module` (one per (sharding type, TorchRec sharding), in dist order)
-    that a codec carries; returns the new dists. Two-level dists get their process groups first,
+    that a codec carries (`table_codecs`: each table's, this run's instances: CodecChoice.codecs);
+    returns the new dists. Two-level dists get their process groups first,
     all at once (`topology.make_node_groups`), on `device` (the module's)."""
     specs = [(i, codec, spec) for i, (sharding_type, sharding) in enumerate(shardings)
              for codec, spec in _spec_of(module, i, sharding_type, sharding, table_codecs, hierarchy, kind)]
@@ -104,7 +114,8 @@ def install_codec_dists(module: nn.Module, shardings: list[tuple[str, Any]], tab
     return installed
 
 
-def _spec_of(module: nn.Module, i: int, sharding_type: str, sharding: Any, table_codecs: Mapping[str, str],
+def _spec_of(module: nn.Module, i: int, sharding_type: str, sharding: Any,
+             table_codecs: Mapping[str, EmbeddingCommCodec],
              hierarchy: Hierarchy, kind: CollectionKind) -> list[tuple[EmbeddingCommCodec, DistSpec]]:
     """The codec and spec of output dist `i`, if a codec carries it (else [])."""
     env = hooks.sharding_env(module)
@@ -144,17 +155,17 @@ def _with_node_groups(specs: list[tuple[int, EmbeddingCommCodec, DistSpec]], dev
     return out
 
 
-def _codec_of(sharding_type: str, tables: set[str], table_codecs: Mapping[str, str]
+def _codec_of(sharding_type: str, tables: set[str], table_codecs: Mapping[str, EmbeddingCommCodec]
               ) -> tuple[EmbeddingCommCodec, set[str]] | None:
     """The one non-`none` codec of an all-to-all's tables and the tables it carries; None: all `none`."""
     by_codec: dict[str, set[str]] = {}
     for t in tables:
-        by_codec.setdefault(table_codecs[t], set()).add(t)
+        by_codec.setdefault(table_codecs[t].name, set()).add(t)
     by_codec.pop("none", None)
     if not by_codec:
         return None
     if len(by_codec) > 1:
         raise ValueError(f"comm.table_codecs: {sharding_type} tables of one all-to-all ask for codecs "
                          f"{sorted(by_codec)}; give them one non-none codec")
-    (name, coded), = by_codec.items()
-    return get_codec(name), coded
+    (coded,) = by_codec.values()
+    return table_codecs[next(iter(coded))], coded

@@ -21,6 +21,7 @@ from dlrmtrain.comm.codecs.none import NoneCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.labels import CODEC_NAMES
 from dlrmtrain.comm.topology import HIERARCHIES, Hierarchy
+from dlrmtrain.config.schema import AutoConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,12 @@ assert sorted(_CODECS) == sorted(CODEC_NAMES), "config.schema.CodecName must lis
 def available_codecs() -> list[str]:
     """Names accepted by `comm.codec` and `comm.table_codecs` (config validation uses this)."""
     return sorted(_CODECS)
+
+
+def run_codecs(names: Iterable[str], auto: AutoConfig | None = None) -> dict[str, EmbeddingCommCodec]:
+    """The codec a run's all-to-alls use for each of `names`: the registered one, except `auto`,
+    built with the run's `comm.auto` (`auto`; None: the defaults)."""
+    return {n: AutoCodec(auto) if n == "auto" else get_codec(n) for n in names}
 
 
 def lossy_codecs() -> list[str]:

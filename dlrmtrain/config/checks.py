@@ -118,6 +118,32 @@ def check_table_keys(cfg: Config, names: list[str]) -> None:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")
 
 
+def check_comm_auto(cfg: Config) -> None:
+    """comm.auto: set only where a codec of the run is `auto` (else nothing would read it), and
+    values its policy can run (comm/auto/policy.py)."""
+    comm, default = cfg.comm, Config().comm.auto
+    if "auto" not in (comm.codec, *comm.table_codecs.values()):
+        changed = [f"comm.auto.{k}" for k, v in vars(comm.auto).items() if v != getattr(default, k)]
+        if changed:
+            raise ConfigError(f"{changed[0]}: set, but no codec of this run is auto (comm.codec: "
+                              f"{comm.codec}); remove it, or use comm.codec: auto")
+    a = comm.auto
+    for key in ("probe_steps", "min_probe_steps", "check_every", "drift_samples"):
+        if getattr(a, key) < 1:
+            raise ConfigError(f"comm.auto.{key}: must be at least 1, got {getattr(a, key)}")
+    if a.min_probe_steps > a.probe_steps:
+        raise ConfigError(f"comm.auto.min_probe_steps: {a.min_probe_steps} exceeds comm.auto.probe_steps "
+                          f"{a.probe_steps} (a probe ends after probe_steps per path)")
+    if a.margin >= 1:  # a path can never be 100% faster: auto would keep none for good
+        raise ConfigError(f"comm.auto.margin: must be below 1 (a relative gain), got {a.margin}; "
+                          f"to keep none, use comm.codec: none")
+    if a.drift <= 0:  # 0: every check would re-probe
+        raise ConfigError(f"comm.auto.drift: must be positive, got {a.drift}")
+    if not 0 < a.table_keep_fraction <= 1:
+        raise ConfigError(f"comm.auto.table_keep_fraction: a distinct fraction in (0, 1], got "
+                          f"{a.table_keep_fraction}")
+
+
 def check_optim(cfg: Config) -> None:
     """optim: the rate, the schedule's steps and each optimizer's constants."""
     o = cfg.optim

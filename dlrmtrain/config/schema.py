@@ -343,6 +343,34 @@ class ShardingConfig:
 
 
 @dataclass
+class AutoConfig:
+    """`comm.codec: auto`'s settings (dlrmtrain/comm/auto/policy.py documents its phases; its
+    `AutoPolicy` is these settings plus its state, so the defaults are declared here only)."""
+
+    warmup_steps: int = 1
+    """Untimed steps before the first probe (the first steps pay one-off costs)."""
+    probe_steps: int = 6
+    """Timed steps per path in one probe (at least 1)."""
+    min_probe_steps: int = 2
+    """Timed steps per path before a clear-cut probe may end early (1 to probe_steps)."""
+    clear_margin: float = 0.10
+    """Early end: the slowest step of one path beats the fastest of the other by this much."""
+    margin: float = 0.03
+    """The other path must be this much faster (relative, below 1) to switch."""
+    check_every: int = 50
+    """Steady steps between drift checks (at least 1)."""
+    min_dwell: int = 200
+    """Steps a decision stands before drift may reopen it."""
+    drift: float = 0.25
+    """Relative move of the step time or distinct fraction that starts a new probe (above 0)."""
+    drift_samples: int = 8
+    """Recent step times a drift check needs (timed steps before each check point; at least 1)."""
+    table_keep_fraction: float = 0.9
+    """A table whose distinct fraction is at least this keeps the stock path (dedup saves
+    little); in (0, 1]."""
+
+
+@dataclass
 class CommConfig:
     codec: CodecName = "none"
     """Codec on the embedding all-to-all for every table. Lossless: `none` (TorchRec's stock
@@ -373,6 +401,9 @@ class CommConfig:
     `comm.hierarchy: node`, a per-table codec the source does not carry, and pooled plans whose tables are mostly row-wise (there source's output sends world size x
     the distinct rows). An explicit value is kept; an explicit `source` where it is not built is
     refused."""
+    auto: AutoConfig = field(default_factory=AutoConfig)
+    """`codec: auto`'s probe, hysteresis and drift settings, e.g. comm.auto.probe_steps=4 (every
+    all-to-all's policy and the source's take them); refused unless a codec of the run is `auto`."""
 
 
 @dataclass

@@ -54,7 +54,8 @@ def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_typ
     check_dedup_at_resolved(comm)
     if comm.dedup_at == "source":
         return SourceDedupEBCSharder(fused_params=fused_params)
-    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm))
+    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm),
+                            comm.auto)
 
 
 def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConfig, fused_params: dict[str, Any],
@@ -96,7 +97,7 @@ def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type
     the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/embedding.py)."""
     check_dedup_at_resolved(comm)
     return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm),
-                           comm.dedup_at)
+                           comm.dedup_at, comm.auto)
 
 
 def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: ShardingConfig, comm: CommConfig,

@@ -25,6 +25,9 @@ _NOT_MATH = {
     "data.verify_max_gb",
 }
 _NOT_MATH_SECTIONS = {"eval", "checkpoint", "logging", "mlperf"}
+_NOT_MATH_PREFIXES = ("comm.auto.",)
+"""`comm.auto`: when lossless `auto` takes which lossless path (and checkpoints written before
+the section existed still resume)"""
 
 
 def new_run_id() -> str:
@@ -45,7 +48,8 @@ def math_config(cfg: Config, world_size: int) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     _flatten("", asdict(cfg), flat)
     math = {k: v for k, v in flat.items()
-            if k not in _NOT_MATH and k.split(".")[0] not in _NOT_MATH_SECTIONS}
+            if k not in _NOT_MATH and k.split(".")[0] not in _NOT_MATH_SECTIONS
+            and not k.startswith(_NOT_MATH_PREFIXES)}
     math["world_size"] = world_size
     return json.loads(json.dumps(math))  # as a manifest reads it back (tuples → lists)
 

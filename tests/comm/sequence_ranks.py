@@ -20,7 +20,7 @@ from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
 from dlrmtrain.comm.stock_bytes import SequenceStockCounter
 from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
-from dlrmtrain.config.schema import CommConfig, ShardingConfig
+from dlrmtrain.config.schema import AutoConfig, CommConfig, ShardingConfig
 from dlrmtrain.distributed.sharding import rowwise_adagrad_fused_params, shard_sequence_model
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, TABLES
 
@@ -132,9 +132,10 @@ def read_tables(dmp: nn.Module) -> dict[str, np.ndarray]:
 
 
 def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | None = None,
-          dedup_at: str = "owner"):
+          dedup_at: str = "owner", auto: AutoConfig | None = None):
     sharding = ShardingConfig(planner=sc.planner, default_type=sc.default_type, tables=dict(sc.sharding_tables))
-    comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}), dedup_at=dedup_at)
+    comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}), dedup_at=dedup_at,
+                      auto=auto or AutoConfig())
     dmp, plan_text = shard_sequence_model(SeqModel(), "ec", sharding, comm,
                                           rowwise_adagrad_fused_params(LR, EPS), torch.device("cpu"),
                                           world_size)

@@ -249,3 +249,29 @@ def test_next_paths_after_an_untimed_period_or_settled_steps():
     since = p.untimed_steps()  # settled: these steps run the stock dist untimed
     assert p.next_paths(advanced=since, timed=None) == {"none"}
     assert p.next_paths(advanced=10 - p.step + p._phase_start, timed=None) == {"none", "dedup"}  # a check
+
+
+def test_a_drift_check_sees_drift_with_more_than_16_drift_samples():
+    """comm.auto.drift_samples may exceed the 16 recent step times kept before (never enough then)."""
+    p = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, check_every=30, min_dwell=30,
+                   drift_samples=20)
+    while p.phase != "steady":
+        p.observe({"none": 0.02, "dedup": 0.01}[p.path()])
+        if p.needs_decision():
+            p.decide(*p.local_medians())
+    assert p.choice == "dedup"
+    for _ in range(30):
+        p.observe(0.05)  # dedup's step got 5x slower
+    assert p.check_due() and p.local_drift()
+
+
+def test_a_policy_of_settings_takes_every_setting_and_fresh_state():
+    from dataclasses import fields
+
+    from dlrmtrain.config.schema import AutoConfig
+
+    settings = AutoConfig(**{f.name: f.default * 2 if f.type == "int" else f.default / 2
+                             for f in fields(AutoConfig)})
+    p = AutoPolicy.of(settings)
+    assert all(getattr(p, f.name) == getattr(settings, f.name) != f.default for f in fields(AutoConfig))
+    assert p.phase == "warmup" and p.step == 0 and p.decisions == []

@@ -108,16 +108,18 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
 
     import torch
 
-    from dlrmtrain.comm.auto.policy import AutoPolicy
     from dlrmtrain.comm.auto.sequence import SequenceAutoDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.config.schema import AutoConfig
     from tests.comm.sequence_ranks import SeqScenario, kjt_of, loss_of, probe_vectors, sequences_for, shard
 
     sc = SeqScenario(default_type="row_wise")
-    dmp, _ = shard(sc, "auto", world_size)
+    # comm.auto through the run's sharder (build_ec_sharder); dedup 100x faster: never, on these tables
+    auto = AutoConfig(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=0.99,
+                      check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2, drift=1e9)
+    dmp, _ = shard(sc, "auto", world_size, auto=auto)
     [d] = [c for c in comm_counters(dmp) if isinstance(c, SequenceAutoDist)]
-    d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0,
-                          check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2, drift=1e9)
+    assert all(getattr(d.policy, k) == v for k, v in vars(auto).items()), (d.policy, auto)
     probes, settled, positions = probe_vectors(), [], 0
     steps = 12
     for step in range(steps):

@@ -93,3 +93,18 @@ def test_a_sequence_batch_carries_both_forms_and_each_step_takes_one():
         auto.step_ended()
     assert forms == ["dedup", "dedup", "none", "dedup", "dedup"] and auto.policy.choice == "dedup"
     assert not isinstance(SourceAuto(AutoPolicy(), torch.device("cpu")).pick_for_eval(batch).sparse, DistinctIdsKJT)
+
+
+def test_the_trainers_source_auto_takes_the_runs_comm_auto():
+    """`dedup_at_the_source` (what the Trainer calls) builds its policy from comm.auto."""
+    from dlrmtrain.comm.auto.source import dedup_at_the_source
+    from dlrmtrain.config.schema import AutoConfig, CommConfig
+
+    class Loader:  # what the call asks of the run's data: the batch transform
+        def set_sparse_transform(self, transform, keep_full: bool) -> None:
+            self.keep_full = keep_full
+
+    comm = CommConfig(codec="auto", dedup_at="source", auto=AutoConfig(probe_steps=3, margin=0.2, drift_samples=5))
+    data = Loader()
+    auto = dedup_at_the_source(comm, "pooled", torch.nn.Linear(1, 1), data, torch.device("cpu"))
+    assert data.keep_full and auto.policy == AutoPolicy.of(comm.auto) != AutoPolicy()

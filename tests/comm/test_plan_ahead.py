@@ -32,6 +32,8 @@ STEPS = 3
 SHARDING = "sharding.tables={t_cat_2: row_wise, t_cat_9: row_wise, t_cat_15: column_wise}"
 AUTO_STEPS = 8  # decided at step 4 (below), an eval after it (detach, re-attach), 4 steps settled
 AUTO_DECIDES_AT = 4
+AUTO_SET = {"probe_steps": 3, "check_every": 7, "table_keep_fraction": 0.5}
+"""comm.auto overrides the run's auto dists must be built with (before forced_policy replaces them)"""
 
 
 def forced_policy(choice: str):
@@ -119,8 +121,10 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
     results = {}
     for mode in ("plain", "pipelined"):
         trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=auto", "comm.dedup_at=owner", f"run.max_steps={AUTO_STEPS}",
-                           "eval.evals_per_epoch=4", f"run.name=auto_{mode}")
+                           "eval.evals_per_epoch=4", f"run.name=auto_{mode}",
+                           *(f"comm.auto.{k}={v}" for k, v in AUTO_SET.items()))
         dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
+        built_with = {d.sharding_type: {k: getattr(d.policy, k) for k in AUTO_SET} for d in dists}
         stale = []  # per training pass the stock dist ran: a plan still in its context?
 
         def look_for_a_plan(_module, args, kwargs) -> None:
@@ -141,7 +145,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
                 "planned_ahead": d.dedup_dist.comm_stats.planned_ahead,
                 "tables": {t: (c.bags, c.unique_bags, c.payload_fwd_sent_bytes, c.payload_fwd_recv_bytes)
                            for t, c in d.comm_stats.tables.items()}} for d in dists},
-            "stats": {k: stats[k] for k in ("steps", "total")}}
+            "stats": {k: stats[k] for k in ("steps", "total")}, "built_with": built_with}
         trainer.close()
         del trainer, dists
     return results
@@ -234,7 +238,8 @@ def _check_auto(runs: dict) -> None:
     assert [s for s, _ in piped["losses"]] == list(range(1, AUTO_STEPS + 1))
     assert piped["losses"] == plain["losses"]  # bitwise
     decided = {"table_wise": "dedup", "column_wise": "dedup", "row_wise": "none"}
-    for run in (plain, piped):
+    for run in (plain, piped):  # the config's comm.auto reached every dist the trainer built
+        assert run["built_with"] == {kind: AUTO_SET for kind in decided}, run["built_with"]
         for kind, d in run["dists"].items():
             assert d["decisions"] == [(AUTO_DECIDES_AT - 1, decided[kind])], (kind, d["decisions"])
     # the pipeline's steps: the first plans in its forward (it fills the pipeline); step 2 has

@@ -16,6 +16,7 @@ from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.auto.sequence import SequenceAutoDist
+from dlrmtrain.config.schema import AutoConfig
 
 
 class AutoCodec(EmbeddingCommCodec):
@@ -23,9 +24,10 @@ class AutoCodec(EmbeddingCommCodec):
     lossless = True
     needs_ids = True  # its dedup path reads both ends' ids
 
-    def __init__(self, policy: AutoPolicy | None = None) -> None:
+    def __init__(self, settings: AutoConfig | None = None) -> None:
+        """`settings`: the run's `comm.auto` (registry.run_codecs); None: the defaults."""
         self._dedup = DedupCodec()
-        self._policy = policy or AutoPolicy()
+        self._policy = AutoPolicy.of(settings or AutoConfig())
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return self._dedup.supports(sharding_type, kind)

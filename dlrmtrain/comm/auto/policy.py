@@ -37,14 +37,19 @@ comm/timing.py): samples are read only where the caller agrees them over ranks
 Per table, within a `dedup` decision: a table whose distinct fraction is at
 least `table_keep_fraction` saves almost no bytes yet pays its unique; it
 travels uncompressed (`table_choices`).
+
+The settings named above are `comm.auto`'s (config.schema.AutoConfig, which `AutoPolicy` extends
+with its state; `AutoPolicy.of` builds one from a run's).
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import SupportsFloat
+
+from dlrmtrain.config.schema import AutoConfig
 
 PATHS = ("dedup", "none")
 """alternation order while warming up and probing (dedup first: its key widths are learned early)"""
@@ -71,29 +76,9 @@ class AutoDecision:
 
 
 @dataclass
-class AutoPolicy:
-    """`auto`'s settings (the numbered phases above) and its state; the same on every rank."""
-
-    warmup_steps: int = 1
-    """untimed steps before the first probe (the first steps pay one-off costs)"""
-    probe_steps: int = 6
-    """timed steps per path in one probe"""
-    min_probe_steps: int = 2
-    """timed steps per path before a clear-cut probe may end early"""
-    clear_margin: float = 0.10
-    """early end: the slowest step of one path beats the fastest of the other by this much"""
-    margin: float = 0.03
-    """the other path must be this much faster (relative) to switch"""
-    check_every: int = 50
-    """steady steps between drift checks"""
-    min_dwell: int = 200
-    """steps a decision stands before drift may reopen it"""
-    drift: float = 0.25
-    """relative move of the step time or distinct fraction that starts a new probe"""
-    drift_samples: int = 8
-    """recent step times a drift check needs (timed steps before each check point)"""
-    table_keep_fraction: float = 0.9
-    """a table whose distinct fraction is at least this keeps the stock path (dedup saves little)"""
+class AutoPolicy(AutoConfig):
+    """`auto`'s settings (the numbered phases above; each field's meaning: config.schema.AutoConfig,
+    `comm.auto`) and its state; the same on every rank."""
 
     # state (not settings: `dataclasses.replace(policy)` gives a fresh policy with the same settings)
     phase: str = field(default="warmup", init=False)
@@ -106,6 +91,11 @@ class AutoPolicy:
     _reference: float | None = field(default=None, init=False)
     _reference_fraction: float | None = field(default=None, init=False)
     _recent: list = field(default_factory=list, init=False)
+
+    @classmethod
+    def of(cls, settings: AutoConfig) -> AutoPolicy:
+        """A fresh policy with `settings` (the run's `comm.auto`)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(AutoConfig)})
 
     # ------------------------------------------------------------- per step
     def path(self) -> str:
@@ -121,7 +111,8 @@ class AutoPolicy:
         if self.phase == "probe":
             self._samples[used].append(seconds)
         elif self.phase == "steady" and used == self.choice:
-            self._recent = (self._recent + [seconds])[-16:]
+            # at least `drift_samples` kept (comm.auto may set more than 16: never enough otherwise)
+            self._recent = (self._recent + [seconds])[-max(16, self.drift_samples):]
         self.step += 1
         if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
             self._start("probe")

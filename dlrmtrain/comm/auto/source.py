@@ -165,11 +165,11 @@ def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module,
                         device: torch.device) -> SourceAuto | None:
     """`comm.dedup_at: source`: `data`'s loader keeps each feature's distinct bags (pooled) or
     each table's distinct ids (sequence: dedup/sequence_source.py); under `auto` beside the full
-    batch, and the returned `SourceAuto` picks one per step. None where no `auto`."""
+    batch, and the returned `SourceAuto` picks one per step (policy: comm.auto). None where no `auto`."""
     if comm.dedup_at != "source":
         return None
     auto = comm.codec == "auto"
     transform = (sequence_source_transform(model) if collection_kind == "sequence"
                  else source_transform(model, comm.table_codecs))
     data.set_sparse_transform(transform, keep_full=auto)
-    return attach_source_auto(model, device) if auto else None
+    return attach_source_auto(model, device, AutoPolicy.of(comm.auto)) if auto else None
