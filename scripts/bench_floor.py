@@ -1,7 +1,7 @@
 """How fast could a step be with no communication at all? The floor no codec can beat.
 
     python scripts/bench_floor.py [--shape mlperf] [--world-size 2] [--rounds 2]
-        [--steps 5] [--warmup-steps 3] [--vs "KEY=VALUE ..."]... [overrides...]
+        [--steps 5] [--warmup-steps 3] [--vs "KEY=VALUE ..."]... [--link-gbit G] [overrides...]
 
 Alternates, round by round (ABBA...), two things on this machine:
   ranks   `bench_train` over --world-size Gloo ranks: dlrmtrain with the shape's config
@@ -14,7 +14,8 @@ and prints the medians over rounds and each one's ratio to the first contender. 
 free-codec bound `bench_train` prints removes the first contender's exposed all-to-all
 time; on a loaded CPU part of that time is ranks waiting for each other, which a codec
 cannot remove, so `alone` is the harder floor: a codec that beats it saves work, not bytes.
-Unshaped only (no --link-gbit): behind a shaped link the floor is `bench_train`'s wire line.
+With `--link-gbit G` the ranks run behind one shaped loopback (bench_train's); the runs alone
+send nothing, so theirs is the same floor at any rate.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from dlrmtrain.testbed.options import add_rate_options, check_rate_options  # noqa: E402  (argparse only)
+
 BENCH = REPO / "scripts" / "bench_train.py"
 ALONE = "alone (no communication)"
 
@@ -41,15 +45,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--vs", action="append", default=[], metavar="OVERRIDES",
                    help="a contender beside the shape's config, as bench_train's --vs")
+    add_rate_options(p, "the ranks behind one loopback shaped to G Gbit/s (bench_train's --link-gbit)",
+                     prefix="link-")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
+    try:
+        check_rate_options(args.link_gbit, args.link_latency_ms, "link-")
+    except ValueError as e:
+        p.error(str(e))
     if args.world_size < 2:
         p.error("--world-size must be at least 2 (one rank alone has nothing to communicate)")
     return args
 
 
 def global_batch(shape: str, overrides: list[str]) -> int:
-    sys.path.insert(0, str(REPO))
     from dlrmtrain.config import load_config
 
     config, shape_overrides = load_bench_train().SHAPES[shape]
@@ -68,7 +77,14 @@ def load_bench_train():
 def ranks_command(args: argparse.Namespace, out: Path) -> list[str]:
     return [sys.executable, str(BENCH), "--shape", args.shape, "--world-size", str(args.world_size),
             "--steps", str(args.steps), "--rounds", "1", "--warmup-steps", str(args.warmup_steps),
-            "--no-plain", "--json", str(out), *(f"--vs={vs}" for vs in args.vs), *args.overrides]
+            "--no-plain", "--json", str(out), *(f"--vs={vs}" for vs in args.vs), *link_options(args),
+            *args.overrides]
+
+
+def link_options(args: argparse.Namespace) -> list[str]:
+    if args.link_gbit is None:
+        return []
+    return ["--link-gbit", str(args.link_gbit), "--link-latency-ms", str(args.link_latency_ms)]
 
 
 def alone_command(args: argparse.Namespace, local_batch: int, i: int, out: Path) -> list[str]:
@@ -123,7 +139,8 @@ def main() -> None:
     median, ratio = summary(rounds)
     width = max(len(n) for n in median) + 2
     print("\n" + "=" * 72)
-    print(f"bench_floor: shape {args.shape}, {args.world_size} ranks against {args.world_size} "
+    link = f" behind {args.link_gbit} Gbit/s" if args.link_gbit is not None else ""
+    print(f"bench_floor: shape {args.shape}, {args.world_size} ranks{link} against {args.world_size} "
           f"single-rank runs at once (local batch {gbs // args.world_size}), {args.rounds} rounds "
           f"of one {args.steps}-step block (medians)")
     for name in median:

@@ -23,6 +23,11 @@ def test_runs_alone_split_the_global_batch_and_never_share_a_run_directory():
     ranks = script.ranks_command(args, Path("/x/r.json"))
     assert ranks[ranks.index("--world-size") + 1] == "4" and "--vs=comm.codec=dedup" in ranks
     assert script.global_batch("mlperf", []) == 8192
+    assert "--link-gbit" not in ranks
+    shaped = script.parse_args(["--link-gbit", "1", "--vs", "comm.codec=dedup"])
+    ranks = script.ranks_command(shaped, Path("/x/r.json"))
+    assert ranks[ranks.index("--link-gbit") + 1] == "1.0"
+    assert "--link-gbit" not in script.alone_command(shaped, 4096, 0, Path("/x/0.json"))  # sends nothing
 
 
 def test_summary_takes_medians_over_rounds_and_ratios_to_the_first():
@@ -37,6 +42,8 @@ def test_summary_takes_medians_over_rounds_and_ratios_to_the_first():
                             {"ms_per_step": {"dlrmtrain": 14.0}}]) == 12.0
 
 
-def test_one_rank_has_nothing_to_compare():
+@pytest.mark.parametrize("argv", [["--world-size", "1"], ["--link-latency-ms", "5"]])
+def test_refused_command_lines(argv):
+    """One rank has nothing to compare; a delay without a rate would be dropped."""
     with pytest.raises(SystemExit):
-        load_script("bench_floor").parse_args(["--world-size", "1"])
+        load_script("bench_floor").parse_args(argv)
