@@ -16,6 +16,7 @@ sharding is table-wise over its column shards, each an entry of width dim / shar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from torchrec.distributed.sharding.rw_sharding import BaseRwEmbeddingSharding
 from torchrec.distributed.sharding.tw_sharding import BaseTwEmbeddingSharding
@@ -49,6 +50,19 @@ class DistLayout:
     def all_entries(self) -> list[FeatureEntry]:
         """Entries of all ranks, rank-major: the receiver's feature order."""
         return [e for entries in self.entries_per_rank for e in entries]
+
+    @cached_property
+    def first_shard(self) -> list[list[bool]]:
+        """Per owner rank, per entry: whether it is its feature's first column shard (rank-major).
+        A column-wise table counts its rows, bags and lookups there, once, in whole rows; its bytes
+        on every shard (table-wise: every entry is its feature's first)."""
+        entries = self.all_entries()
+        flags = iter(_first_shards(entries) or [True] * len(entries))
+        return [[next(flags) for _ in per_rank] for per_rank in self.entries_per_rank]
+
+    def all_first_shard(self) -> list[bool]:
+        """`first_shard` of `all_entries`, rank-major (the receiver's feature order)."""
+        return [f for per_rank in self.first_shard for f in per_rank]
 
 
 def layout_of(sharding: BaseTwEmbeddingSharding) -> DistLayout:

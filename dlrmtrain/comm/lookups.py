@@ -5,39 +5,85 @@ A forward pre-hook on TorchRec's lookup module reads the KJT it is given: its va
 its bag count are host integers (the id all-to-all's splits put them there), so counting adds no
 host sync. Every codec alike: `none`, owner-side `dedup` (every id is looked up; only distinct rows
 are sent) and `comm.dedup_at: source` (only distinct bags arrive, variable batch per feature).
+Counted in whole rows: a column-wise table's ids and bags reach each of its column shards' owners,
+and count once, on its feature's first shard (`DistLayout.first_shard`), as a table-wise table's.
 """
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.layout import DistLayout, layout_for
 from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
 
 
-def bags_of(features: KeyedJaggedTensor) -> int:
-    """Bags in `features`: per feature its stride, per sample rank under variable batch."""
+def bags_per_key(features: KeyedJaggedTensor) -> list[int]:
+    """Bags per feature of `features`: its stride, summed over sample ranks under variable batch."""
     if features.variable_stride_per_key():
-        return sum(sum(per_rank) for per_rank in features.stride_per_key_per_rank())
-    return features.stride() * len(features.keys())
+        return [sum(per_rank) for per_rank in features.stride_per_key_per_rank()]
+    return [features.stride()] * len(features.keys())
 
 
 class LookupCounter:
-    """Ids and bags of one sharding's lookups (`stats.CountsCommBytes`: they join the stats' sums)."""
+    """Ids and bags of one sharding's lookups (`stats.CountsCommBytes`: they join the stats' sums).
 
-    def __init__(self, sharding_type: str) -> None:
+    `first`: (feature, counts) per feature of the lookup's KJT, in its order: whether the feature
+    counts here (its first column shard); None: every feature does."""
+
+    def __init__(self, sharding_type: str, first: list[tuple[str, bool]] | None = None) -> None:
         self.comm_stats = DistCommStats(codec="none", sharding_type=sharding_type)
+        self.first = None if first is None or all(f for _, f in first) else first
+        self._mask: torch.Tensor | None = None
+        """`first` as 0/1 on the lengths' device (a fixed batch's ids are summed there)"""
+        self._ids: torch.Tensor | None = None
+        """those ids so far (read with the counters)"""
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
-        features = args[0]
-        self.comm_stats.ids_looked_up += features.values().numel()
-        self.comm_stats.rows_looked_up += bags_of(features)
+        features, first = args[0], self.first
         self.comm_stats.steps += 1
+        if first is None:
+            self.comm_stats.ids_looked_up += features.values().numel()
+            self.comm_stats.rows_looked_up += sum(bags_per_key(features))
+            return
+        if features.keys() != [k for k, _ in first]:  # the layout's order, or the counts are wrong
+            raise ValueError(f"{self.comm_stats.sharding_type} lookup got features {features.keys()}, "
+                             f"its layout has {[k for k, _ in first]}")
+        counts = [f for _, f in first]
+        self.comm_stats.rows_looked_up += sum(n for n, f in zip(bags_per_key(features), counts) if f)
+        if not any(counts):
+            return
+        per_key = features.length_per_key_or_none()  # on the host under variable batch (TorchRec synced)
+        if per_key is not None:
+            self.comm_stats.ids_looked_up += sum(n for n, f in zip(per_key, counts) if f)
+            return
+        lengths = features.lengths()  # a fixed batch: every feature's stride, summed on the device
+        if self._mask is None or self._mask.device != lengths.device:
+            self._mask = torch.tensor(counts, dtype=torch.int64).to(lengths.device)
+        ids = (lengths.view(len(counts), features.stride()).sum(1, dtype=torch.int64) * self._mask).sum()
+        self._ids = ids if self._ids is None else self._ids + ids
 
     def counted_bytes(self) -> DistCommStats:
+        if self._ids is not None:  # a host read: only when the counters are read
+            self.comm_stats.ids_looked_up += int(self._ids)
+            self._ids = None
         return self.comm_stats
+
+
+def _first_shards(ebc: ShardedEmbeddingBagCollection, sharding_type: str, sharding
+                  ) -> list[tuple[str, bool]] | None:
+    """(feature, whether it is its first column shard) per feature of this rank's lookup (None:
+    a sharding without column shards)."""
+    env = hooks.sharding_env(ebc)
+    layout = layout_for(sharding_type, sharding, env.world_size)
+    if not isinstance(layout, DistLayout):
+        return None
+    rank = dist.get_rank(env.process_group)
+    return [(e.feature, f) for e, f in zip(layout.entries_per_rank[rank], layout.first_shard[rank], strict=True)]
 
 
 def count_lookups(model: nn.Module) -> int:
@@ -49,8 +95,8 @@ def count_lookups(model: nn.Module) -> int:
         if not isinstance(m, ShardedEmbeddingBagCollection) or any(isinstance(c, LookupCounter) for c in listed):
             continue
         counters = []
-        for (sharding_type, _), lookup in zip(hooks.shardings(m), hooks.lookups(m)):
-            counter = LookupCounter(sharding_type)
+        for (sharding_type, sharding), lookup in zip(hooks.shardings(m), hooks.lookups(m)):
+            counter = LookupCounter(sharding_type, _first_shards(m, sharding_type, sharding))
             lookup.register_forward_pre_hook(counter)
             counters.append(counter)
         setattr(m, COUNTERS_ATTR, [*listed, *counters])

@@ -26,7 +26,8 @@ from dlrmtrain.comm.topology import FLAT, Hierarchy
 
 @dataclass
 class TableCommStats:
-    """Counters of one embedding table on one rank (summed over its column shards)."""
+    """Counters of one embedding table on one rank (bytes summed over its column shards; bags and
+    rows whole, counted on its first column shard)."""
 
     bags: int = 0
     """bags this rank received pooled embeddings for (as sample rank)"""
@@ -43,8 +44,9 @@ class TableCommStats:
     """ids and lengths this rank sent in the input (id) all-to-all"""
     id_recv_bytes: int = 0
     rows_sent: int = 0
-    """rows this rank sent forward in the output all-to-all (pooled: a column shard's are its own;
-    sequence: one full row per position, counted on the feature's first column shard)"""
+    """rows this rank sent forward in the output all-to-all, in whole rows: a column-wise table's
+    (pooled or sequence) count once, on the feature's first column shard (`DistLayout.first_shard`),
+    as do its `bags` and `unique_bags`; its bytes count on every shard at the shard's width"""
 
     def add(self, other: "TableCommStats") -> None:
         for f in fields(self):
@@ -52,7 +54,7 @@ class TableCommStats:
 
     def add_rows(self, dim: int, wire_bytes: float, elem_bytes: int, *, sent: int = 0, received: int = 0,
                  stock_sent: int = 0, stock_received: int = 0, bags: int = 0, distinct: int | None = None,
-                 rows: int | None = None) -> None:
+                 rows: int | None = None, whole: bool = True) -> None:
         """Count one block of rows of width `dim` (every codec dist's byte accounting).
 
         `sent` / `received`: rows this rank put on / took off the wire forward at
@@ -62,8 +64,12 @@ class TableCommStats:
         are the distinct bags that crossed the wire, unless `distinct` says
         otherwise (a reduce-scatter receives several partial rows per bag).
         `rows`: the rows sent as a user counts them (None: `sent`; a sequence
-        column shard's part of a row is no row of its own).
+        column shard's part of a row is no row of its own). `whole` False: the
+        block is a column shard after its feature's first (`DistLayout.first_shard`):
+        its bytes count, its rows, bags and distinct bags were counted on the first.
         """
+        if not whole:
+            rows, bags, distinct = 0, 0, 0
         sent_bytes, recv_bytes = round(sent * dim * wire_bytes), round(received * dim * wire_bytes)
         self.rows_sent += sent if rows is None else rows
         self.payload_fwd_sent_bytes += sent_bytes
@@ -119,9 +125,11 @@ class DistCommStats:
     id_exchange_bytes: int = 0
     """`node`: ids (and their counts) this rank sent inside its node so that its peers can dedup"""
     ids_looked_up: int = 0
-    """ids the owner's lookup took (what reached it through the input all-to-all)"""
+    """ids the owner's lookup took (what reached it through the input all-to-all), a column-wise
+    table's once, on its first column shard"""
     rows_looked_up: int = 0
-    """rows the owner's lookup gathered (sequence: one per id; pooled: one per bag)"""
+    """rows the owner's lookup gathered in whole rows (sequence: one per id; pooled: one per bag;
+    a column-wise table's once, on its first column shard; row-wise: one partial sum per owner)"""
     hop_seconds: dict[str, float] = field(default_factory=dict)
     """`node`: wall time per phase of the exchange (`HOPS`), forward and backward"""
     unread_times: list[tuple[str | None, str | None, DeviceInterval]] = field(default_factory=list, repr=False)
@@ -353,7 +361,8 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
         **{f"{k}_per_step": per_step(v) for k, v in g.traffic.items()},
         "hop_ms_per_step": {k: 1e3 * v / steps for k, v in g.hops.items() if v} if steps else {},
         # the lookups (comm/lookups.py): ids are counted where they arrive, so over all ranks
-        # they are every id the input all-to-all carried; rows sent: the output all-to-all's
+        # they are every id the input all-to-all carried; rows sent: the output all-to-all's;
+        # all in whole rows (a column-wise table's ids and rows once, on its first shard)
         "ids_sent_per_step": per_step(g.traffic["ids_looked_up"]),
         "rows_sent_per_step": per_step(total.rows_sent),
         "total": asdict(total),

@@ -30,12 +30,13 @@ def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: lis
     """Add one pass of the stock dist (batch `sizes` per sample rank, `elem`-byte values) to `stats`."""
     W = layout.world_size
     B = sizes[rank]
-    if isinstance(layout, DistLayout):
-        for entry in layout.entries_per_rank[rank]:
+    if isinstance(layout, DistLayout):  # a column-wise table's rows count on its first shard
+        for entry, whole in zip(layout.entries_per_rank[rank], layout.first_shard[rank], strict=True):
             for n in sizes:
-                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=n, stock_sent=n)
-        for entry in layout.all_entries():
-            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=B, stock_received=B, bags=B)
+                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=n, stock_sent=n, whole=whole)
+        for entry, whole in zip(layout.all_entries(), layout.all_first_shard(), strict=True):
+            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=B, stock_received=B, bags=B,
+                                              whole=whole)
     elif isinstance(layout, RowWiseLayout):
         # the reduce-scatter: partial sums of every sample rank's bags out, W partial sums of its own in
         for entry in layout.entries:
@@ -56,11 +57,11 @@ def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_
     comm/lookups.py counts what was sent and looked up. Row-wise: each feature's partial sums go
     to every sample rank, `sizes_per_rank_per_feature[s][j]` rows to rank s, in the layout's order."""
     if isinstance(layout, DistLayout):
-        for j, entry in enumerate(layout.entries_per_rank[rank]):
+        for j, (entry, whole) in enumerate(zip(layout.entries_per_rank[rank], layout.first_shard[rank], strict=True)):
             for per_feature in sizes_per_rank_per_feature:
-                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=per_feature[j])
-        for entry, n in zip(layout.all_entries(), own_sizes, strict=True):
-            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=n)  # bags: the full batch's
+                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=per_feature[j], whole=whole)
+        for entry, n, whole in zip(layout.all_entries(), own_sizes, layout.all_first_shard(), strict=True):
+            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=n, whole=whole)  # bags: the full batch's
         stats.steps += 1
     else:  # row-wise, per feature: deduplicated features differ in their distinct bags
         for j, entry in enumerate(layout.entries):

@@ -49,7 +49,8 @@ def comm_summary(stats: dict[str, Any], full_path: Optional[str] = None, top: in
              f"({stats['scope']}; MiB per pass)", *_codec_rows(tables, steps), _total_line(stats, steps)]
     if stats.get("ids_sent_per_step") is not None:
         lines.append(f"  per pass: ids sent {stats['ids_sent_per_step']:,.0f}, rows looked up "
-                     f"{stats['rows_looked_up_per_step']:,.0f}, rows sent {stats['rows_sent_per_step']:,.0f}")
+                     f"{stats['rows_looked_up_per_step']:,.0f}, rows sent {stats['rows_sent_per_step']:,.0f} "
+                     "(whole rows: a column-wise table once)")
     largest = sorted(tables.items(), key=lambda kv: -kv[1]["payload_fwd_recv_bytes"])[:top]
     lines.append("  most bytes: " + ", ".join(
         f"{name} {_mib(t['payload_fwd_recv_bytes'] / steps)}" for name, t in largest))

@@ -7,6 +7,9 @@ torchrec_hooks.RowGatherExpandShardedEBC) and two (TorchRec's), in one spawn:
 the first forward is bitwise none's (the tables are the same); the losses track none's within float summation
 order (rtol 1e-5, as test_dedup_training.py); the lookups (comm/lookups.py) take exactly the
 distinct bags of every (sample rank, owner) and their ids, counted independently from the ids.
+Beside them owner-side `dedup` and `auto` on the scenarios with column-wise tables: ids sent,
+rows looked up and rows sent count in whole rows under every codec (a column-wise table once, not
+once per column shard).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ SCENARIOS = {
         Table("a", 10, 8, ("tw", 0)),
         Table("b", 12, 8, ("tw", 1), ids="missing"),
         Table("c", 10, 16, ("cw", (0, 1))),
+        # both shards on rank 1, beside c's second: rank 1's lookup holds first and later shards
+        Table("c2", 12, 16, ("cw", (1, 1))),
         Table("r", 20, 8, ("rw",)),
         Table("e", 10, 8, ("tw", 1), ids="equal"),
     ), batch=16, steps=3, lr=0.5),
@@ -43,13 +48,19 @@ SCENARIOS = {
 }
 
 
-def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
+MODES = {"one_hot": ("none", "source", "dedup", "auto"), "multi_hot": ("none", "source", "dedup", "auto"),
+         "mixed_widths": ("none", "source")}
+"""codecs trained per scenario: `source` is comm.dedup_at: source; `dedup` and `auto` the owner's"""
+
+
+def _train(sc: Scenario, mode: str, rank: int, world_size: int) -> dict:
     from dlrmtrain.comm.dedup.source import row_wise_dists_for_source, source_transform
     from dlrmtrain.comm.lookups import count_lookups
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
-    dmp, dense_opt = build(sc, "none", world_size, source=source)  # source: SourceDedupEBCSharder
+    source = mode == "source"
+    dmp, dense_opt = build(sc, "none" if source else mode, world_size, source=source)  # SourceDedupEBCSharder
     if source:
         row_wise_dists_for_source(dmp)
     count_stock_dists(dmp, "dedup" if source else "none")
@@ -80,8 +91,8 @@ def _train(sc: Scenario, source: bool, rank: int, world_size: int) -> dict:
 
 
 def _both(rank: int, world_size: int) -> dict:
-    return to_numpy({(name, mode): _train(sc, mode == "source", rank, world_size)
-                     for name, sc in SCENARIOS.items() for mode in ("none", "source")})
+    return to_numpy({(name, mode): _train(sc, mode, rank, world_size)
+                     for name, sc in SCENARIOS.items() for mode in MODES[name]})
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +115,17 @@ def expected_lookups(sc: Scenario, rank: int, world_size: int, source: bool) -> 
                     ids += sum(1 for b in sent for i in b if i // block == rank)
                     continue
                 owners = [t.placement[1]] if t.placement[0] == "tw" else list(t.placement[1])
-                bags += len(sent) * owners.count(rank)
-                ids += sum(len(b) for b in sent) * owners.count(rank)
+                if rank == min(owners):  # a column-wise table's count once, on its first shard's owner
+                    bags += len(sent)
+                    ids += sum(len(b) for b in sent)
     return ids, bags
+
+
+def expected_rows(sc: Scenario, table: Table, distinct: bool) -> int:
+    """Rows of a table-/column-wise `table` the output all-to-all carries over sc.steps, all ranks
+    together, in whole rows: every sample rank's bags, or its distinct bags (compared whole)."""
+    bags = [bags_for(sc, step, s)[f"f_{table.name}"] for step in range(sc.steps) for s in range(2)]
+    return sum(len({tuple(b) for b in per_rank}) if distinct else len(per_rank) for per_rank in bags)
 
 
 @pytest.mark.timeout(300)
@@ -149,7 +168,7 @@ def test_source_step_makes_no_codec_host_sync(results, name):
 def test_source_sends_and_looks_up_only_the_distinct_bags(results, name):
     sc = SCENARIOS[name]
     for rank, res in enumerate(results):
-        for mode in ("none", "source"):
+        for mode in MODES[name]:  # the owner's dedup and auto take every bag, as none
             stats = res[name, mode]["stats"]
             ids, bags = expected_lookups(sc, rank, 2, source=mode == "source")
             assert stats["ids_looked_up_per_step"] * sc.steps == ids, (rank, mode)
@@ -159,6 +178,32 @@ def test_source_sends_and_looks_up_only_the_distinct_bags(results, name):
         none, source = res[name, "none"]["stats"], res[name, "source"]["stats"]
         assert source["rows_sent_per_step"] < none["rows_sent_per_step"]
         assert source["total"]["payload_fwd_sent_bytes"] < none["total"]["payload_fwd_sent_bytes"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["one_hot", "multi_hot"])
+def test_column_wise_tables_count_whole_rows_under_every_codec(results, name):
+    """Rows sent, bags and distinct bags per table count a column-wise table's bags once, not once
+    per column shard, under none, owner-side dedup, source and auto: rows sent over all ranks are
+    every sample rank's bags (none) or its distinct bags (dedup, source; auto: a step of either);
+    each rank's bags its batch, its distinct bags what it received."""
+    sc = SCENARIOS[name]
+    assert any(t.placement[0] == "cw" and len(t.placement[1]) > 1 for t in sc.tables)  # else this proves nothing
+    for mode in MODES[name]:
+        for t in (t for t in sc.tables if t.placement[0] != "rw"):
+            sent = sum(res[name, mode]["stats"]["tables"][t.name]["rows_sent"] for res in results)
+            every, distinct = expected_rows(sc, t, False), expected_rows(sc, t, True)
+            if mode == "auto":
+                assert distinct <= sent <= every, (mode, t.name, sent, distinct, every)
+            else:
+                assert sent == (every if mode == "none" else distinct), (mode, t.name, sent, every, distinct)
+            for rank, res in enumerate(results):
+                row = res[name, mode]["stats"]["tables"][t.name]
+                mine = [bags_for(sc, step, rank)[f"f_{t.name}"] for step in range(sc.steps)]
+                if mode != "source":  # at the source the full batch is not counted (its bags 0)
+                    assert row["bags"] == sc.batch * sc.steps, (mode, t.name, rank)
+                if mode in ("source", "dedup"):
+                    assert row["unique_bags"] == sum(len({tuple(b) for b in m}) for m in mine), (mode, t.name)
 
 
 def test_bad_ids_end_as_the_loaders_named_error_before_the_plan():

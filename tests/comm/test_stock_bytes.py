@@ -1,6 +1,6 @@
 """`none`'s stock counter tallies passes in its hook and counts them when read: the same
-figures as counting every pass one by one (comm/stock_bytes.py). The sequence counter
-counts a column-wise table's bytes per shard and its rows once per position."""
+figures as counting every pass one by one (comm/stock_bytes.py). Both counters count a
+column-wise table's bytes per shard and its rows once (per bag; sequence: per position)."""
 
 from __future__ import annotations
 
@@ -73,3 +73,22 @@ def test_a_column_wise_sequence_table_counts_each_shards_bytes_and_each_position
     assert a.bags == a.unique_bags == 2 * 4  # this rank's positions of a and c, once
     assert a.payload_fwd_recv_bytes == a.uncompressed_fwd_recv_bytes == 2 * 4 * 8 * 4  # full rows of dim 8
     assert (b.rows_sent, b.payload_fwd_sent_bytes, b.bags, b.payload_fwd_recv_bytes) == (0, 0, 4, 4 * 2 * 4)
+
+
+def test_a_column_wise_pooled_table_counts_each_shards_bytes_and_each_bag_once():
+    """Table A (dim 8) in 4 column shards of width 2: one on rank 0, three on rank 1 (beside table
+    B, dim 2, whole on rank 1). Each shard sends its width of every bag; rows sent, bags and
+    distinct bags count A's bags once, on its first shard's rank (0), as B's on its own."""
+    a, b = FeatureEntry("a", "A", 2, 10), FeatureEntry("b", "B", 2, 10)
+    layout = DistLayout([[a], [a, b, a, a]])
+    assert layout.first_shard == [[True], [False, True, False, False]]
+    sizes = [3, 5]  # bags per sample rank
+    per_rank = [DistCommStats(codec="none", sharding_type="column_wise") for _ in range(W)]
+    for rank, stats in enumerate(per_rank):
+        count_stock_step(stats, layout, rank, sizes, 4)
+    A = [s.tables["A"] for s in per_rank]
+    assert [t.rows_sent for t in A] == [sum(sizes), 0]  # 8 bags in all, once
+    assert [t.payload_fwd_sent_bytes for t in A] == [sum(sizes) * 2 * 4, 3 * sum(sizes) * 2 * 4]  # every shard's
+    assert [(t.bags, t.unique_bags) for t in A] == [(3, 3), (5, 5)]  # each sample rank's own bags
+    assert [t.payload_fwd_recv_bytes for t in A] == [3 * 8 * 4, 5 * 8 * 4]  # full rows of dim 8
+    assert [(s.tables["B"].rows_sent, s.tables["B"].bags) for s in per_rank] == [(0, 3), (sum(sizes), 5)]

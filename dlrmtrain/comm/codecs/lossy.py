@@ -129,11 +129,13 @@ class CountingLossyDist(nn.Module):
         if self.bytes_per_element is None:
             self.bytes_per_element = bytes_per_value(self.codecs, local_embs)
         stats, wire, elem = self.comm_stats, self.bytes_per_element, local_embs.element_size()
-        for entry in self.layout.entries_per_rank[self.rank]:
+        lay = self.layout  # a column-wise table's rows count on its first shard
+        for entry, whole in zip(lay.entries_per_rank[self.rank], lay.first_shard[self.rank], strict=True):
             for n in sizes:
-                stats.table(entry.table).add_rows(entry.dim, wire, elem, sent=n, stock_sent=n)
-        for entry in self.layout.all_entries():
-            stats.table(entry.table).add_rows(entry.dim, wire, elem, received=B, stock_received=B, bags=B)
+                stats.table(entry.table).add_rows(entry.dim, wire, elem, sent=n, stock_sent=n, whole=whole)
+        for entry, whole in zip(lay.all_entries(), lay.all_first_shard(), strict=True):
+            stats.table(entry.table).add_rows(entry.dim, wire, elem, received=B, stock_received=B, bags=B,
+                                              whole=whole)
         stats.steps += 1
         return self.inner(local_embs, sharding_ctx)
 

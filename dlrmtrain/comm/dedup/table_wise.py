@@ -218,15 +218,18 @@ class TableWisePlanner:
         owner, sample, count = blocks.owner, blocks.sample, blocks.count
         owner_kjt, sample_kjt, sizes, B = step.owner_kjt, step.sample_kjt, step.sizes, step.batch
         owner_lengths = owner_kjt.length_per_key() if self.local_entries else []
-        for i, entry in enumerate(self.local_entries):
+        lay = self.layout  # a column-wise table's rows count on its first shard
+        for i, (entry, whole) in enumerate(zip(self.local_entries, lay.first_shard[self.rank], strict=True)):
             t = stats.table(entry.table)
             for s in range(self.world_size):
-                t.add_rows(entry.dim, wire, elem, sent=count(owner, i, s, sizes[s]), stock_sent=sizes[s])
+                t.add_rows(entry.dim, wire, elem, sent=count(owner, i, s, sizes[s]), stock_sent=sizes[s],
+                           whole=whole)
             t.id_recv_bytes += (owner_lengths[i] * owner_kjt.values().element_size()
                                 + sum(sizes) * owner_kjt.lengths().element_size())
         sample_lengths = sample_kjt.length_per_key() if self.all_entries else []
-        for j, entry in enumerate(self.all_entries):
+        for j, (entry, whole) in enumerate(zip(self.all_entries, lay.all_first_shard(), strict=True)):
             t = stats.table(entry.table)
-            t.add_rows(entry.dim, wire, elem, received=count(sample, j, 0, B), stock_received=B, bags=B)
+            t.add_rows(entry.dim, wire, elem, received=count(sample, j, 0, B), stock_received=B, bags=B,
+                       whole=whole)
             t.id_sent_bytes += (sample_lengths[j] * sample_kjt.values().element_size()
                                 + B * sample_kjt.lengths().element_size())
