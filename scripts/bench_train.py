@@ -167,8 +167,9 @@ def print_wire_worth(names: list[str], median: dict, link_bytes: dict) -> dict[s
              for n in names[1:] if n in sent}
     print(f"  wire time the saved bytes are worth at {gbit} Gbit/s ({base}'s step less "
           "(its bytes − a contender's) × 8 / rate):")
+    width = max(len(n) for n in worth) + 2 if worth else 0
     for n, ratio in worth.items():
-        print(f"    {n:<40} {ratio:.3f} of ({base})'s time")
+        print(f"    {n:<{width}}{ratio:.3f} of ({base})'s time")
     return worth
 
 
