@@ -118,9 +118,9 @@ def check_table_keys(cfg: Config, names: list[str]) -> None:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")
 
 
-def check_comm_auto(cfg: Config) -> None:
+def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:
     """comm.auto: set only where a codec of the run is `auto` (else nothing would read it), and
-    values its policy can run (comm/auto/policy.py)."""
+    values its policy can run (comm/auto/policy.py). `collection_kind`: the workload's."""
     comm, default = cfg.comm, Config().comm.auto
     if "auto" not in (comm.codec, *comm.table_codecs.values()):
         changed = [f"comm.auto.{k}" for k, v in vars(comm.auto).items() if v != getattr(default, k)]
@@ -142,6 +142,13 @@ def check_comm_auto(cfg: Config) -> None:
     if not 0 < a.table_keep_fraction <= 1:
         raise ConfigError(f"comm.auto.table_keep_fraction: a distinct fraction in (0, 1], got "
                           f"{a.table_keep_fraction}")
+    # per-table choices: only the owner's pooled auto dists make them (comm/auto/dist.py)
+    no_table_choice = ("comm.dedup_at: source" if comm.dedup_at == "source"
+                       else "sequence embeddings" if collection_kind == "sequence" else None)
+    if no_table_choice and comm.auto.table_keep_fraction != default.table_keep_fraction:
+        raise ConfigError(f"comm.auto.table_keep_fraction: set, but auto makes no per-table choice "
+                          f"under {no_table_choice} (only owner-side auto on pooled embeddings does); "
+                          f"remove it")
 
 
 def check_optim(cfg: Config) -> None:

@@ -367,7 +367,8 @@ class AutoConfig:
     """Recent step times a drift check needs (timed steps before each check point; at least 1)."""
     table_keep_fraction: float = 0.9
     """A table whose distinct fraction is at least this keeps the stock path (dedup saves
-    little); in (0, 1]."""
+    little); in (0, 1]. Owner-side auto on pooled embeddings only (the per-table choice):
+    refused under comm.dedup_at: source and on sequence embeddings."""
 
 
 @dataclass

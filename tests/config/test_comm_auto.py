@@ -9,6 +9,7 @@ test_auto_settled.py (sequence) and test_auto_source.py (at the source).
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,26 @@ def test_the_settings_leave_the_runs_math_fingerprint_alone():
     tuned = load_config(None, ["comm.codec=auto", "comm.auto.probe_steps=2", "comm.auto.drift=0.5"])
     assert math_config(tuned, 2) == math_config(default, 2)
     assert not any(k.startswith("comm.auto") for k in math_config(tuned, 2))
+
+
+MINI_V4 = str(Path(__file__).resolve().parents[2] / "configs" / "mini_dlrmv4.yaml")
+
+
+@pytest.mark.parametrize("path, overrides, where", [
+    (None, ["comm.dedup_at=source"], r"comm\.dedup_at: source"),
+    (MINI_V4, ["comm.dedup_at=owner"], "sequence embeddings"),
+    (MINI_V4, ["comm.dedup_at=source"], r"comm\.dedup_at: source"),
+])
+def test_a_table_keep_fraction_no_auto_dist_reads_is_refused(path, overrides, where):
+    """Only the owner's pooled auto dists choose per table (comm/auto/dist.py `_decide`); auto at
+    the source and the sequence dists never read table_keep_fraction: set there, it would be dropped."""
+    base = [*overrides, "comm.codec=auto"]
+    validate_config(load_config(path, base), 2)
+    with pytest.raises(ConfigError, match=rf"^comm\.auto\.table_keep_fraction: set, but .*under {where}"):
+        validate_config(load_config(path, [*base, "comm.auto.table_keep_fraction=0.5"]), 2)
+    validate_config(load_config(path, [*base, "comm.auto.probe_steps=4"]), 2)  # the others are read
+
+
+def test_the_owners_pooled_auto_takes_a_table_keep_fraction():
+    validate_config(load_config(None, ["comm.codec=auto", "comm.dedup_at=owner",
+                                       "comm.auto.table_keep_fraction=0.5"]), 2)
