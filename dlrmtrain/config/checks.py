@@ -146,9 +146,10 @@ def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:
     no_table_choice = ("comm.dedup_at: source" if comm.dedup_at == "source"
                        else "sequence embeddings" if collection_kind == "sequence" else None)
     if no_table_choice and comm.auto.table_keep_fraction != default.table_keep_fraction:
+        hint = ", or use comm.dedup_at: owner" if comm.dedup_at == "source" and collection_kind == "pooled" else ""
         raise ConfigError(f"comm.auto.table_keep_fraction: set, but auto makes no per-table choice "
                           f"under {no_table_choice} (only owner-side auto on pooled embeddings does); "
-                          f"remove it")
+                          f"remove it{hint}")
 
 
 def check_optim(cfg: Config) -> None:

@@ -82,7 +82,7 @@ MINI_V4 = str(Path(__file__).resolve().parents[2] / "configs" / "mini_dlrmv4.yam
 
 
 @pytest.mark.parametrize("path, overrides, where", [
-    (None, ["comm.dedup_at=source"], r"comm\.dedup_at: source"),
+    (None, ["comm.dedup_at=source"], r"comm\.dedup_at: source .*; remove it, or use comm\.dedup_at: owner$"),
     (MINI_V4, ["comm.dedup_at=owner"], "sequence embeddings"),
     (MINI_V4, ["comm.dedup_at=source"], r"comm\.dedup_at: source"),
 ])
