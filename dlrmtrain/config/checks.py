@@ -128,7 +128,8 @@ def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:
             raise ConfigError(f"{changed[0]}: set, but no codec of this run is auto (comm.codec: "
                               f"{comm.codec}); remove it, or use comm.codec: auto")
     a = comm.auto
-    for key in ("probe_steps", "min_probe_steps", "check_every", "drift_samples"):
+    # warmup_steps too: the policy starts in warmup, so 0 would run as 1
+    for key in ("warmup_steps", "probe_steps", "min_probe_steps", "check_every", "drift_samples"):
         if getattr(a, key) < 1:
             raise ConfigError(f"comm.auto.{key}: must be at least 1, got {getattr(a, key)}")
     if a.min_probe_steps > a.probe_steps:

@@ -348,7 +348,7 @@ class AutoConfig:
     `AutoPolicy` is these settings plus its state, so the defaults are declared here only)."""
 
     warmup_steps: int = 1
-    """Untimed steps before the first probe (the first steps pay one-off costs)."""
+    """Untimed steps before the first probe (the first steps pay one-off costs; at least 1)."""
     probe_steps: int = 6
     """Timed steps per path in one probe (at least 1)."""
     min_probe_steps: int = 2

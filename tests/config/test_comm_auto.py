@@ -45,6 +45,8 @@ def test_a_per_table_auto_reads_them_too():
                                   r"\(comm\.codec: none\); remove it, or use comm\.codec: auto$"),
     (["comm.codec=dedup", "comm.auto.table_keep_fraction=0.5"], r"^comm\.auto\.table_keep_fraction: set, but"),
     (["comm.codec=auto", "comm.auto.probe_steps=0"], r"^comm\.auto\.probe_steps: must be at least 1, got 0"),
+    # the policy's first step is warmup whatever the setting: 0 would silently run as 1
+    (["comm.codec=auto", "comm.auto.warmup_steps=0"], r"^comm\.auto\.warmup_steps: must be at least 1, got 0"),
     (["comm.codec=auto", "comm.auto.min_probe_steps=0"], r"^comm\.auto\.min_probe_steps: must be at least 1"),
     (["comm.codec=auto", "comm.auto.min_probe_steps=7"],
      r"^comm\.auto\.min_probe_steps: 7 exceeds comm\.auto\.probe_steps 6"),
