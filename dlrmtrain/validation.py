@@ -164,7 +164,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     check_sharding_config(cfg, world_size, device_type)
     workload.check_sharding(cfg)
     _check_codecs(cfg, device_type)
-    checks.check_comm_auto(cfg)
+    checks.check_comm_auto(cfg, workload.collection_kind)
     workload.check_hierarchy(cfg)
     _check_hierarchy(cfg, world_size, workload)
     checks.check_schedule_and_outputs(cfg)

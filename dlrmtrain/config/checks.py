@@ -118,9 +118,9 @@ def check_table_keys(cfg: Config, names: list[str]) -> None:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")
 
 
-def check_comm_auto(cfg: Config) -> None:
+def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:
     """comm.auto: set only where a codec of the run is `auto` (else nothing would read it), and
-    values its policy can run (comm/auto/policy.py)."""
+    values its policy can run (comm/auto/policy.py). `collection_kind`: the workload's."""
     comm, default = cfg.comm, Config().comm.auto
     if "auto" not in (comm.codec, *comm.table_codecs.values()):
         changed = [f"comm.auto.{k}" for k, v in vars(comm.auto).items() if v != getattr(default, k)]
@@ -128,7 +128,8 @@ def check_comm_auto(cfg: Config) -> None:
             raise ConfigError(f"{changed[0]}: set, but no codec of this run is auto (comm.codec: "
                               f"{comm.codec}); remove it, or use comm.codec: auto")
     a = comm.auto
-    for key in ("probe_steps", "min_probe_steps", "check_every", "drift_samples"):
+    # warmup_steps too: the policy starts in warmup, so 0 would run as 1
+    for key in ("warmup_steps", "probe_steps", "min_probe_steps", "check_every", "drift_samples"):
         if getattr(a, key) < 1:
             raise ConfigError(f"comm.auto.{key}: must be at least 1, got {getattr(a, key)}")
     if a.min_probe_steps > a.probe_steps:
@@ -142,6 +143,14 @@ def check_comm_auto(cfg: Config) -> None:
     if not 0 < a.table_keep_fraction <= 1:
         raise ConfigError(f"comm.auto.table_keep_fraction: a distinct fraction in (0, 1], got "
                           f"{a.table_keep_fraction}")
+    # per-table choices: only the owner's pooled auto dists make them (comm/auto/dist.py)
+    no_table_choice = ("comm.dedup_at: source" if comm.dedup_at == "source"
+                       else "sequence embeddings" if collection_kind == "sequence" else None)
+    if no_table_choice and comm.auto.table_keep_fraction != default.table_keep_fraction:
+        hint = ", or use comm.dedup_at: owner" if comm.dedup_at == "source" and collection_kind == "pooled" else ""
+        raise ConfigError(f"comm.auto.table_keep_fraction: set, but auto makes no per-table choice "
+                          f"under {no_table_choice} (only owner-side auto on pooled embeddings does); "
+                          f"remove it{hint}")
 
 
 def check_optim(cfg: Config) -> None:

@@ -348,7 +348,7 @@ class AutoConfig:
     `AutoPolicy` is these settings plus its state, so the defaults are declared here only)."""
 
     warmup_steps: int = 1
-    """Untimed steps before the first probe (the first steps pay one-off costs)."""
+    """Untimed steps before the first probe (the first steps pay one-off costs; at least 1)."""
     probe_steps: int = 6
     """Timed steps per path in one probe (at least 1)."""
     min_probe_steps: int = 2
@@ -367,7 +367,8 @@ class AutoConfig:
     """Recent step times a drift check needs (timed steps before each check point; at least 1)."""
     table_keep_fraction: float = 0.9
     """A table whose distinct fraction is at least this keeps the stock path (dedup saves
-    little); in (0, 1]."""
+    little); in (0, 1]. Owner-side auto on pooled embeddings only (the per-table choice):
+    refused under comm.dedup_at: source and on sequence embeddings."""
 
 
 @dataclass

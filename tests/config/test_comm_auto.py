@@ -9,6 +9,7 @@ test_auto_settled.py (sequence) and test_auto_source.py (at the source).
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,8 @@ def test_a_per_table_auto_reads_them_too():
                                   r"\(comm\.codec: none\); remove it, or use comm\.codec: auto$"),
     (["comm.codec=dedup", "comm.auto.table_keep_fraction=0.5"], r"^comm\.auto\.table_keep_fraction: set, but"),
     (["comm.codec=auto", "comm.auto.probe_steps=0"], r"^comm\.auto\.probe_steps: must be at least 1, got 0"),
+    # the policy's first step is warmup whatever the setting: 0 would silently run as 1
+    (["comm.codec=auto", "comm.auto.warmup_steps=0"], r"^comm\.auto\.warmup_steps: must be at least 1, got 0"),
     (["comm.codec=auto", "comm.auto.min_probe_steps=0"], r"^comm\.auto\.min_probe_steps: must be at least 1"),
     (["comm.codec=auto", "comm.auto.min_probe_steps=7"],
      r"^comm\.auto\.min_probe_steps: 7 exceeds comm\.auto\.probe_steps 6"),
@@ -75,3 +78,26 @@ def test_the_settings_leave_the_runs_math_fingerprint_alone():
     tuned = load_config(None, ["comm.codec=auto", "comm.auto.probe_steps=2", "comm.auto.drift=0.5"])
     assert math_config(tuned, 2) == math_config(default, 2)
     assert not any(k.startswith("comm.auto") for k in math_config(tuned, 2))
+
+
+MINI_V4 = str(Path(__file__).resolve().parents[2] / "configs" / "mini_dlrmv4.yaml")
+
+
+@pytest.mark.parametrize("path, overrides, where", [
+    (None, ["comm.dedup_at=source"], r"comm\.dedup_at: source .*; remove it, or use comm\.dedup_at: owner$"),
+    (MINI_V4, ["comm.dedup_at=owner"], "sequence embeddings"),
+    (MINI_V4, ["comm.dedup_at=source"], r"comm\.dedup_at: source"),
+])
+def test_a_table_keep_fraction_no_auto_dist_reads_is_refused(path, overrides, where):
+    """Only the owner's pooled auto dists choose per table (comm/auto/dist.py `_decide`); auto at
+    the source and the sequence dists never read table_keep_fraction: set there, it would be dropped."""
+    base = [*overrides, "comm.codec=auto"]
+    validate_config(load_config(path, base), 2)
+    with pytest.raises(ConfigError, match=rf"^comm\.auto\.table_keep_fraction: set, but .*under {where}"):
+        validate_config(load_config(path, [*base, "comm.auto.table_keep_fraction=0.5"]), 2)
+    validate_config(load_config(path, [*base, "comm.auto.probe_steps=4"]), 2)  # the others are read
+
+
+def test_the_owners_pooled_auto_takes_a_table_keep_fraction():
+    validate_config(load_config(None, ["comm.codec=auto", "comm.dedup_at=owner",
+                                       "comm.auto.table_keep_fraction=0.5"]), 2)
