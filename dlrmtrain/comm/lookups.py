@@ -11,7 +11,6 @@ and count once, on its feature's first shard (`DistLayout.first_shard`), as a ta
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
@@ -38,10 +37,7 @@ class LookupCounter:
     def __init__(self, sharding_type: str, first: list[tuple[str, bool]] | None = None) -> None:
         self.comm_stats = DistCommStats(codec="none", sharding_type=sharding_type)
         self.first = None if first is None or all(f for _, f in first) else first
-        self._mask: torch.Tensor | None = None
-        """`first` as 0/1 on the lengths' device (a fixed batch's ids are summed there)"""
-        self._ids: torch.Tensor | None = None
-        """those ids so far (read with the counters)"""
+        self._keys = None if self.first is None else [k for k, _ in self.first]
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
         features, first = args[0], self.first
@@ -50,27 +46,17 @@ class LookupCounter:
             self.comm_stats.ids_looked_up += features.values().numel()
             self.comm_stats.rows_looked_up += sum(bags_per_key(features))
             return
-        if features.keys() != [k for k, _ in first]:  # the layout's order, or the counts are wrong
+        if features.keys() != self._keys:  # the layout's order, or the counts are wrong
             raise ValueError(f"{self.comm_stats.sharding_type} lookup got features {features.keys()}, "
-                             f"its layout has {[k for k, _ in first]}")
+                             f"its layout has {self._keys}")
         counts = [f for _, f in first]
         self.comm_stats.rows_looked_up += sum(n for n, f in zip(bags_per_key(features), counts) if f)
-        if not any(counts):
-            return
-        per_key = features.length_per_key_or_none()  # on the host under variable batch (TorchRec synced)
-        if per_key is not None:
-            self.comm_stats.ids_looked_up += sum(n for n, f in zip(per_key, counts) if f)
-            return
-        lengths = features.lengths()  # a fixed batch: every feature's stride, summed on the device
-        if self._mask is None or self._mask.device != lengths.device:
-            self._mask = torch.tensor(counts, dtype=torch.int64).to(lengths.device)
-        ids = (lengths.view(len(counts), features.stride()).sum(1, dtype=torch.int64) * self._mask).sum()
-        self._ids = ids if self._ids is None else self._ids + ids
+        # On the host already: TorchRec's id all-to-all ends with `KeyedJaggedTensor.sync()`, which
+        # fills them (tests/comm/test_lookups.py pins it), so reading them here syncs nothing.
+        per_key = features.length_per_key()
+        self.comm_stats.ids_looked_up += sum(n for n, f in zip(per_key, counts) if f)
 
     def counted_bytes(self) -> DistCommStats:
-        if self._ids is not None:  # a host read: only when the counters are read
-            self.comm_stats.ids_looked_up += int(self._ids)
-            self._ids = None
         return self.comm_stats
 
 
