@@ -486,7 +486,8 @@ def main() -> None:
         free_codec_bound = 1 - seconds * (1 - hidden) / median[base]
         print(f"  bound: a free codec that moved nothing would step in "
               f"{free_codec_bound:.3f} of ({base})'s time (its exposed "
-              "embedding all-to-all removed; Amdahl, rank 0)")
+              "embedding all-to-all removed; Amdahl, rank 0; optimistic: ranks waiting for each "
+              "other count as removed; scripts/bench_floor.py measures the floor)")
         print("  embedding all-to-all wall time hidden behind compute, rank 0 (one profiled block; "
               "a lower bound; rough):")
         for name in names:
