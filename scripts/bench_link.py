@@ -61,7 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-nodes", type=int, default=None,
                    help="run the ranks as N simulated nodes; the link joins the nodes")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="config overrides for every contender (bench_train's overrides)")
+                   help="config overrides for every contender (bench_train's overrides; the base "
+                        "contender is `none`, so a codec's own keys go in its contender: "
+                        "--codecs \"auto comm.auto.probe_steps=2\")")
     return p.parse_args(argv)
 
 
