@@ -26,24 +26,28 @@ from dlrmtrain.comm.layout import (
 from dlrmtrain.comm.stats import COUNTERS_ATTR, CountsCommBytes, DistCommStats
 
 
-def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: list[int], elem: int) -> None:
-    """Add one pass of the stock dist (batch `sizes` per sample rank, `elem`-byte values) to `stats`."""
+def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: list[int], elem: int,
+                     wire: float | None = None) -> None:
+    """Add one pass of the stock dist (batch `sizes` per sample rank, `elem`-byte values) to `stats`;
+    `wire`: bytes per value on the wire where TorchRec's qcomms quantize them (codecs/lossy.py),
+    else `elem`."""
     W = layout.world_size
     B = sizes[rank]
+    wire = elem if wire is None else wire
     if isinstance(layout, DistLayout):  # a column-wise table's rows count on its first shard
         for entry, whole in zip(layout.entries_per_rank[rank], layout.first_shard[rank], strict=True):
             for n in sizes:
-                stats.table(entry.table).add_rows(entry.dim, elem, elem, sent=n, stock_sent=n, whole=whole)
+                stats.table(entry.table).add_rows(entry.dim, wire, elem, sent=n, stock_sent=n, whole=whole)
         for entry, whole in zip(layout.all_entries(), layout.all_first_shard(), strict=True):
-            stats.table(entry.table).add_rows(entry.dim, elem, elem, received=B, stock_received=B, bags=B,
+            stats.table(entry.table).add_rows(entry.dim, wire, elem, received=B, stock_received=B, bags=B,
                                               whole=whole)
     elif isinstance(layout, RowWiseLayout):
         # the reduce-scatter: partial sums of every sample rank's bags out, W partial sums of its own in
         for entry in layout.entries:
             t = stats.table(entry.table)
             for n in sizes:
-                t.add_rows(entry.dim, elem, elem, sent=n, stock_sent=n)
-            t.add_rows(entry.dim, elem, elem, received=W * B, stock_received=W * B, bags=B, distinct=B)
+                t.add_rows(entry.dim, wire, elem, sent=n, stock_sent=n)
+            t.add_rows(entry.dim, wire, elem, received=W * B, stock_received=W * B, bags=B, distinct=B)
     stats.steps += 1
 
 

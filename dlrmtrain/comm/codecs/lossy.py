@@ -33,6 +33,7 @@ from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodecs
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.layout import DistLayout
 from dlrmtrain.comm.stats import DistCommStats
+from dlrmtrain.comm.stock_bytes import count_stock_step
 from dlrmtrain.comm.torchrec_hooks import qcomm_codecs
 
 logger = logging.getLogger(__name__)
@@ -125,18 +126,10 @@ class CountingLossyDist(nn.Module):
         W = self.layout.world_size
         if not sizes:
             sizes = [local_embs.shape[0] // W] * W if local_embs.ndim == 2 else [0] * W
-        B = sizes[self.rank]
         if self.bytes_per_element is None:
             self.bytes_per_element = bytes_per_value(self.codecs, local_embs)
-        stats, wire, elem = self.comm_stats, self.bytes_per_element, local_embs.element_size()
-        lay = self.layout  # a column-wise table's rows count on its first shard
-        for entry, whole in zip(lay.entries_per_rank[self.rank], lay.first_shard[self.rank], strict=True):
-            for n in sizes:
-                stats.table(entry.table).add_rows(entry.dim, wire, elem, sent=n, stock_sent=n, whole=whole)
-        for entry, whole in zip(lay.all_entries(), lay.all_first_shard(), strict=True):
-            stats.table(entry.table).add_rows(entry.dim, wire, elem, received=B, stock_received=B, bags=B,
-                                              whole=whole)
-        stats.steps += 1
+        count_stock_step(self.comm_stats, self.layout, self.rank, sizes, local_embs.element_size(),
+                         wire=self.bytes_per_element)  # the stock dist's rows, at the codec's width
         return self.inner(local_embs, sharding_ctx)
 
     def counted_bytes(self) -> DistCommStats:
