@@ -36,20 +36,20 @@ class LookupCounter:
 
     def __init__(self, sharding_type: str, first: list[tuple[str, bool]] | None = None) -> None:
         self.comm_stats = DistCommStats(codec="none", sharding_type=sharding_type)
-        self.first = None if first is None or all(f for _, f in first) else first
-        self._keys = None if self.first is None else [k for k, _ in self.first]
+        every = first is None or all(f for _, f in first)
+        self._keys = None if every else [k for k, _ in first]
+        self._counts = None if every else [f for _, f in first]
 
     def __call__(self, _module: nn.Module, args: tuple) -> None:
-        features, first = args[0], self.first
+        features, counts = args[0], self._counts
         self.comm_stats.steps += 1
-        if first is None:
+        if counts is None:
             self.comm_stats.ids_looked_up += features.values().numel()
             self.comm_stats.rows_looked_up += sum(bags_per_key(features))
             return
         if features.keys() != self._keys:  # the layout's order, or the counts are wrong
             raise ValueError(f"{self.comm_stats.sharding_type} lookup got features {features.keys()}, "
                              f"its layout has {self._keys}")
-        counts = [f for _, f in first]
         self.comm_stats.rows_looked_up += sum(n for n, f in zip(bags_per_key(features), counts) if f)
         # On the host already: TorchRec's id all-to-all ends with `KeyedJaggedTensor.sync()`, which
         # fills them (tests/comm/test_lookups.py pins it), so reading them here syncs nothing.
