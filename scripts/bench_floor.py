@@ -38,7 +38,8 @@ ALONE = "alone (no communication)"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="mlperf", help="a bench_train shape (default mlperf)")
+    p.add_argument("--shape", default="mlperf", choices=sorted(load_bench_train().SHAPES),
+                   help="a bench_train shape (default mlperf)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="alternations of ranks and alone")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
