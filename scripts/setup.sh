@@ -16,13 +16,16 @@ TORCH=torch==2.13.0
 FBGEMM_CPU=fbgemm-gpu-cpu==1.8.0
 FBGEMM_GPU=fbgemm-gpu==1.8.0
 TORCHREC=torchrec==1.8.0
+# DLRMv4's jagged attention kernels: on CPU the tests run them under TRITON_INTERPRET=1,
+# at the version a lent GPU machine has (3.6); a CUDA torch brings the triton it was built with.
+TRITON_CPU=triton==3.6.0
 TORCHREC_DEPS=(tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions==0.0.32 iopath==0.1.10)
 OTHERS=(mlperf-logging==4.1.68 numpy==2.4.6 pyyaml==6.0.4 tqdm==4.70.1 matplotlib==3.11.2
         pytest==9.2.0 pytest-timeout==2.4.0
         pyarrow==26.0.1)  # the yambda extra: Yambda parquet (tests write tiny files)
 
 STAMP="$VENV/.dlrmtrain-setup-$FLAVOR"
-PINS="$TORCH $FBGEMM_CPU $FBGEMM_GPU $TORCHREC ${TORCHREC_DEPS[*]} ${OTHERS[*]} $(sha1sum pyproject.toml | cut -c1-12)"
+PINS="$TORCH $FBGEMM_CPU $FBGEMM_GPU $TRITON_CPU $TORCHREC ${TORCHREC_DEPS[*]} ${OTHERS[*]} $(sha1sum pyproject.toml | cut -c1-12)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$PINS" ]]; then
   exit 0
 fi
@@ -40,7 +43,7 @@ if [[ "$FLAVOR" == gpu ]]; then
   pip_install "$TORCH" --index-url https://download.pytorch.org/whl/cu128
   pip_install "$FBGEMM_GPU" --index-url https://download.pytorch.org/whl/cu128
 else
-  pip_install "$TORCH" "$FBGEMM_CPU"
+  pip_install "$TORCH" "$FBGEMM_CPU" "$TRITON_CPU"
 fi
 pip_install "${TORCHREC_DEPS[@]}" "${OTHERS[@]}"
 # torchrec last: an install with dependencies after it would re-check torchrec's
