@@ -6,7 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from dlrmtrain.models.hstu import jagged
-from dlrmtrain.models.hstu.attention import attention_mask, silu_attention
+from dlrmtrain.models.hstu.attention import attention_mask, padded_silu_attention
 from dlrmtrain.models.hstu.stu import STULayer
 
 
@@ -54,7 +54,7 @@ def test_silu_attention_equals_direct_masked_computation():
     q, k = (torch.randn(total, heads, dqk, generator=gen, dtype=torch.float64) for _ in range(2))
     v = torch.randn(total, heads, dv, generator=gen, dtype=torch.float64)
     max_len, alpha = int(lengths.max()), 0.7
-    got = silu_attention(q, k, v, jagged.offsets_of(lengths), lengths, num_targets, max_len, alpha)
+    got = padded_silu_attention(q, k, v, jagged.offsets_of(lengths), lengths, num_targets, max_len, alpha)
     want = _direct_attention(q, k, v, lengths, num_targets, max_len, alpha)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 

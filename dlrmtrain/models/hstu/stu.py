@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dlrmtrain.models.hstu.attention import silu_attention
+from dlrmtrain.models.hstu.attention import padded_silu_attention
 from dlrmtrain.models.hstu.layers import at_least_fp32
 
 NORM_EPS = 1e-6
@@ -51,8 +51,8 @@ class STULayer(nn.Module):
         uvqk = torch.addmm(self.uvqk_bias.to(x.dtype), normed, self.uvqk_weight.to(x.dtype))
         u, v, q, k = torch.split(uvqk, [h * dv, h * dv, h * dqk, h * dqk], dim=1)
         u = F.silu(u)
-        attn = silu_attention(q.reshape(-1, h, dqk), k.reshape(-1, h, dqk), v.reshape(-1, h, dv),
-                              offsets, lengths, num_targets, max_len, self.alpha)
+        attn = padded_silu_attention(q.reshape(-1, h, dqk), k.reshape(-1, h, dqk), v.reshape(-1, h, dv),
+                                     offsets, lengths, num_targets, max_len, self.alpha)
         u32, attn32 = at_least_fp32(u), at_least_fp32(attn)
         gated = u32 * F.layer_norm(attn32, (attn32.shape[-1],),
                                    self.output_norm_weight.to(attn32.dtype),
