@@ -107,3 +107,15 @@ def test_tables_no_gpu_can_hold_get_no_plan_and_the_memory_checks_verdict(capsys
     assert re.search(r"^verdict: does not fit: the embedding tables need at least 10\.0 MB per rank for their "
                      r"fp32 weights .*: shrink the data's tables", out, re.M)
     assert re.search(r"^    fused_uvm_caching for .*: [\d.]+ MB per GPU at local batch \d+", out, re.M)
+
+
+def test_uvm_cached_tables_take_their_cache_on_the_gpu_and_their_rows_in_host_memory(capsys):
+    code, out = plan(capsys, "mini_dlrmv4.yaml", 2, 1, "sharding.uvm_caching.min_rows=20000",
+                     "sharding.uvm_caching.load_factor=0.25")
+    assert code == 0
+    cached = re.findall(r"^  (\w+) +20,000 rows  row_wise +fused_uvm_caching \(cache 0\.25\) ranks 0-1$", out, re.M)
+    assert len(cached) == 7  # the crosses; the other four tables keep the plain fused kernel
+    crosses, others = 7 * 20_000 * 32 * 4, (12_000 + 500 + 3_000 + 8_192) * 32 * 4
+    for tables, optimizer, _dense, _activations, _total, host in ranks(out).values():
+        assert tables == pytest.approx((others + 0.25 * crosses) / 2 / 2**20, abs=0.05)
+        assert host == pytest.approx(crosses / 2 / 2**20, abs=0.05)
