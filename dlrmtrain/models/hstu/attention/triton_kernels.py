@@ -126,8 +126,9 @@ def _silu_over_n_gradient(s, dp, valid, inv_n):
 
 @triton.jit
 def _program(offsets, num_targets, num_heads, num_blocks, BLOCK: tl.constexpr):
-    """This program's (sample, head, first row of its block, sample's first row, length,
-    history). Grid: one axis, blocks fastest, (sample, head) outer: no 65,535 cap on B·H."""
+    """This program's (head, its block's first row in the sample, the sample's first row in
+    the jagged tensor, length, history). Grid: one axis, blocks fastest, (sample, head) outer
+    (no 65,535 cap on B·H, as a second grid axis would have)."""
     pid = tl.program_id(0)
     sample_head = pid // num_blocks
     sample = sample_head // num_heads
