@@ -18,7 +18,7 @@ from dlrmtrain.comm.auto.source import dedup_at_the_source
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
-from dlrmtrain.distributed.env import DistEnv, decide_on_rank0, mean_over_ranks
+from dlrmtrain.distributed.env import DistEnv, mean_over_ranks
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import evaluate_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
@@ -39,6 +39,7 @@ from dlrmtrain.run.leftovers import remove_dead_partials
 from dlrmtrain.run.lock import RunLock
 from dlrmtrain.run.peers import note_step
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
+from dlrmtrain.run.rank0 import decide_on_rank0
 from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
 from dlrmtrain.run.resume import codec_changes_since, refuse_what_cannot_resume
 from dlrmtrain.run.signals import stop_signal, stop_signals_held

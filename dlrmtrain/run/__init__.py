@@ -3,6 +3,7 @@
   identity.py    run id and the fingerprint of the math-changing config
   directory.py   the run and checkpoint directories: whose they are (claim_run_dir)
   lock.py        one run per directory: rank 0 holds an fcntl lock for the run's life
+  rank0.py       what rank 0 decides at the start, handed to every rank (or the same error)
   records.py     metrics.jsonl, summary.json and the other files a run writes
   checkpoint.py  atomic, verified checkpoints; retention; size against free space
   resume.py      a resume with nothing to train or no checkpoint to load: refused, or a no-op
