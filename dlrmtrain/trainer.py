@@ -98,13 +98,14 @@ class Trainer:
         refuse_what_cannot_resume(cfg, claim.resuming, resume_from, self.checkpointer,
                                   self.cadence.planned_steps(), env.rank)
         workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
-        self.cadence.eval_grid = mlperf_eval_grid(cfg, self.data.num_train_samples)
+        self.cadence.eval_grid = mlperf_eval_grid(cfg, workload_of(cfg).benchmark,
+                                                  self.data.num_train_samples)
         if claim.resuming and env.is_main:  # a torn last line must not take the next record
             set_aside_torn_lines(run_dir_of(cfg), log=self._print)
         self.records = open_run_records(cfg, env.rank, claim)
         if not claim.resuming:  # first: records begun say whose they are (run/teardown.py)
             self.records.set_identity(claim.run_id, self.math)
-        self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
+        self.mlperf = open_mlperf_logger(cfg, workload_of(cfg).benchmark, env.rank, append=claim.resuming)
         self.mlperf.cache_clear()
         self.mlperf.init_start()
         self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
@@ -296,6 +297,9 @@ class Trainer:
     def _last_checkpoint_step(self) -> Optional[int]:
         return self.checkpointer.last_step if hasattr(self, "checkpointer") else None
 
+    def _open_mlperf_as_writer(self):
+        return open_mlperf_logger(self.cfg, workload_of(self.cfg).benchmark, 0, append=True)
+
     def _failure_records(self) -> FailureRecords:
         return FailureRecords(getattr(self, "records", None), getattr(self, "mlperf", None))
 
@@ -310,7 +314,7 @@ class Trainer:
         if writes_for_lost_rank0(error, self.env.rank):  # rank 0 kept the records: gone
             records = records_of_lost_writer(
                 run_dir_of(self.cfg), self.checkpointer.run_id, self.run_lock,
-                lambda: opened_as_writer(self.cfg, self.checkpointer.run_id, mlperf=True)) or records
+                lambda: opened_as_writer(self.cfg, self.checkpointer.run_id, self._open_mlperf_as_writer)) or records
         records.stopped(run.completed, str(error), self.step / self.data.steps_per_epoch,
                         self._samples_trained(), clock_running=run.clock_running)
         records.close()
