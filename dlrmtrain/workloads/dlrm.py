@@ -78,7 +78,8 @@ class DlrmWorkload(Workload):
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
-        from dlrmtrain.distributed.sharding import fused_params, shard_model
+        from dlrmtrain.distributed.sharding import shard_model
+        from dlrmtrain.optim.fused import fused_params
 
         return shard_model(model, cfg.sharding, cfg.comm,
                            fused_params(cfg.optim, cfg.precision.mode, device.type), device, world_size,

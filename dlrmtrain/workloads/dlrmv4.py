@@ -120,8 +120,9 @@ class Dlrmv4Workload(Workload):
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
-        from dlrmtrain.distributed.sharding import fused_params, shard_sequence_model
+        from dlrmtrain.distributed.sharding import shard_sequence_model
         from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
+        from dlrmtrain.optim.fused import fused_params
 
         return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, cfg.comm,
                                     fused_params(cfg.optim, "fp32", device.type), device,  # fp32 rows (precision.py)
