@@ -147,7 +147,7 @@ def preprocess_yambda(argv: list[str]) -> int:
 
 
 def mlperf(argv: list[str]) -> int:
-    from dlrmtrain.mlperf.runner import main
+    from dlrmtrain.mlperf_runner import main
 
     return main(argv)
 

@@ -7,8 +7,8 @@ Reads top to bottom as the architecture: config → data → model → sharding
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Iterator, Optional
+from functools import partial
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ from dlrmtrain.comm.auto.source import dedup_at_the_source
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
-from dlrmtrain.distributed.env import DistEnv, decide_on_rank0, mean_over_ranks
+from dlrmtrain.distributed.env import DistEnv, mean_over_ranks
 from dlrmtrain.distributed.planner import summarize_plan
 from dlrmtrain.metrics.auc import evaluate_auc
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
@@ -26,25 +26,12 @@ from dlrmtrain.mlperf.logger import log_run_setup, mlperf_eval_grid, open_mlperf
 from dlrmtrain.optim.lr_schedule import MLPerfLRSchedule
 from dlrmtrain.optim.optimizers import build_optimizer
 from dlrmtrain.precision import autocast
-from dlrmtrain.run.cadence import Cadence, refuse_empty_epochs
-from dlrmtrain.run.checkpoint import Checkpointer, TrainerPosition
-from dlrmtrain.run.console import codec_label, comm_summary, plan_summary
-from dlrmtrain.run.directory import RunClaim, checkpoint_dir_of, claim_run_dir, run_dir_of
-from dlrmtrain.run.errors import (CheckpointWriteError, DataError, RunError, RunInterrupted,
-                                  SetupError, data_errors)
-from dlrmtrain.run.failure import (agreed_failure, as_run_stop, interrupted_message,
-                                   last_checkpoint_text)
-from dlrmtrain.run.identity import math_config
-from dlrmtrain.run.leftovers import remove_dead_partials
-from dlrmtrain.run.lock import RunLock
-from dlrmtrain.run.peers import note_step
+from dlrmtrain.run.cadence import Cadence
+from dlrmtrain.run.checkpoint import TrainerPosition
+from dlrmtrain.run.console import comm_summary, plan_summary
+from dlrmtrain.run.errors import DataError, SetupError, data_errors
+from dlrmtrain.run.lifecycle import RunLifecycle
 from dlrmtrain.run.progress import EvalResult, RunProgress, Summary
-from dlrmtrain.run.records import open_run_records, set_aside_torn_lines
-from dlrmtrain.run.resume import codec_changes_since, refuse_what_cannot_resume
-from dlrmtrain.run.signals import stop_signal, stop_signals_held
-from dlrmtrain.run.stop import StopAtLoggingSteps
-from dlrmtrain.run.teardown import (FailureRecords, opened_as_writer, records_of_lost_writer,
-                                    undo_start, undo_start_of_lost_writer, writes_for_lost_rank0)
 from dlrmtrain.train_pipeline import build_train_pipeline
 from dlrmtrain.validation import unresolved_keys
 from dlrmtrain.workloads import build_datasets, build_sharded_model, workload_of
@@ -59,51 +46,32 @@ class Trainer:
                              f"{', '.join(missing)} still to resolve")
         self.cfg = cfg
         self.env = env
-        self.math = math_config(cfg, env.world_size)
-        # Everything that can refuse the run comes before anything is written: whose run
-        # directory this is (rank 0 locks it for the run's life), which checkpoint to
-        # resume, whether the data fills a step.
-        self.run_lock = RunLock(run_dir_of(cfg))
-        claim = decide_on_rank0(lambda: claim_run_dir(cfg, self.run_lock), env.rank)
+        benchmark = workload_of(cfg).benchmark
+        # the run's directory, records, checkpoints and how it stops (run/lifecycle.py)
+        self.lifecycle = RunLifecycle(cfg, env.rank, env.world_size,
+                                      partial(open_mlperf_logger, cfg, benchmark))
+        self.lifecycle.start()  # rank 0 claims the run directory, locked for the run's life
         try:
-            self._build(claim)
+            self._build(benchmark)
         except BaseException as e:  # noqa: BLE001 - re-raised, as the agreed error where it is one
-            failure = agreed_failure(e, 0, self._last_checkpoint_step())
-            undo_start(self._failure_records(), run_dir_of(cfg),
-                       remove_records=env.is_main and not claim.resuming)
-            if writes_for_lost_rank0(failure, env.rank):  # rank 0 began the records: gone
-                undo_start_of_lost_writer(
-                    run_dir_of(cfg), claim.run_id, self.run_lock, claim.resuming,
-                    lambda: opened_as_writer(cfg, claim.run_id), stop=(0, str(failure)))
-            self.run_lock.release()  # refused or broken before training: free the directory
+            failure = self.lifecycle.abort_start(e)
             if failure is e:
                 raise
             raise failure from None
 
-    def _build(self, claim: RunClaim) -> None:
-        cfg, env = self.cfg, self.env
-        self._stops: Optional[StopAtLoggingSteps] = None  # the running train()'s (run/stop.py)
-        self.checkpointer = Checkpointer(checkpoint_dir_of(cfg), cfg.checkpoint.keep,
-                                         env.rank, claim.run_id, self.math, log=self._print)
-        if env.is_main:
-            remove_dead_partials(self.checkpointer.root, log=self._print)
-        resume_from = (self.checkpointer.latest_valid(any_run=claim.adopt_run_id)
-                       if cfg.checkpoint.resume else None)
+    def _build(self, benchmark: str) -> None:
+        # Everything that can refuse the run comes before anything is written: which
+        # checkpoint to resume, whether the data fills a step, whether the model fits.
+        cfg, env, life = self.cfg, self.env, self.lifecycle
+        resume_from = life.open_checkpoints()
         with data_errors(SetupError):
             self.data = build_datasets(cfg, env.rank, env.world_size, pin_memory=pins_for(env.device))
-        refuse_empty_epochs(self.data.num_train_samples, self.data.steps_per_epoch,
-                            cfg.run.global_batch_size, env.world_size)
-        self.cadence = Cadence(cfg, self.data.steps_per_epoch)
-        refuse_what_cannot_resume(cfg, claim.resuming, resume_from, self.checkpointer,
-                                  self.cadence.planned_steps(), env.rank)
+        self.cadence = Cadence.of_epochs(cfg, self.data.steps_per_epoch, self.data.num_train_samples,
+                                         env.world_size)
+        life.refuse_what_cannot_resume(resume_from, self.cadence.planned_steps())
         workload_of(cfg).check_memory(cfg, self.data.table_rows, env.world_size, env.device)
-        self.cadence.eval_grid = mlperf_eval_grid(cfg, self.data.num_train_samples)
-        if claim.resuming and env.is_main:  # a torn last line must not take the next record
-            set_aside_torn_lines(run_dir_of(cfg), log=self._print)
-        self.records = open_run_records(cfg, env.rank, claim)
-        if not claim.resuming:  # first: records begun say whose they are (run/teardown.py)
-            self.records.set_identity(claim.run_id, self.math)
-        self.mlperf = open_mlperf_logger(cfg, env.rank, append=claim.resuming)
+        self.cadence.eval_grid = mlperf_eval_grid(cfg, benchmark, self.data.num_train_samples)
+        self.records, self.mlperf = life.open_records()
         self.mlperf.cache_clear()
         self.mlperf.init_start()
         self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
@@ -126,9 +94,7 @@ class Trainer:
         self._print(plan_summary(f"sharding plan ({cfg.sharding.planner}, {len(rows)} tables)",
                                  summarize_plan(self.model.plan, rows, cfg.model.embedding_dim),
                                  str(plan_path) if plan_path else None))
-        if cfg.checkpoint.every_steps or cfg.checkpoint.at_end:  # room for keep + 1 of them?
-            self.checkpointer.expect_size(self.model, self.optimizer, env.device)
-        self._resume(resume_from, claim)
+        self._resume(resume_from)
         if cfg.mlperf.enabled:  # dlrmv4's setup reads its eval grid: only where MLPerf asks
             log_run_setup(self.mlperf, cfg, self.data.num_train_samples,
                           self.data.num_eval_samples)
@@ -193,52 +159,30 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> tuple[float, int]:
         """Exact AUC over the whole eval set (every rank gets the same value); a SIGTERM
-        does not wait for the whole evaluation (_stop_during_eval)."""
+        does not wait for the whole evaluation (RunLifecycle.during_eval)."""
         batches = data_errors(DataError).wrap(self.data.eval_batches())
         if self.source_auto is not None:  # the current choice's form
             batches = ((self.source_auto.pick_for_eval(b), w) for b, w in batches)
         return evaluate_auc(self.pipeline.detach(), batches, self.env.device, self._autocast,
-                            before_batch=self._stop_during_eval)
+                            before_batch=lambda: self.lifecycle.during_eval(self.step))
 
     # ---- checkpoints ------------------------------------------------------
     def save_checkpoint(self) -> None:
-        """Save; a failed save stops the run (CheckpointWriteError, on every rank), or
-        with `checkpoint.on_error=warn` is reported and training goes on. A second stop
-        signal during the save stops the run once it has ended (and is recorded)."""
-        with stop_signals_held(f"the checkpoint save of step {self.step}",
-                               lambda: last_checkpoint_text(self.checkpointer.last_step)):
-            self._save_checkpoint()
-
-    def _save_checkpoint(self) -> None:
+        """Save this step's checkpoint (RunLifecycle.save_checkpoint: what a failed save or a
+        stop signal during it does)."""
         position = TrainerPosition(step=self.step, epoch=self.epoch,
                                    step_in_epoch=self.step_in_epoch,
                                    schedule=self.schedule.state_dict())
-        try:
-            path = self.checkpointer.save(self.model, self.optimizer, position)
-        except CheckpointWriteError as e:
-            if self.cfg.checkpoint.on_error != "warn":
-                raise
-            self._print(f"warning: {e}; training on (checkpoint.on_error=warn)")
-            self.records.log("checkpoint_failed", step=self.step, error=str(e))
-            return
-        self.records.log("checkpoint", step=self.step, path=str(path))
+        self.lifecycle.save_checkpoint(self.model, self.optimizer, position)
 
-    def _resume(self, path: Optional[Path], claim: RunClaim) -> None:
-        """Load the chosen checkpoint (if any); record the run's identity, and where a
-        resumed run restarted."""
-        if self.cfg.checkpoint.resume and path is None:
-            self._print(f"resume: no complete checkpoint of this run in "
-                        f"{self.checkpointer.root}; starting from step 0")
-        if path is not None:
-            pos = self.checkpointer.resume(path, self.model, self.optimizer, claim.adopt_run_id)
+    def _resume(self, checkpoint) -> None:
+        """Size the checkpoints and load the chosen one (if any) into the model, the
+        optimizer and the trainer's position (run/lifecycle.py records the restart)."""
+        pos = self.lifecycle.prepare_checkpoints(self.model, self.optimizer, self.env.device,
+                                                 checkpoint)
+        if pos is not None:
             self.step, self.epoch, self.step_in_epoch = pos.step, pos.epoch, pos.step_in_epoch
             self.schedule.load_state_dict(pos.schedule)
-        codecs = codec_changes_since(path, self.math, log=self._print)
-        if claim.adopt_run_id:  # the resumed checkpoint's run id (a new run's: _build)
-            self.records.set_identity(self.checkpointer.run_id, self.math)
-        if claim.resuming:
-            self.records.log_resumed(self.step, str(path) if path else None, epoch=self.epoch,
-                                     step_in_epoch=self.step_in_epoch, codec_changes=codecs)
 
     # ---- the loop -----------------------------------------------------------
     def train(self) -> Summary:
@@ -251,17 +195,19 @@ class Trainer:
             self._train_steps(run)
             comm_stats = self._stop_clock(run)
         except BaseException as e:  # noqa: BLE001 - re-raised, as a RunError where it is one
-            stop = self._stop_run(run, e)
+            run.bar.close()  # what follows is printed on its own line
+            stop = self.lifecycle.stop(e, run, self.step / self.data.steps_per_epoch,
+                                       self._samples_trained())
             if stop is e:
                 raise
             raise stop from None
         return self._end_run(run, comm_stats)
 
     def _train_steps(self, run: RunProgress) -> None:
-        stops = self._stops = StopAtLoggingSteps(run.total, self.cfg.logging.metrics_every_steps)
+        self.lifecycle.begin_steps(run.total)
         for loss in (self._steps() if self.step < run.total else ()):
             self._record_step(run, loss)
-            self._stop_if_signalled(stops.after_step(self.step, stop_signal()))
+            self.lifecycle.after_step(self.step)  # where every rank stops (run/stop.py)
             pause_start = time.perf_counter()  # evaluation and checkpoints: not training time
             evaluated = self.cadence.eval_due(self.step, run.last)
             if evaluated:
@@ -269,58 +215,15 @@ class Trainer:
             if self.cadence.checkpoint_due(self.step, run.finished):
                 self.save_checkpoint()
             run.end_pause(pause_start)
-            if evaluated:  # a rank signalled during it asked to stop here (_stop_during_eval)
-                self._stop_if_signalled(stops.after_pause(self.step))
+            if evaluated:  # a rank signalled during it asked to stop here
+                self.lifecycle.after_pause(self.step)
             if run.finished:
                 return
 
-    def _stop_during_eval(self) -> None:
-        """A stop signal in an evaluation: a world of one stops at once; ranks ask for the stop
-        after this evaluation (its gather is their meeting point: run/stop.py) and go on."""
-        signum = stop_signal()
-        if signum is not None and self.env.world_size == 1:
-            raise self._interrupted(signum)
-        if self._stops is not None:
-            self._stops.during_pause(self.step, signum)
-
-    def _stop_if_signalled(self, request: Optional[dict]) -> None:
-        """Stop where every rank stops: at the step the job's stop request names (this rank's
-        or another rank's stop signal asked for it: run/stop.py)."""
-        if request is not None:
-            raise self._interrupted(request["exit_code"] - 128)
-
-    def _interrupted(self, signum: int) -> RunInterrupted:
-        return RunInterrupted(signum, interrupted_message(signum, self.step, self._last_checkpoint_step()))
-
-    def _last_checkpoint_step(self) -> Optional[int]:
-        return self.checkpointer.last_step if hasattr(self, "checkpointer") else None
-
-    def _failure_records(self) -> FailureRecords:
-        return FailureRecords(getattr(self, "records", None), getattr(self, "mlperf", None))
-
-    def _stop_run(self, run: RunProgress, error: BaseException) -> BaseException:
-        """Close the bar and the records of a run that cannot go on; return the error every
-        rank ends with (run/failure.py). Anything but a RunError is a bug: its traceback stays."""
-        run.bar.close()  # what follows is printed on its own line
-        error = as_run_stop(agreed_failure(error, run.completed, self._last_checkpoint_step()))
-        if not isinstance(error, RunError):
-            return error
-        records = self._failure_records()
-        if writes_for_lost_rank0(error, self.env.rank):  # rank 0 kept the records: gone
-            records = records_of_lost_writer(
-                run_dir_of(self.cfg), self.checkpointer.run_id, self.run_lock,
-                lambda: opened_as_writer(self.cfg, self.checkpointer.run_id, mlperf=True)) or records
-        records.stopped(run.completed, str(error), self.step / self.data.steps_per_epoch,
-                        self._samples_trained(), clock_running=run.clock_running)
-        records.close()
-        self.close()
-        return error
-
     def _new_run(self) -> RunProgress:
         cfg, env = self.cfg, self.env
-        summary = Summary(world_size=env.world_size, target_auc=cfg.eval.target_auc,
-                          codec=codec_label(cfg.comm.codec, cfg.comm.table_codecs))
-        return RunProgress.begin(self.cadence.planned_steps(), self.step, summary, env.device,
+        return RunProgress.begin(self.cadence.planned_steps(), self.step, Summary.of_run(cfg, env.world_size),
+                                 env.device,
                                  show_bar=env.is_main and cfg.logging.progress_bar)
 
     def _start_clock(self, run: RunProgress) -> None:
@@ -343,7 +246,6 @@ class Trainer:
         """Add the step to the metrics window; every `metrics_every_steps` steps (and at
         the last) log the window's mean loss over ranks, the lr and the sample rate."""
         run.count(self.step, loss)
-        note_step(self.step)  # for the heartbeat's thread (run/peers.py)
         if self.step % max(1, self.cfg.logging.metrics_every_steps) and not run.last:
             return
         mean_loss = mean_over_ranks(run.window_loss / run.window_steps, self.env.world_size)
@@ -393,6 +295,4 @@ class Trainer:
 
     def close(self) -> None:
         """Close the records and release the run directory (safe to call twice)."""
-        self.records.close()
-        self.mlperf.close()
-        self.run_lock.release()
+        self.lifecycle.close()

@@ -307,7 +307,7 @@ def measure(batches, vocab, codecs, dim, world, warmup, steps, bag_sizes=None, r
 
 
 # ----------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True,
                     help="raw Criteo TSV (.gz ok), 'synthetic' (kaggle profile) or 'synthetic-terabyte'")
@@ -328,10 +328,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ranks-per-node", type=int, default=None,
                     help="ranks per node: payload between nodes and messages per step, and what "
                          "--codec dedup/node (two levels) is measured against")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def checked_contenders(args: argparse.Namespace) -> dict[str, tuple[str, str]]:
+    """`--codec` as {contender: (codec, flat|node)}, each one this run can time on CPU ranks;
+    `none` moved first (the lossy codecs' error baseline)."""
     from dlrmtrain.comm.labels import CODEC_NAMES, parse_contender
-    from dlrmtrain.comm.registry import lossy_codecs, validate_codec_choice, wire_bytes_per_value
+    from dlrmtrain.comm.registry import validate_codec_choice
     try:
         contenders = {c: parse_contender(c) for c in args.codec}
     except ValueError as e:
@@ -353,22 +357,38 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--codec {c}: {e}") from None
     if "none" in args.codec:  # none first: it is the error baseline of the lossy codecs
         args.codec = ["none"] + [c for c in args.codec if c != "none"]
-    label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
-    width = max(len(v) for v in label.values()) + 1
-    wire = {c: wire_bytes_per_value(name) for c, (name, _) in contenders.items()}
-    bag_sizes = MLPERF_DCNV2_MULTI_HOT_SIZES if args.multi_hot else None
+    return contenders
+
+
+def load_ids(args: argparse.Namespace) -> tuple[np.ndarray, str]:
+    """The id rows of `--data`, and what they are."""
     if args.data in ("synthetic", "synthetic-terabyte"):
         profile = "kaggle" if args.data == "synthetic" else "terabyte"
         tables = "dcnv2" if args.multi_hot else "v1"
         ids = synthetic_ids(max(args.max_rows or 0, 4 * args.world_size * args.batch_size),
                             profile, tables)
-        source = f"synthetic ids, calibrated `{profile}` profile" + (
+        return ids, f"synthetic ids, calibrated `{profile}` profile" + (
             f" ({tables} table sizes)" if profile == "terabyte" else "")
-    else:
-        ids = read_criteo_tsv(Path(args.data), args.max_rows)
-        source = f"{args.data} ({len(ids)} rows)"
-    vocab = [int(ids[:, t].max()) + 1 for t in range(NUM_CAT)]
+    ids = read_criteo_tsv(Path(args.data), args.max_rows)
+    return ids, f"{args.data} ({len(ids)} rows)"
 
+
+class Labels:
+    """How the tables name each contender (`(LOSSY)` where it is) and its wire bytes per value."""
+
+    def __init__(self, args: argparse.Namespace, contenders: dict[str, tuple[str, str]]) -> None:
+        from dlrmtrain.comm.registry import lossy_codecs, wire_bytes_per_value
+        self.label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
+        self.width = max(len(v) for v in self.label.values()) + 1
+        self.wire = {c: wire_bytes_per_value(name) for c, (name, _) in contenders.items()}
+        self.flat = [c for c, (_, kind) in contenders.items() if kind == "flat"]  # dedup/node: "between nodes"
+
+
+def print_bytes(args: argparse.Namespace, ids: np.ndarray, source: str, names: Labels) -> None:
+    """The byte part: payload and ids per step of each flat contender against `none`, and the
+    all-to-all phase they project to over LINK_GBPS links (`--json`: the figures)."""
+    label, width, wire = names.label, names.width, names.wire
+    bag_sizes = MLPERF_DCNV2_MULTI_HOT_SIZES if args.multi_hot else None
     figs = byte_figures(global_batches(ids, args.world_size, args.batch_size),
                         args.world_size, args.batch_size, args.dim, bag_sizes)
     bags = (f"multi-hot (DCNv2 bag sizes, {sum(MLPERF_DCNV2_MULTI_HOT_SIZES)} ids/sample)"
@@ -387,8 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         k = wire[c] / 4.0
         return {"payload": f["payload"] * k, "ids": f["ids"], "max_rank_send": f["max_rank_send"] * k}
 
-    flat_codecs = [c for c, (_, kind) in contenders.items() if kind == "flat"]  # dedup/node: "between nodes"
-    for c in flat_codecs:
+    for c in names.flat:
         f = scaled(c)
         ratio = base["payload"] / f["payload"]
         whole = (base["payload"] + base["ids"]) / (f["payload"] + f["ids"])
@@ -401,71 +420,96 @@ def main(argv: list[str] | None = None) -> None:
             "data": source, "world_size": args.world_size, "batch_size": args.batch_size,
             "dim": args.dim, "bag_sizes": bag_sizes or [1] * NUM_CAT, **figs}, indent=2) + "\n")
     print("projected all-to-all phase per step (busiest rank's payload + ids over its link):")
-    for c in flat_codecs:
+    for c in names.flat:
         f = scaled(c)
         ids_per_rank = f["ids"] / args.world_size
         cells = "  ".join(f"{g} Gb/s {(f['max_rank_send'] + ids_per_rank) * 8 / (g * 1e9) * 1e3:7.2f} ms"
                           for g in LINK_GBPS)
         print(f"  {label[c]:<{width}} {cells}")
 
-    if args.ranks_per_node:
-        L = args.ranks_per_node
-        nf = node_figures(global_batches(ids, args.world_size, args.batch_size), args.world_size, L,
-                          args.batch_size, args.dim)
-        print(f"between nodes: {args.world_size // L} nodes x {L} ranks, payload forward + backward "
-              f"(counted from the ids)")
-        print(f"  {'none':<22} {nf['none'] / 1e6:10.2f} MB/step  1.000x   messages/step "
-              f"{nf['messages_none']} ({nf['messages_none_between']} between nodes)")
-        print(f"  {'dedup (one level)':<22} {nf['dedup'] / 1e6:10.2f} MB/step  {nf['none'] / nf['dedup']:.3f}x")
-        print(f"  {'node-level ideal':<22} {nf['node_ideal'] / 1e6:10.2f} MB/step  "
-              f"{nf['none'] / nf['node_ideal']:.3f}x   (vs one level {nf['dedup'] / nf['node_ideal']:.3f}x; "
-              f"two levels: {nf['messages_node_between']} messages/step between nodes)")
 
+def print_between_nodes(args: argparse.Namespace, ids: np.ndarray) -> None:
+    """`--ranks-per-node`: none's, one-level dedup's and the node-level ideal's payload between
+    nodes, and the messages per step, counted from the ids."""
+    L = args.ranks_per_node
+    nf = node_figures(global_batches(ids, args.world_size, args.batch_size), args.world_size, L,
+                      args.batch_size, args.dim)
+    print(f"between nodes: {args.world_size // L} nodes x {L} ranks, payload forward + backward "
+          f"(counted from the ids)")
+    print(f"  {'none':<22} {nf['none'] / 1e6:10.2f} MB/step  1.000x   messages/step "
+          f"{nf['messages_none']} ({nf['messages_none_between']} between nodes)")
+    print(f"  {'dedup (one level)':<22} {nf['dedup'] / 1e6:10.2f} MB/step  {nf['none'] / nf['dedup']:.3f}x")
+    print(f"  {'node-level ideal':<22} {nf['node_ideal'] / 1e6:10.2f} MB/step  "
+          f"{nf['none'] / nf['node_ideal']:.3f}x   (vs one level {nf['dedup'] / nf['node_ideal']:.3f}x; "
+          f"two levels: {nf['messages_node_between']} messages/step between nodes)")
+
+
+def print_timings(args: argparse.Namespace, ids: np.ndarray, names: Labels, two_level: bool) -> None:
+    """The time part: each codec on `--measure-ranks` real Gloo ranks (step, transfer, codec
+    work, the lossy ones' forward error), and what the codecs counted between nodes."""
+    label, width = names.label, names.width
+    world = args.measure_ranks
+    vocab = [int(ids[:, t].max()) + 1 for t in range(NUM_CAT)]
+    if args.max_table_rows:
+        ids = ids % args.max_table_rows
+        vocab = [min(v, args.max_table_rows) for v in vocab]
+    elif sum(vocab) * args.dim * 4 > 8e9:
+        raise SystemExit(f"--measure-ranks: the tables take {sum(vocab) * args.dim * 4 / 1e9:.0f} GB; "
+                         "cap them with --max-table-rows (e.g. 20000) or pass --measure-ranks 0")
+    batches = global_batches(ids, world, args.batch_size)
+    print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
+          f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
+    if two_level and world != args.world_size:
+        raise SystemExit("--codec dedup/node: --measure-ranks must equal --world-size")
+    t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps,
+                MLPERF_DCNV2_MULTI_HOT_SIZES if args.multi_hot else None, args.ranks_per_node)
+    print(f"{'codec':<{width}} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13} "
+          f"{'max |err|':>10} {'mean |err|':>11} {'rel':>9}")
+    for c in args.codec:
+        r = t[c]
+        rel = f"{t['none']['step'] / r['step']:.2f}x" if "none" in t else "-"
+        err_rel = r["err_mean"] / r["ref_mean"] if r["ref_mean"] else float("nan")
+        print(f"{label[c]:<{width}} {r['step'] * 1e3:>9.1f} {r['transfer'] * 1e3:>12.1f} "
+              f"{r['codec'] * 1e3:>9.1f} {rel:>13} {r['err_max']:>10.3g} {r['err_mean']:>11.3g} {err_rel:>9.2g}")
+    for c in args.codec:
+        if "recv_bytes" in t[c]:
+            print(f"{c}: bytes the codec itself counted on these ranks (all blocks, warm-up included): "
+                  f"{t[c]['recv_bytes_none'] / t[c]['recv_bytes']:.3f}x fewer than none")
+    if args.ranks_per_node:
+        print_counted_between_nodes(args, t, [batches[i % len(batches)] for i in range(args.warmup + args.steps)])
+    print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; dedup: time "
+          "waiting for its all_to_all_single; codec = unique, expand, segment-sum, indices; qcomms: "
+          "quantization runs inside TorchRec's all-to-all, so it is not split out; err = forward "
+          "pooled output vs none, same weights, first batch; rel = mean |err| / mean |none|)")
+
+
+def print_counted_between_nodes(args: argparse.Namespace, t: dict, ran: list) -> None:
+    """The bytes and messages between nodes each codec counted over the batches it `ran`,
+    against none's and the node-level ideal's from the same ids."""
+    nf = node_figures(ran, args.measure_ranks, args.ranks_per_node, args.batch_size, args.dim)
+    print(f"between nodes, counted by the codecs over the {len(ran)} batches they ran "
+          f"(ideal and none from the same ids):")
+    for c in args.codec:
+        if "inter_node_bytes" not in t[c]:
+            continue
+        got = t[c]["inter_node_bytes"]
+        ratio = nf["none"] / got if got else float("inf")
+        print(f"  {c:<12} {got / 1e6:10.2f} MB/step  ratio to none {ratio:.3f}x  "
+              f"/ node-level ideal {ratio / (nf['none'] / nf['node_ideal']):.3f}  messages/step "
+              f"{t[c]['messages']:.0f} ({t[c]['inter_node_messages']:.0f} between nodes; none "
+              f"{nf['messages_none']} ({nf['messages_none_between']}))")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    contenders = checked_contenders(args)
+    names = Labels(args, contenders)
+    ids, source = load_ids(args)
+    print_bytes(args, ids, source, names)
+    if args.ranks_per_node:
+        print_between_nodes(args, ids)
     if args.measure_ranks:
-        world = args.measure_ranks
-        if args.max_table_rows:
-            ids = ids % args.max_table_rows
-            vocab = [min(v, args.max_table_rows) for v in vocab]
-        elif sum(vocab) * args.dim * 4 > 8e9:
-            raise SystemExit(f"--measure-ranks: the tables take {sum(vocab) * args.dim * 4 / 1e9:.0f} GB; "
-                             "cap them with --max-table-rows (e.g. 20000) or pass --measure-ranks 0")
-        batches = global_batches(ids, world, args.batch_size)
-        print(f"\ntiming: {world} Gloo ranks on this machine, local batch {args.batch_size}, "
-              f"{args.steps} steps after {args.warmup} warm-up (forward + backward + fused SGD)")
-        if node_codecs and world != args.world_size:
-            raise SystemExit("--codec dedup/node: --measure-ranks must equal --world-size")
-        t = measure(batches, vocab, args.codec, args.dim, world, args.warmup, args.steps, bag_sizes,
-                    args.ranks_per_node)
-        print(f"{'codec':<{width}} {'step ms':>9} {'transfer ms':>12} {'codec ms':>9} {'step vs none':>13} "
-              f"{'max |err|':>10} {'mean |err|':>11} {'rel':>9}")
-        for c in args.codec:
-            r = t[c]
-            rel = f"{t['none']['step'] / r['step']:.2f}x" if "none" in t else "-"
-            err_rel = r["err_mean"] / r["ref_mean"] if r["ref_mean"] else float("nan")
-            print(f"{label[c]:<{width}} {r['step'] * 1e3:>9.1f} {r['transfer'] * 1e3:>12.1f} "
-                  f"{r['codec'] * 1e3:>9.1f} {rel:>13} {r['err_max']:>10.3g} {r['err_mean']:>11.3g} {err_rel:>9.2g}")
-        for c in args.codec:
-            if "recv_bytes" in t[c]:
-                print(f"{c}: bytes the codec itself counted on these ranks (all blocks, warm-up included): "
-                      f"{t[c]['recv_bytes_none'] / t[c]['recv_bytes']:.3f}x fewer than none")
-        if args.ranks_per_node:
-            ran = [batches[i % len(batches)] for i in range(args.warmup + args.steps)]
-            nf = node_figures(ran, world, args.ranks_per_node, args.batch_size, args.dim)
-            print(f"between nodes, counted by the codecs over the {len(ran)} batches they ran "
-                  f"(ideal and none from the same ids):")
-            for c in args.codec:
-                if "inter_node_bytes" not in t[c]:
-                    continue
-                got = t[c]["inter_node_bytes"]
-                ratio = nf["none"] / got if got else float("inf")
-                print(f"  {c:<12} {got / 1e6:10.2f} MB/step  ratio to none {ratio:.3f}x  "
-                      f"/ node-level ideal {ratio / (nf['none'] / nf['node_ideal']):.3f}  messages/step "
-                      f"{t[c]['messages']:.0f} ({t[c]['inter_node_messages']:.0f} between nodes; none "
-                      f"{nf['messages_none']} ({nf['messages_none_between']}))")
-        print("(none: transfer = the stock forward+backward all-to-all sizes timed alone; dedup: time "
-              "waiting for its all_to_all_single; codec = unique, expand, segment-sum, indices; qcomms: "
-              "quantization runs inside TorchRec's all-to-all, so it is not split out; err = forward "
-              "pooled output vs none, same weights, first batch; rel = mean |err| / mean |none|)")
+        print_timings(args, ids, names, two_level=any(kind == "node" for _, kind in contenders.values()))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from collections import deque
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -339,88 +340,123 @@ def build_plain_torchrec(cfg, rows, device, plan):
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
 
 
-def main() -> None:
-    args = parse_args(sys.argv[1:])
-    if "RANK" not in os.environ:
-        relaunch_under_torchrun(args)
+class Contenders:
+    """What races, by name: the dlrmtrain ones (`trainers`: the shape's config first, then each
+    `--vs` one and torchrec's order) and plain TorchRec (`plain`: its model and optimizer, or
+    None); `steppers` runs a block of steps of each. (No dataclass: bench_floor.py loads this
+    script without registering it as a module.)"""
 
-    import logging
+    def __init__(self, env, config: str, shape_overrides: list[str], cfg) -> None:
+        self.env, self.config, self.shape_overrides, self.cfg = env, config, shape_overrides, cfg
+        self.trainers: dict = {}
+        self.plain: Optional[tuple] = None
+        self.steppers: dict = {}
 
-    import torch
-    import torch.distributed as dist
+    @property
+    def trainer(self):
+        """The first contender: dlrmtrain with the shape's config."""
+        return next(iter(self.trainers.values()))
 
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    def add(self, name: str, trainer) -> None:
+        self.trainers[name] = trainer
+        self.steppers[name] = blocks_of(trainer)
+
+
+class Timings:
+    """Per contender: each timed block's seconds per step, the bytes through the link per
+    step, the codec's seconds over the timed blocks, and its profiled all-to-all (seconds per
+    step, fraction hidden)."""
+
+    def __init__(self, names: list[str], trainers: dict) -> None:
+        self.blocks: dict = {n: [] for n in names}
+        self.link_bytes: dict = {n: [] for n in names}
+        self.codec_seconds: dict = {n: 0.0 for n in trainers}
+        self.overlap: dict = {}
+
+
+def blocks_of(trainer):
+    """A contender's runner of a block of steps: plain, or through its run.pipeline
+    (which fills at the block's start and drains at its end)."""
+    return lambda block: deque(trainer.train_on(block), maxlen=0)
+
+
+def build_contenders(args: argparse.Namespace, env) -> Contenders:
+    """The first contender, each `--vs` one (its own run directory), torchrec's order with
+    `--torchrec-order`, and plain TorchRec where the arch has a plain model."""
     from dlrmtrain.config import load_config
-    from dlrmtrain.validation import resolve_config, validate_config
     from dlrmtrain.data import table_rows
-    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer
+    from dlrmtrain.validation import resolve_config, validate_config
 
-    torch.set_num_threads(1)
-    env = init_distributed("cpu")
     config, shape_overrides = shape_config(args)
     common = [*shape_overrides, "logging.progress_bar=false", "eval.enabled=false",
               "mlperf.enabled=false", "run.output_dir=/tmp/dlrmtrain-bench", "run.overwrite=true"]
     cfg = resolve_config(load_config(config, common))
     validate_config(cfg, env.world_size)
-    trainer = Trainer(cfg, env)
-
-    def blocks_of(t):
-        """A contender's runner of a block of steps: plain, or through its run.pipeline
-        (which fills at the block's start and drains at its end)."""
-        return lambda block: deque(t.train_on(block), maxlen=0)
-    steppers: dict[str, object] = {"dlrmtrain": blocks_of(trainer)}
-    others = []
+    race = Contenders(env, config, shape_overrides, cfg)
+    race.add("dlrmtrain", Trainer(cfg, env))
     for i, vs in enumerate(args.vs):  # each its own run directory
         other_cfg = resolve_config(load_config(config, common + [f"run.name=bench_vs{i}"] + vs.split()))
         validate_config(other_cfg, env.world_size)
-        others.append(Trainer(other_cfg, env))
-        steppers[f"dlrmtrain {vs}"] = blocks_of(others[-1])
+        race.add(f"dlrmtrain {vs}", Trainer(other_cfg, env))
     if args.torchrec_order:
         from dlrmtrain.models.dlrm import set_sparse_first
         order_cfg = resolve_config(load_config(config, common + ["run.name=bench_order"]))
-        others.append(Trainer(order_cfg, env))
-        set_sparse_first(others[-1].model, False)
+        race.add("dlrmtrain (torchrec's order)", Trainer(order_cfg, env))
+        set_sparse_first(race.trainers["dlrmtrain (torchrec's order)"].model, False)
         args.vs.append("(torchrec's order)")
-        steppers["dlrmtrain (torchrec's order)"] = blocks_of(others[-1])
-    plain = None
     if not args.no_plain and cfg.model.arch not in PLAIN_ARCHS:
         args.no_plain = True
         if env.is_main:
             print(f"bench_train: TorchRec has no plain model for {cfg.model.arch}: "
                   "no plain contender", flush=True)
     if not args.no_plain:
-        plain = build_plain_torchrec(cfg, table_rows(cfg), env.device, trainer.model.plan)
-        plain_model, plain_opt = plain
+        race.plain = build_plain_torchrec(cfg, table_rows(cfg), env.device, race.trainer.model.plan)
+        race.steppers["plain TorchRec DMP"] = plain_stepper(*race.plain)
+    return race
 
-        def plain_step(block):
-            for b in block:
-                plain_opt.zero_grad()
-                loss, _ = plain_model(b)
-                loss.backward()
-                plain_opt.step()
-        steppers["plain TorchRec DMP"] = plain_step
 
+def plain_stepper(plain_model, plain_opt):
+    def plain_step(block):
+        for b in block:
+            plain_opt.zero_grad()
+            loss, _ = plain_model(b)
+            loss.backward()
+            plain_opt.step()
+    return plain_step
+
+
+def shared_batches(race: Contenders, args: argparse.Namespace) -> list:
+    """The batches every contender steps over (warm-up, then the timed blocks); a contender that
+    dedups at the source takes each one's distinct bags, made from it before any timing."""
+    from dlrmtrain.workloads import build_datasets, workload_of
+
+    env = race.env
     warmup = args.steps if args.warmup_steps is None else args.warmup_steps
     needed = args.steps * args.rounds + max(warmup, 1)
     batches = []
     epoch = 0
     # Full batches from a loader of their own: the first contender's loader hands out distinct
     # bags when it dedups at the source, and every contender must start from the same batches.
-    from dlrmtrain.workloads import build_datasets
-    full = build_datasets(trainer.cfg, env.rank, env.world_size)
+    full = build_datasets(race.trainer.cfg, env.rank, env.world_size)
     while len(batches) < needed:
         batches.extend(b.to(env.device) for b in full.train_batches(epoch))
         epoch += 1
-
-    link_bytes: dict[str, list[float]] = {n: [] for n in steppers}
-    trainers = {"dlrmtrain": trainer, **{f"dlrmtrain {vs}": t for vs, t in zip(args.vs, others)}}
-    from dlrmtrain.workloads import workload_of
-    for name, t in trainers.items():  # comm.dedup_at: source takes its batches deduplicated
+    for name, t in race.trainers.items():  # comm.dedup_at: source takes its batches deduplicated
         if t.cfg.comm.dedup_at == "source":
-            steppers[name] = with_distinct_bags(steppers[name], t, batches, workload_of(t.cfg).collection_kind)
-    assert set(trainers) <= set(steppers)
-    codec_seconds = {n: 0.0 for n in trainers}
+            race.steppers[name] = with_distinct_bags(race.steppers[name], t, batches,
+                                                     workload_of(t.cfg).collection_kind)
+    assert set(race.trainers) <= set(race.steppers)
+    return batches
+
+
+def time_contenders(race: Contenders, args: argparse.Namespace, batches: list) -> Timings:
+    """Warm every contender up, then time alternating blocks (ABC, CBA, ...) of the same
+    batches; last, profile one block of each for its all-to-alls."""
+    import torch.distributed as dist
+
+    trainers, names = race.trainers, list(race.steppers)
+    timings = Timings(names, trainers)
 
     def timed(step, block, name=None) -> float:
         dist.barrier()
@@ -431,102 +467,145 @@ def main() -> None:
         dist.barrier()
         seconds = time.perf_counter() - t0
         if name and sent0 is not None:
-            link_bytes[name].append(between_nodes(link_bytes_sent() - sent0) / len(block))
+            timings.link_bytes[name].append(between_nodes(link_bytes_sent() - sent0) / len(block))
         if name in trainers:
-            codec_seconds[name] += codec_seconds_so_far(trainers[name]) - codec0
+            timings.codec_seconds[name] += codec_seconds_so_far(trainers[name]) - codec0
         return seconds / len(block)
 
-    names = list(steppers)
+    warmup = args.steps if args.warmup_steps is None else args.warmup_steps
     for name in names:  # warm-up: untimed, over batches the timed blocks never see
         for first in range(0, warmup, max(args.steps, 1)):
-            timed(steppers[name], batches[first:min(first + args.steps, warmup)])
+            timed(race.steppers[name], batches[first:min(first + args.steps, warmup)])
     timed_batches = batches[warmup:]
-    blocks: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
         block = timed_batches[args.steps * r: args.steps * (r + 1)]
         for name in (names if r % 2 == 0 else names[::-1]):
-            blocks[name].append(timed(steppers[name], block, name))
+            timings.blocks[name].append(timed(race.steppers[name], block, name))
+    timings.overlap = {n: all_to_all_profile(race.steppers[n], batches[:args.steps]) for n in names}
+    return timings
 
-    overlap = {n: all_to_all_profile(steppers[n], batches[:args.steps]) for n in names}
-    base_all_to_all = overlap[names[0]][0]
 
+def print_results(race: Contenders, args: argparse.Namespace, timings: Timings) -> None:
+    """Rank 0's table: medians and blocks, the ratios, the codecs' time against the first
+    contender's all-to-all, the free-codec bound, overlap and bytes; `--json` too."""
+    cfg, names, width = race.cfg, list(race.steppers), max(24, *(len(n) + 2 for n in race.steppers))
+    gbs = cfg.run.global_batch_size
+    median = {n: statistics.median(b) for n, b in timings.blocks.items()}
+    print("\n" + "=" * 72)
+    print(f"bench_train: {race.env.world_size} Gloo ranks, global batch {gbs}, "
+          f"{args.rounds} alternating blocks of {args.steps} steps (medians)")
+    print(f"  config {Path(race.config).name} {' '.join(race.shape_overrides)}")
+    print(f"  model {cfg.model.arch}, emb dim {cfg.model.embedding_dim}, "
+          f"{len(race.trainer.data.table_rows)} tables, optimizer {cfg.optim.name}")
+    print(f"  {'':{width}}{'ms/step':>10}{'samples/s':>14}   blocks (ms/step)")
+    for name in names:
+        print(f"  {name:<{width}}{1000 * median[name]:10.2f}{gbs / median[name]:14,.0f}   "
+              + " ".join(f"{1000 * x:.1f}" for x in timings.blocks[name]))
+    print_reference_wire(cfg.model.arch, names)
+    base = names[0]
+    for name in names[1:len(names) - (race.plain is not None)]:
+        print(f"  ratio ({name}) / ({base}) step time: {median[name] / median[base]:.3f}")
+    if race.plain is not None:
+        for name in names[:-1]:
+            goal = "  (goal ≤ 1.02)" if name == base else ""
+            print(f"  ratio ({name}) / plain step time: "
+                  f"{median[name] / median['plain TorchRec DMP']:.3f}{goal}")
+    free_codec_bound = print_all_to_alls(race, args, timings, median, width)
+    if all(timings.link_bytes.values()):
+        where = ("between nodes per step (all nodes' links, summed)"
+                 if "DLRMTRAIN_LINK_DEVICE" in os.environ else
+                 "through lo per step (all ranks, both directions; exact only inside "
+                 "shaped_link's private namespace)")
+        print(f"  bytes {where}: " + ", ".join(f"{n} {statistics.median(b) / 1e6:.1f} MB"
+                                             for n, b in timings.link_bytes.items()))
+    wire_worth = print_wire_worth(names, median, timings.link_bytes)
+    print("=" * 72)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results_json(race, args, timings, median, {
+            "free_codec_bound": free_codec_bound, "saved_bytes_wire_ratio": wire_worth}), indent=2) + "\n")
+
+
+def print_all_to_alls(race: Contenders, args: argparse.Namespace, timings: Timings, median: dict,
+                      width: int) -> float:
+    """Each codec's time on the critical path against the first contender's embedding
+    all-to-all, the free-codec bound (returned) and how much of each all-to-all was hidden."""
+    names = list(race.steppers)
+    base, base_all_to_all = names[0], timings.overlap[names[0]][0]
+    steps_timed = args.steps * args.rounds
+    print(f"  codec time on the critical path vs ({base})'s embedding all-to-all, rank 0 "
+          f"(goal ≤ 20% at MLPerf's shape): all-to-alls {1000 * base_all_to_all:.1f} ms/step "
+          "(embeddings and ids)")
+    for name in race.trainers:
+        ms = 1000 * timings.codec_seconds[name] / steps_timed
+        if ms > 0:
+            print(f"    {name:<{width}} codec {ms:7.1f} ms/step = "
+                  f"{100 * ms / max(1000 * base_all_to_all, 1e-9):.0f}% of it")
+    seconds, hidden = timings.overlap[base]
+    free_codec_bound = 1 - seconds * (1 - hidden) / median[base]
+    print(f"  bound: a free codec that moved nothing would step in "
+          f"{free_codec_bound:.3f} of ({base})'s time (its exposed "
+          "embedding all-to-all removed; Amdahl, rank 0; optimistic: ranks waiting for each "
+          "other count as removed; scripts/bench_floor.py measures the floor)")
+    print("  embedding all-to-all wall time hidden behind compute, rank 0 (one profiled block; "
+          "a lower bound; rough):")
+    for name in names:
+        seconds, hidden = timings.overlap[name]
+        print(f"    {name:<{width}} {1000 * seconds:7.1f} ms/step, {hidden:4.0%} hidden, "
+              f"{1000 * seconds * (1 - hidden):7.1f} ms/step exposed")
+    return free_codec_bound
+
+
+def results_json(race: Contenders, args: argparse.Namespace, timings: Timings, median: dict,
+                 bounds: dict) -> dict:
+    """What `--json` writes: the run's shape, each contender's medians and blocks, bytes,
+    codec and all-to-all times, and `bounds` (the free-codec bound, the wire's worth)."""
+    cfg, steps_timed = race.cfg, args.steps * args.rounds
+    return {
+        "config": race.config, "overrides": race.shape_overrides, "world_size": race.env.world_size,
+        "global_batch_size": cfg.run.global_batch_size, "steps": args.steps, "rounds": args.rounds,
+        "sim_nodes": args.sim_nodes,
+        "arch": cfg.model.arch, "ms_per_step": {n: 1000 * t for n, t in median.items()},
+        "blocks_ms": {n: [1000 * x for x in b] for n, b in timings.blocks.items()},
+        "loopback_mb_per_step": {n: statistics.median(b) / 1e6
+                                 for n, b in timings.link_bytes.items() if b},
+        "codec_ms_per_step": {n: 1000 * s / steps_timed for n, s in timings.codec_seconds.items()},
+        "base_all_to_all_ms_per_step": 1000 * timings.overlap[next(iter(race.steppers))][0],
+        "all_to_all_ms_per_step": {n: 1000 * o[0] for n, o in timings.overlap.items()},
+        "all_to_all_hidden_fraction": {n: o[1] for n, o in timings.overlap.items()},
+        **bounds,
+    }
+
+
+def close_contenders(race: Contenders) -> None:
+    """Close every trainer's records and drop every sharded model, before the process group
+    goes (docs/design.md §6)."""
+    race.steppers.clear()
+    for trainer in race.trainers.values():
+        trainer.close()
+    race.trainers.clear()
+    race.plain = None
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
+    if "RANK" not in os.environ:
+        relaunch_under_torchrun(args)
+
+    import logging
+
+    import torch
+
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+
+    torch.set_num_threads(1)
+    env = init_distributed("cpu")
+    race = build_contenders(args, env)
+    timings = time_contenders(race, args, shared_batches(race, args))
     if env.is_main:
-        gbs = cfg.run.global_batch_size
-        median = {n: statistics.median(b) for n, b in blocks.items()}
-        print("\n" + "=" * 72)
-        print(f"bench_train: {env.world_size} Gloo ranks, global batch {gbs}, "
-              f"{args.rounds} alternating blocks of {args.steps} steps (medians)")
-        print(f"  config {Path(config).name} {' '.join(shape_overrides)}")
-        print(f"  model {cfg.model.arch}, emb dim {cfg.model.embedding_dim}, "
-              f"{len(trainer.data.table_rows)} tables, optimizer {cfg.optim.name}")
-        width = max(24, *(len(n) + 2 for n in names))
-        print(f"  {'':{width}}{'ms/step':>10}{'samples/s':>14}   blocks (ms/step)")
-        for name in names:
-            print(f"  {name:<{width}}{1000 * median[name]:10.2f}{gbs / median[name]:14,.0f}   "
-                  + " ".join(f"{1000 * x:.1f}" for x in blocks[name]))
-        print_reference_wire(cfg.model.arch, names)
-        base = names[0]
-        for name in names[1:len(names) - (plain is not None)]:
-            print(f"  ratio ({name}) / ({base}) step time: {median[name] / median[base]:.3f}")
-        if plain is not None:
-            for name in names[:-1]:
-                goal = "  (goal ≤ 1.02)" if name == base else ""
-                print(f"  ratio ({name}) / plain step time: "
-                      f"{median[name] / median['plain TorchRec DMP']:.3f}{goal}")
-        steps_timed = args.steps * args.rounds
-        print(f"  codec time on the critical path vs ({base})'s embedding all-to-all, rank 0 "
-              f"(goal ≤ 20% at MLPerf's shape): all-to-alls {1000 * base_all_to_all:.1f} ms/step "
-              "(embeddings and ids)")
-        for name in trainers:
-            ms = 1000 * codec_seconds[name] / steps_timed
-            if ms > 0:
-                print(f"    {name:<{width}} codec {ms:7.1f} ms/step = "
-                      f"{100 * ms / max(1000 * base_all_to_all, 1e-9):.0f}% of it")
-        seconds, hidden = overlap[base]
-        free_codec_bound = 1 - seconds * (1 - hidden) / median[base]
-        print(f"  bound: a free codec that moved nothing would step in "
-              f"{free_codec_bound:.3f} of ({base})'s time (its exposed "
-              "embedding all-to-all removed; Amdahl, rank 0; optimistic: ranks waiting for each "
-              "other count as removed; scripts/bench_floor.py measures the floor)")
-        print("  embedding all-to-all wall time hidden behind compute, rank 0 (one profiled block; "
-              "a lower bound; rough):")
-        for name in names:
-            seconds, hidden = overlap[name]
-            print(f"    {name:<{width}} {1000 * seconds:7.1f} ms/step, {hidden:4.0%} hidden, "
-                  f"{1000 * seconds * (1 - hidden):7.1f} ms/step exposed")
-        if all(link_bytes.values()):
-            where = ("between nodes per step (all nodes' links, summed)"
-                     if "DLRMTRAIN_LINK_DEVICE" in os.environ else
-                     "through lo per step (all ranks, both directions; exact only inside "
-                     "shaped_link's private namespace)")
-            print(f"  bytes {where}: "
-                  + ", ".join(f"{n} {statistics.median(b) / 1e6:.1f} MB" for n, b in link_bytes.items()))
-        wire_worth = print_wire_worth(names, median, link_bytes)
-        print("=" * 72)
-        if args.json:
-            Path(args.json).write_text(json.dumps({
-                "config": config, "overrides": shape_overrides, "world_size": env.world_size,
-                "global_batch_size": gbs, "steps": args.steps, "rounds": args.rounds,
-                "sim_nodes": args.sim_nodes,
-                "arch": cfg.model.arch, "ms_per_step": {n: 1000 * t for n, t in median.items()},
-                "blocks_ms": {n: [1000 * x for x in b] for n, b in blocks.items()},
-                "loopback_mb_per_step": {n: statistics.median(b) / 1e6
-                                         for n, b in link_bytes.items() if b},
-                "codec_ms_per_step": {n: 1000 * s / steps_timed for n, s in codec_seconds.items()},
-                "base_all_to_all_ms_per_step": 1000 * base_all_to_all,
-                "all_to_all_ms_per_step": {n: 1000 * o[0] for n, o in overlap.items()},
-                "all_to_all_hidden_fraction": {n: o[1] for n, o in overlap.items()},
-                "free_codec_bound": free_codec_bound,
-                "saved_bytes_wire_ratio": wire_worth,
-            }, indent=2) + "\n")
-    del steppers
-    trainer.close()
-    del trainer
-    for other in others:
-        other.close()
-    del others, plain
-    if not args.no_plain:
-        del plain_model, plain_opt, plain_step
+        print_results(race, args, timings)
+    close_contenders(race)
+    del race
     shutdown_distributed()
 
 

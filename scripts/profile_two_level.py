@@ -131,27 +131,12 @@ def print_timelines(per_rank: list[dict[str, list]], names: list[str]) -> None:
             print(f"  rank {r} {1e3 * (t0 - origin):8.1f} {1e3 * (t1 - origin):8.1f}  {1e3 * (t1 - t0):7.1f}  {what}")
 
 
-def main() -> None:
-    args = parse_args(sys.argv[1:])
-    if "RANK" not in os.environ:
-        relaunch(args)
-    import logging
-
-    import torch
-    import torch.distributed as dist
-
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    from dlrmtrain.comm.stats import collect_comm_stats
+def build_trainers(args: argparse.Namespace, env) -> dict:
+    """A Trainer per contender (its own run directory), both owner-side dedup."""
     from dlrmtrain.config import load_config
-    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
     from dlrmtrain.trainer import Trainer
     from dlrmtrain.validation import resolve_config, validate_config
 
-    torch.set_num_threads(1)
-    wrap_plan_pieces()
-    if args.timeline:
-        trace_events()
-    env = init_distributed("cpu")
     common = ["logging.progress_bar=false", "eval.enabled=false", "mlperf.enabled=false",
               "run.output_dir=/tmp/dlrmtrain-profile", "run.overwrite=true", "comm.codec=dedup",
               "comm.dedup_at=owner",  # one level against two, both owner-side (two levels have no source path)
@@ -163,65 +148,126 @@ def main() -> None:
         cfg = resolve_config(load_config(args.config, common + [f"run.name=profile{i}", *extra]))
         validate_config(cfg, env.world_size)
         trainers[name] = Trainer(cfg, env)
+    return trainers
+
+
+def counters(trainer) -> dict[str, float]:
+    """The trainer's codec, transfer and per-hop seconds so far (comm stats)."""
+    from dlrmtrain.comm.stats import collect_comm_stats
+
+    s = collect_comm_stats(trainer.model)
+    n = s["steps"]
+    return {"codec": s["codec_seconds_per_step"] * n, "transfer": s["transfer_seconds_per_step"] * n,
+            **{f"hop {k}": v * n / 1e3 for k, v in s["hop_ms_per_step"].items()}}
+
+
+def block(name: str, trainer, bs) -> dict[str, float]:
+    """Seconds per step of one block: the step, its phases, the codec counters."""
+    import torch.distributed as dist
+
+    times: collections.Counter = collections.Counter()
+    before, pieces = counters(trainer), PLAN_PIECES.copy()
+    dist.barrier()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    for b in bs:
+        EVENTS.clear()
+        trainer.schedule.apply(trainer.step + 1, [trainer.optimizer])
+        trainer.step += 1
+        t0 = time.perf_counter()
+        trainer.optimizer.zero_grad()
+        loss, _ = trainer.model(b)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        trainer.optimizer.step()
+        t3 = time.perf_counter()
+        EVENTS.extend([("forward", t0, t1), ("backward", t1, t2), ("optimizer", t2, t3)])
+        times["forward"] += t1 - t0
+        times["backward"] += t2 - t1
+        times["optimizer"] += t3 - t2
+    times["cpu (all threads)"] = time.process_time() - cpu_start
+    dist.barrier()
+    times["step"] = time.perf_counter() - t_start
+    after = counters(trainer)
+    for k, v in after.items():
+        times[k] += v - before.get(k, 0.0)
+    if name == "two-level":
+        for k, v in PLAN_PIECES.items():
+            times[f"plan: {k}"] += v - pieces.get(k, 0.0)
+    return {k: v / len(bs) for k, v in times.items()}
+
+
+def run_rounds(trainers: dict, args: argparse.Namespace, batches: list) -> tuple[dict, dict]:
+    """Warm each contender up, then alternating blocks (AB, BA, ...): each block's seconds per
+    step by contender, and each contender's events of its last timed step."""
+    names = list(trainers)
+    for name in names:
+        block(name, trainers[name], batches[:args.warmup_steps])
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    timelines: dict[str, list] = {}
+    timed = batches[args.warmup_steps:]
+    for r in range(args.rounds):
+        bs = timed[args.steps * r:args.steps * (r + 1)]
+        for name in (names if r % 2 == 0 else names[::-1]):
+            results[name].append(block(name, trainers[name], bs))
+            timelines[name] = list(EVENTS)
+    return results, timelines
+
+
+def print_table(args: argparse.Namespace, world_size: int, gathered: list, results: dict) -> None:
+    """Rank 0's table: each figure's median, mean over ranks [slowest rank], and the ratios."""
+    names = list(results)
+    print("\n" + "=" * 72)
+    print(f"profile_two_level: {world_size} ranks, {args.sim_nodes or 'no'} simulated nodes "
+          f"({args.gbit:g} Gbit/s)" if args.sim_nodes else f"profile_two_level: {world_size} ranks")
+    print(f"  {args.rounds} alternating blocks of {args.steps} steps, medians; ms/step, "
+          "mean over ranks [slowest rank]")
+    keys = list(dict.fromkeys(k for n in names for k in gathered[0][n]))
+    print(f"  {'':36}" + "".join(f"{n:>22}" for n in names))
+    for k in keys:
+        cells = []
+        for n in names:
+            vals = [g[n].get(k) for g in gathered]
+            if any(v is None for v in vals):
+                cells.append(f"{'':>22}")
+                continue
+            cells.append(f"{1e3 * statistics.mean(vals):12.1f} [{1e3 * max(vals):7.1f}]")
+        print(f"  {k:<36}" + "".join(cells))
+    base = statistics.mean(g["dedup"]["step"] for g in gathered)
+    two = statistics.mean(g["two-level"]["step"] for g in gathered)
+    print(f"  ratio two-level / dedup step time: {two / base:.3f} (of the medians)")
+    # each round's two blocks ran back to back: their ratio sees the same machine load
+    paired = sorted(t["step"] / d["step"] for d, t in zip(results["dedup"], results["two-level"]))
+    print(f"  per round (adjacent blocks): median {statistics.median(paired):.3f}, "
+          f"range {paired[0]:.3f}-{paired[-1]:.3f} over {len(paired)} rounds")
+    print("=" * 72, flush=True)
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
+    if "RANK" not in os.environ:
+        relaunch(args)
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+
+    torch.set_num_threads(1)
+    wrap_plan_pieces()
+    if args.timeline:
+        trace_events()
+    env = init_distributed("cpu")
+    trainers = build_trainers(args, env)
     first = next(iter(trainers.values()))
     needed = args.warmup_steps + args.steps * args.rounds
     batches, epoch = [], 0
     while len(batches) < needed:
         batches.extend(b.to(env.device) for b in first.data.train_batches(epoch))
         epoch += 1
-
-    def counters(trainer) -> dict[str, float]:
-        s = collect_comm_stats(trainer.model)
-        n = s["steps"]
-        return {"codec": s["codec_seconds_per_step"] * n, "transfer": s["transfer_seconds_per_step"] * n,
-                **{f"hop {k}": v * n / 1e3 for k, v in s["hop_ms_per_step"].items()}}
-
-    def block(name: str, bs) -> dict[str, float]:
-        """Seconds per step of one block: the step, its phases, the codec counters."""
-        trainer = trainers[name]
-        times: collections.Counter = collections.Counter()
-        before, pieces = counters(trainer), PLAN_PIECES.copy()
-        dist.barrier()
-        t_start, cpu_start = time.perf_counter(), time.process_time()
-        for b in bs:
-            EVENTS.clear()
-            trainer.schedule.apply(trainer.step + 1, [trainer.optimizer])
-            trainer.step += 1
-            t0 = time.perf_counter()
-            trainer.optimizer.zero_grad()
-            loss, _ = trainer.model(b)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            trainer.optimizer.step()
-            t3 = time.perf_counter()
-            EVENTS.extend([("forward", t0, t1), ("backward", t1, t2), ("optimizer", t2, t3)])
-            times["forward"] += t1 - t0
-            times["backward"] += t2 - t1
-            times["optimizer"] += t3 - t2
-        times["cpu (all threads)"] = time.process_time() - cpu_start
-        dist.barrier()
-        times["step"] = time.perf_counter() - t_start
-        after = counters(trainer)
-        for k, v in after.items():
-            times[k] += v - before.get(k, 0.0)
-        if name == "two-level":
-            for k, v in PLAN_PIECES.items():
-                times[f"plan: {k}"] += v - pieces.get(k, 0.0)
-        return {k: v / len(bs) for k, v in times.items()}
-
-    timelines: dict[str, list] = {}
-    names = list(trainers)
-    for name in names:
-        block(name, batches[:args.warmup_steps])
-    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-    timed = batches[args.warmup_steps:]
-    for r in range(args.rounds):
-        bs = timed[args.steps * r:args.steps * (r + 1)]
-        for name in (names if r % 2 == 0 else names[::-1]):
-            results[name].append(block(name, bs))
-            timelines[name] = list(EVENTS)
-
+    results, timelines = run_rounds(trainers, args, batches)
     medians = {n: {k: statistics.median(b.get(k, 0.0) for b in blocks) for k in blocks[0]}
                for n, blocks in results.items()}
     gathered: list = [None] * env.world_size
@@ -229,32 +275,9 @@ def main() -> None:
     all_timelines: list = [None] * env.world_size
     dist.all_gather_object(all_timelines, timelines)
     if env.is_main and args.timeline:
-        print_timelines(all_timelines, names)
+        print_timelines(all_timelines, list(trainers))
     if env.is_main:
-        print("\n" + "=" * 72)
-        print(f"profile_two_level: {env.world_size} ranks, {args.sim_nodes or 'no'} simulated nodes "
-              f"({args.gbit:g} Gbit/s)" if args.sim_nodes else f"profile_two_level: {env.world_size} ranks")
-        print(f"  {args.rounds} alternating blocks of {args.steps} steps, medians; ms/step, "
-              "mean over ranks [slowest rank]")
-        keys = list(dict.fromkeys(k for n in names for k in gathered[0][n]))
-        print(f"  {'':36}" + "".join(f"{n:>22}" for n in names))
-        for k in keys:
-            cells = []
-            for n in names:
-                vals = [g[n].get(k) for g in gathered]
-                if any(v is None for v in vals):
-                    cells.append(f"{'':>22}")
-                    continue
-                cells.append(f"{1e3 * statistics.mean(vals):12.1f} [{1e3 * max(vals):7.1f}]")
-            print(f"  {k:<36}" + "".join(cells))
-        base = statistics.mean(g["dedup"]["step"] for g in gathered)
-        two = statistics.mean(g["two-level"]["step"] for g in gathered)
-        print(f"  ratio two-level / dedup step time: {two / base:.3f} (of the medians)")
-        # each round's two blocks ran back to back: their ratio sees the same machine load
-        paired = sorted(t["step"] / d["step"] for d, t in zip(results["dedup"], results["two-level"]))
-        print(f"  per round (adjacent blocks): median {statistics.median(paired):.3f}, "
-              f"range {paired[0]:.3f}-{paired[-1]:.3f} over {len(paired)} rounds")
-        print("=" * 72, flush=True)
+        print_table(args, env.world_size, gathered, results)
     for t in trainers.values():
         t.close()
     del trainers, first

@@ -587,7 +587,7 @@ def print_node_validation(rows: list[dict]) -> None:
           f"step times {100 * worst_ms:.1f}% ({verdict(worst_ms)})")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", type=Path, help="bench_link.py's sweep.json (validation)")
     p.add_argument("--comm", type=Path, help="bench_comm.py --json of the swept shape (2 ranks)")
@@ -608,53 +608,57 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.node_sweep:
         if not (folder / "sweep.json").is_file():
             p.error(f"--node-sweep {folder}: no sweep.json there (bench_link.py --sim-nodes --out {folder})")
-    args.out.mkdir(parents=True, exist_ok=True)
-    result: dict = {}
-    if args.sweep:
-        if not (args.comm and args.kernels_ms):
-            p.error("--sweep needs --comm and --kernels-ms")
-        rows = validate(json.loads(args.sweep.read_text()), json.loads(args.comm.read_text()),
-                        tuple(args.kernels_ms), args.loopback_gbit)
-        result["validation"] = rows
-        print("validation on this machine (mlperf shape, 2 ranks, one shared loopback link):")
-        print(f"  {'link Gbit/s':>11} {'none ms':>9} {'dedup ms':>9} {'pred none':>10} "
-              f"{'pred dedup':>11} {'measured':>9} {'predicted':>10} {'error':>7} {'fitted':>7} {'error':>7}"
-              f" {'counted':>8} {'error':>7}")
-        for r in rows:
-            counted = "" if r["counted_ratio"] is None else \
-                f" {r['counted_ratio']:8.3f} {100 * r['counted_error']:6.1f}%"
-            print(f"  {r['link']:>11} {r['measured_none_ms']:9.0f} {r['measured_dedup_ms']:9.0f} "
-                  f"{r['predicted_none_ms']:10.0f} {r['predicted_dedup_ms']:11.0f} "
-                  f"{r['measured_ratio']:9.3f} {r['predicted_ratio']:10.3f} {100 * r['error']:6.1f}% "
-                  f"{r['fitted_ratio']:7.3f} {100 * r['fitted_error']:6.1f}%{counted}")
-        print(f"  link bytes per step ({rows[0]['bytes_source']}): none {rows[0]['link_mb_none']:.1f} MB, "
-              f"dedup {rows[0]['link_mb_dedup']:.1f} MB; codec {2 * args.kernels_ms[0] + args.kernels_ms[1] + args.kernels_ms[2]:.0f} ms (2 unique + expand + segment-sum)")
-        plot_validation(rows, args.out / "validation.png")
-        variants = [("error", f"codec from kernel rates ({rows[0]['codec_ms_kernels']:.0f} ms)"),
-                    ("fitted_error", f"codec fitted to the unshaped run ({rows[0]['codec_ms_fitted']:.0f} ms)")]
-        if rows[0]["counted_ratio"] is not None:
-            variants.append(("counted_error", f"codec counted in the run ({rows[0]['codec_ms_counted']:.0f} ms)"))
-        for key, label in variants:
-            worst = max(abs(r[key]) for r in rows)
-            print(f"  {label}: worst |error| {100 * worst:.1f}% "
-                  f"({'within' if worst <= 0.15 else 'NOT within'} 15%)")
-    if args.node_sweep:
-        node_rows = [r for folder in args.node_sweep for r in validate_nodes(load_node_sweep(folder))]
-        result["node_validation"] = node_rows
-        print_node_validation(node_rows)
-        plot_node_validation(node_rows, args.out / "validation_nodes.png")
-    ratios = node_ratio_table(args.criteo)
-    result["node_ratio"] = ratios
+    if args.sweep and not (args.comm and args.kernels_ms):
+        p.error("--sweep needs --comm and --kernels-ms")
+    return args
+
+
+def print_validation(args: argparse.Namespace) -> list[dict]:
+    """The model against bench_link's sweep on this machine (`--sweep`): the rows, printed and drawn."""
+    rows = validate(json.loads(args.sweep.read_text()), json.loads(args.comm.read_text()),
+                    tuple(args.kernels_ms), args.loopback_gbit)
+    print("validation on this machine (mlperf shape, 2 ranks, one shared loopback link):")
+    print(f"  {'link Gbit/s':>11} {'none ms':>9} {'dedup ms':>9} {'pred none':>10} "
+          f"{'pred dedup':>11} {'measured':>9} {'predicted':>10} {'error':>7} {'fitted':>7} {'error':>7}"
+          f" {'counted':>8} {'error':>7}")
+    for r in rows:
+        counted = "" if r["counted_ratio"] is None else \
+            f" {r['counted_ratio']:8.3f} {100 * r['counted_error']:6.1f}%"
+        print(f"  {r['link']:>11} {r['measured_none_ms']:9.0f} {r['measured_dedup_ms']:9.0f} "
+              f"{r['predicted_none_ms']:10.0f} {r['predicted_dedup_ms']:11.0f} "
+              f"{r['measured_ratio']:9.3f} {r['predicted_ratio']:10.3f} {100 * r['error']:6.1f}% "
+              f"{r['fitted_ratio']:7.3f} {100 * r['fitted_error']:6.1f}%{counted}")
+    print(f"  link bytes per step ({rows[0]['bytes_source']}): none {rows[0]['link_mb_none']:.1f} MB, "
+          f"dedup {rows[0]['link_mb_dedup']:.1f} MB; codec {2 * args.kernels_ms[0] + args.kernels_ms[1] + args.kernels_ms[2]:.0f} ms (2 unique + expand + segment-sum)")
+    plot_validation(rows, args.out / "validation.png")
+    variants = [("error", f"codec from kernel rates ({rows[0]['codec_ms_kernels']:.0f} ms)"),
+                ("fitted_error", f"codec fitted to the unshaped run ({rows[0]['codec_ms_fitted']:.0f} ms)")]
+    if rows[0]["counted_ratio"] is not None:
+        variants.append(("counted_error", f"codec counted in the run ({rows[0]['codec_ms_counted']:.0f} ms)"))
+    for key, label in variants:
+        worst = max(abs(r[key]) for r in rows)
+        print(f"  {label}: worst |error| {100 * worst:.1f}% "
+              f"({'within' if worst <= 0.15 else 'NOT within'} 15%)")
+    return rows
+
+
+def print_node_ratios(criteo: Path | None) -> list[dict]:
+    """The node-level distinct fraction per shape and source, printed."""
+    ratios = node_ratio_table(criteo)
     print("\nnode-level distinct fraction U(L*B) / (L*U(B)) (rows two levels send between nodes / one-level dedup's):")
     print(f"  {'L x B':>10} {'Criteo sample':>14} {'kaggle profile':>15} {'terabyte v1':>12} {'terabyte dcnv2':>15}")
     for r in ratios:
         crit = "-" if r["criteo"] is None else f"{r['criteo']:.3f}"
         print(f"  {r['ranks_per_node']:>4} x {r['batch']:<4} {crit:>14} {r['kaggle']:15.3f} "
               f"{r['terabyte']:12.3f} {r['terabyte_dcnv2']:15.3f}")
-    if args.criteo is None:
+    if criteo is None:
         print("  (Criteo sample: pass --criteo PATH or set DLRMTRAIN_SHARED_DATA)")
+    return ratios
+
+
+def print_projection() -> list[dict]:
+    """The cluster projection per model, fabric and size, with its goals, printed."""
     rows = project()
-    result["projection"] = rows
     print("\nprojection (assumptions in the script's header constants; step ratio = "
           "time-to-solution ratio, same steps):")
     print(f"  {'model':<8} {'fabric':<9} {'GPUs':>5} {'local b':>8} {'node U':>7} {'compute':>8} "
@@ -674,6 +678,23 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{r['gpus']} GPUs {r['speedup_two_level']:.2f}x" for r in cells)
                   + (" (met)" if all(r["speedup_two_level"] >= 1.5 for r in cells) else " (NOT met)"))
     print(f"  auto / none never above 1.00: worst none/auto {min(r['speedup_auto'] for r in rows):.2f}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+    if args.sweep:
+        result["validation"] = print_validation(args)
+    if args.node_sweep:
+        node_rows = [r for folder in args.node_sweep for r in validate_nodes(load_node_sweep(folder))]
+        result["node_validation"] = node_rows
+        print_node_validation(node_rows)
+        plot_node_validation(node_rows, args.out / "validation_nodes.png")
+    result["node_ratio"] = print_node_ratios(args.criteo)
+    rows = print_projection()
+    result["projection"] = rows
     (args.out / "project_cluster.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(rows, args.out / "project_cluster.png")
     print(f"\nwritten: {args.out / 'project_cluster.json'}, {args.out / 'project_cluster.png'}"

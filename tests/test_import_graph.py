@@ -25,7 +25,12 @@ def module_files(package: Path) -> dict[str, Path]:
 
 def imported_modules(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     """Modules of the package that `name` (at `path`) imports, anywhere in its body."""
-    found = set()
+    return {target for target, _ in import_sites(name, path, mods)}
+
+
+def import_sites(name: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, int]]:
+    """(module of the package, line) of each import in `name` (at `path`), anywhere in its body."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         targets = []
         if isinstance(node, ast.Import):
@@ -42,7 +47,7 @@ def imported_modules(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
             while target and target not in mods:
                 target = target.rpartition(".")[0]
             if target and target != name and not name.startswith(target + "."):
-                found.add(target)
+                found.append((target, node.lineno))
     return found
 
 

@@ -11,7 +11,7 @@ import datetime
 import gc
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -118,28 +118,6 @@ def init_distributed(device: str = "auto", timeout_s: float = 300.0) -> DistEnv:
             dist.init_process_group(rank=rank, world_size=world_size, timeout=timeout,
                                     **options)
     return DistEnv(rank, world_size, local_rank, dev, options["backend"])
-
-
-def decide_on_rank0(decide: Callable[[], Any], rank: int) -> Any:
-    """Run `decide` on rank 0 and hand its result to every rank; if it raises,
-    every rank raises the same exception type and message (so none is left
-    waiting for a rank that gave up)."""
-    outcome: list[Any] = [None, None]  # result, (exception type, message)
-    if rank == 0:
-        try:
-            outcome[0] = decide()
-        except Exception as e:  # re-raised below, on every rank
-            outcome[1] = (type(e), str(e))
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(outcome, src=0)
-    if outcome[1] is not None:
-        error_type, message = outcome[1]
-        try:
-            error = error_type(message)
-        except TypeError:  # a type that needs more than a message
-            error = RuntimeError(f"{error_type.__name__} on rank 0: {message}")
-        raise error
-    return outcome[0]
 
 
 def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:

@@ -21,21 +21,8 @@ from dlrmtrain.comm.embeddingbag import make_ebc_sharder
 from dlrmtrain.comm.lookups import count_lookups
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
-from dlrmtrain.config.schema import CommConfig, OptimConfig, ShardingConfig
+from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
-from dlrmtrain.precision import embedding_output_dtype
-
-
-def fused_params(optim: OptimConfig, precision: str, device_type: str) -> dict[str, Any]:
-    """Parameters of the fused lookup kernel: the optimizer fbgemm runs inside the
-    embedding backward, and the dtype the lookup emits."""
-    params: dict[str, Any] = {"learning_rate": optim.lr,
-                              "output_dtype": embedding_output_dtype(precision, device_type)}
-    if optim.name == "sgd":
-        return {**params, "optimizer": EmbOptimType.EXACT_SGD}
-    if optim.name == "adam":  # DLRMv4: dense Adam, tables RowWiseAdagrad (the reference's pairing)
-        return {**params, "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "eps": optim.adagrad_eps}
-    return {**params, "optimizer": EmbOptimType.EXACT_ADAGRAD, "eps": optim.adagrad_eps}
 
 
 def check_dedup_at_resolved(comm: CommConfig) -> None:

@@ -10,9 +10,10 @@ trainer calls plain methods at its events and never writes ``if rank == 0``:
 Rank 0 with a path gets an `MLPerfLogger` writing to that file; other ranks,
 or a ``None`` path (MLPerf logging off), get a `NullMLPerfLogger`, which runs
 the same argument checks and writes nothing. The trainer uses the config-level
-pair: ``open_mlperf_logger(cfg, rank)`` (``<run dir>/mlperf.log`` when
-``mlperf.enabled``; benchmark: its family's, ``Workload.benchmark``) and ``log_run_setup(...)``
-(submission facts, hyperparameters, layers, dataset sizes).
+pair: ``open_mlperf_logger(cfg, benchmark, rank)`` (``<run dir>/mlperf.log`` when
+``mlperf.enabled``; the benchmark is the family's, ``Workload.benchmark``, handed in by the
+trainer: the workloads sit above this package) and ``log_run_setup(...)`` (submission facts,
+hyperparameters, layers, dataset sizes).
 
 Timeline the trainer follows (every call is required unless marked optional)::
 
@@ -125,7 +126,6 @@ from dlrmtrain.mlperf.benchmarks import (
 )
 from dlrmtrain.run.errors import SetupError
 from dlrmtrain.run.records import StrictFileHandler
-from dlrmtrain.workloads import workload_of
 
 if TYPE_CHECKING:
     from dlrmtrain.config.schema import Config
@@ -423,11 +423,11 @@ def build_mlperf_logger(benchmark: str, log_path: Path | str | None, rank: int,
     return NullMLPerfLogger(benchmark)
 
 
-def open_mlperf_logger(cfg: Config, rank: int, append: bool = False) -> MLPerfLogger:
-    """The trainer's logger: `<run dir>/mlperf.log` on rank 0 when `mlperf.enabled`
-    (`append`: a resumed run continues the log it started)."""
+def open_mlperf_logger(cfg: Config, benchmark: str, rank: int, append: bool = False) -> MLPerfLogger:
+    """The trainer's logger of `benchmark` (the run's Workload.benchmark): `<run dir>/mlperf.log`
+    on rank 0 when `mlperf.enabled` (`append`: a resumed run continues the log it started)."""
     path = Path(cfg.run.output_dir) / cfg.run.name / "mlperf.log" if cfg.mlperf.enabled else None
-    return build_mlperf_logger(workload_of(cfg).benchmark, path, rank, append=append)
+    return build_mlperf_logger(benchmark, path, rank, append=append)
 
 
 def log_run_setup(logger: MLPerfLogger, cfg: Config, num_train_samples: int,
@@ -522,11 +522,11 @@ def _positive_int(what: str, n: int) -> int:
     return int(n)
 
 
-def mlperf_eval_grid(cfg: Config, train_samples: int) -> EvalGrid | None:
+def mlperf_eval_grid(cfg: Config, benchmark: str, train_samples: int) -> EvalGrid | None:
     """The steps a run logged for a benchmark that counts samples (dlrmv4) must evaluate
     at: its rules fix the grid (mlperf.eval_every_data_pct, skip_eval_epoch_pct), so
     eval.evals_per_epoch does not apply. None: evaluate as the eval section says."""
-    if not (cfg.mlperf.enabled and workload_of(cfg).benchmark in COUNTS_SAMPLES):
+    if not (cfg.mlperf.enabled and benchmark in COUNTS_SAMPLES):
         return None
     try:
         return eval_grid_for_config(cfg, train_samples)

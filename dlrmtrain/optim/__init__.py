@@ -1,1 +1,1 @@
-"""Optimizers (dense + fused embedding) and the MLPerf learning-rate schedule."""
+"""Optimizers (dense: optimizers.py; the fused embedding kernel's: fused.py) and the MLPerf learning-rate schedule."""

@@ -1,7 +1,7 @@
 """The dense optimizer beside TorchRec's fused (in-backward) embedding optimizer.
 
 Sharded tables are updated by fbgemm inside the backward pass (see
-distributed/sharding.py for their parameters: SGD, Adagrad, or RowWiseAdagrad
+fused.py for their parameters: SGD, Adagrad, or RowWiseAdagrad
 with `optim.name: adam`); everything else — MLPs and data-parallel tables —
 goes to a torch optimizer: SGD, Adagrad, or Adam for `adam` (the MLPerf DLRMv4
 reference's pairing). Both are combined so one `step()` / `zero_grad()` and

@@ -3,7 +3,7 @@ optimizer per row and per element, the dense optimizer per parameter; what the m
 check (run/machine.py) adds to the weights.
 
 The tables are updated by fbgemm's fused kernel inside the backward pass; which kernel an
-`optim` section gets is distributed/sharding.fused_params's choice, so the size is read
+`optim` section gets is fused.fused_params's choice, so the size is read
 from that kernel, not from `optim.name` a second time: EXACT_SGD keeps nothing,
 EXACT_ADAGRAD one accumulator per element (a table's size again), EXACT_ROWWISE_ADAGRAD
 (`optim.name: adam`'s tables, as the DLRMv4 reference) one accumulator per row.
@@ -46,7 +46,7 @@ _STATE_OF_KERNEL = {"exact_sgd": (0, 0), "exact_adagrad": (0, 1), "exact_row_wis
 def table_optimizer_state(optim: OptimConfig) -> TableOptimizerState:
     """The fused table optimizer's state for `optim` (any precision and device: the
     state is fp32 in every case, precision.py)."""
-    from dlrmtrain.distributed.sharding import fused_params
+    from dlrmtrain.optim.fused import fused_params  # fbgemm: imported only when asked
 
     kernel = fused_params(optim, "fp32", "cpu")["optimizer"].value
     try:

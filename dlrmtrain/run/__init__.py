@@ -1,8 +1,10 @@
 """A run's life, from claiming its directory to its last record.
 
+  lifecycle.py   the one object the Trainer asks: start, abort of a start, stop, finish
   identity.py    run id and the fingerprint of the math-changing config
   directory.py   the run and checkpoint directories: whose they are (claim_run_dir)
   lock.py        one run per directory: rank 0 holds an fcntl lock for the run's life
+  rank0.py       what rank 0 decides at the start, handed to every rank (or the same error)
   records.py     metrics.jsonl, summary.json and the other files a run writes
   checkpoint.py  atomic, verified checkpoints; retention; size against free space
   resume.py      a resume with nothing to train or no checkpoint to load: refused, or a no-op
@@ -19,5 +21,7 @@
   errors.py      the errors a user can act on, and the exit codes they map to
 
 The Trainer builds on this package, never the other way round: run/ imports
-the config, torch and (console.py, for the codec registry) comm/, nothing above.
+the config, torch, comm/ (console.py, for the codec registry) and optim/ (machine.py, for
+the optimizer state's size), nothing above (docs/design.md's layers); the MLPerf log,
+above it, is opened by a function the Trainer hands the lifecycle.
 """

@@ -30,6 +30,14 @@ class Cadence:
     eval_grid: Optional[Any] = None
     """the benchmark's own eval steps (mlperf/eval_grid.py:EvalGrid); None: the eval section's"""
 
+    @classmethod
+    def of_epochs(cls, cfg: Config, steps_per_epoch: int, train_samples: int,
+                  world_size: int) -> "Cadence":
+        """The cadence of a run over epochs of `steps_per_epoch`; refused where no global
+        batch fills one (refuse_empty_epochs)."""
+        refuse_empty_epochs(train_samples, steps_per_epoch, cfg.run.global_batch_size, world_size)
+        return cls(cfg, steps_per_epoch)
+
     def planned_steps(self) -> int:
         steps = math.floor(self.cfg.run.epochs * self.steps_per_epoch)
         if self.cfg.run.max_steps is not None:

@@ -8,7 +8,16 @@ shows `—`, never a number that looks measured.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Optional
+
+
+def print_once(message: str, by_rank: int = 0) -> None:
+    """`message` on stderr, printed by one rank of the job (`by_rank`): what every rank
+    would say alike is said once."""
+    if os.environ.get("RANK", "0") == str(by_rank):
+        print(message, file=sys.stderr, flush=True)
 
 
 def human_bytes(n: float) -> str:

@@ -9,7 +9,9 @@ from typing import Any, Optional
 import torch
 from tqdm import tqdm
 
-from dlrmtrain.run.peers import stalled_seconds
+from dlrmtrain.config.schema import Config
+from dlrmtrain.run.console import codec_label
+from dlrmtrain.run.peers import note_step, stalled_seconds
 
 
 @dataclass
@@ -39,6 +41,12 @@ class Summary:
     time_to_target_s: Optional[float] = None
     losses: list[tuple[int, float]] = field(default_factory=list)
     evals: list[EvalResult] = field(default_factory=list)
+
+    @classmethod
+    def of_run(cls, cfg: Config, world_size: int) -> "Summary":
+        """The summary of a run of `cfg` on `world_size` ranks, before its first step."""
+        return cls(world_size=world_size, target_auc=cfg.eval.target_auc,
+                   codec=codec_label(cfg.comm.codec, cfg.comm.table_codecs))
 
     @property
     def samples_per_second(self) -> float:
@@ -112,12 +120,14 @@ class RunProgress:
                    window_loss=torch.zeros((), device=device))
 
     def count(self, step: int, loss: torch.Tensor) -> None:
-        """`step` is done: its local loss joins the metrics window."""
+        """`step` is done: its local loss joins the metrics window, and the heartbeat's
+        thread says this rank is at it (run/peers.py)."""
         self.window_loss += loss
         self.window_steps += 1
         self.completed = step
         self.bar.update(1)
         self.last = step >= self.total
+        note_step(step)
 
     def new_window(self) -> None:
         self.window_loss.zero_()

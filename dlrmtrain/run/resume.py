@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from dlrmtrain.run.checkpoint import TRAINER_STATE, read_manifest
-from dlrmtrain.distributed.env import decide_on_rank0
 from dlrmtrain.run.directory import RECORD_FILES, run_dir_of
 from dlrmtrain.run.errors import RunAlreadyFinished, SetupError
 from dlrmtrain.run.identity import lossless_codec_changes
+from dlrmtrain.run.rank0 import decide_on_rank0
 
 
 class ResumeWithoutCheckpoint(SetupError):

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from dlrmtrain.mlperf.logger import open_mlperf_logger
 from dlrmtrain.run.directory import RECORD_FILES, RunClaim, read_identity
 from dlrmtrain.run.errors import SetupError
 from dlrmtrain.run.lock import RunLock
@@ -122,9 +121,11 @@ def undo_start(opened: FailureRecords, run_dir: Path, remove_records: bool) -> N
             (run_dir / name).unlink(missing_ok=True)
 
 
-def opened_as_writer(cfg: Any, run_id: str, mlperf: bool = False) -> FailureRecords:
-    """The run's records (and with `mlperf` its MLPerf log) opened to append, as rank 0
-    has them: what the rank taking over writes to."""
+def opened_as_writer(cfg: Any, run_id: str,
+                     open_mlperf_log: Optional[Callable[[], Any]] = None) -> FailureRecords:
+    """The run's records (and with `open_mlperf_log`, which opens it as rank 0 does, to
+    append, its MLPerf log) opened to append, as rank 0 has them: what the rank taking
+    over writes to."""
     resumed = RunClaim(run_id, resuming=True, adopt_run_id=False)
     return FailureRecords(open_run_records(cfg, 0, resumed),
-                          open_mlperf_logger(cfg, 0, append=True) if mlperf else None)
+                          open_mlperf_log() if open_mlperf_log is not None else None)

@@ -75,7 +75,8 @@ class DlrmWorkload(Workload):
 
     def embedding_sharder(self, cfg: Config, device_type: str) -> tuple[ModuleSharder, str]:
         from dlrmtrain.distributed.planner import EBC_PATH
-        from dlrmtrain.distributed.sharding import build_ebc_sharder, fused_params
+        from dlrmtrain.distributed.sharding import build_ebc_sharder
+        from dlrmtrain.optim.fused import fused_params
 
         return (build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device_type), device_type),
                 EBC_PATH)
@@ -100,7 +101,8 @@ class DlrmWorkload(Workload):
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
-        from dlrmtrain.distributed.sharding import fused_params, shard_model
+        from dlrmtrain.distributed.sharding import shard_model
+        from dlrmtrain.optim.fused import fused_params
 
         return shard_model(model, cfg.sharding, cfg.comm,
                            fused_params(cfg.optim, cfg.precision.mode, device.type), device, world_size,

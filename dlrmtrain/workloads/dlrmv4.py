@@ -131,7 +131,8 @@ class Dlrmv4Workload(Workload):
         return [(f"model.hstu.attention={kind}", with_attention(cfg, kind))]
 
     def embedding_sharder(self, cfg: Config, device_type: str) -> tuple[ModuleSharder, str]:
-        from dlrmtrain.distributed.sharding import build_ec_sharder, fused_params
+        from dlrmtrain.distributed.sharding import build_ec_sharder
+        from dlrmtrain.optim.fused import fused_params
         from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
 
         return (build_ec_sharder(cfg.comm, fused_params(cfg.optim, "fp32", device_type), device_type),
@@ -154,8 +155,9 @@ class Dlrmv4Workload(Workload):
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
               world_size: int) -> tuple[DistributedModelParallel, str]:
-        from dlrmtrain.distributed.sharding import fused_params, shard_sequence_model
+        from dlrmtrain.distributed.sharding import shard_sequence_model
         from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
+        from dlrmtrain.optim.fused import fused_params
 
         return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, cfg.comm,
                                     fused_params(cfg.optim, "fp32", device.type), device,  # fp32 rows (precision.py)

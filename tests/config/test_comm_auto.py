@@ -16,7 +16,7 @@ import pytest
 from dlrmtrain.config import ConfigError, load_config
 from dlrmtrain.config.schema import AutoConfig, Config
 from dlrmtrain.run.identity import math_config
-from dlrmtrain.validation import validate_config
+from dlrmtrain.validation import resolve_config, validate_config
 
 
 def test_the_defaults_are_the_policys_and_it_has_no_setting_the_config_lacks():
@@ -37,7 +37,13 @@ def test_settings_load_from_overrides_and_yaml(tmp_path):
 
 
 def test_a_per_table_auto_reads_them_too():
-    validate_config(load_config(None, ["comm.table_codecs={t_cat_3: auto}", "comm.auto.probe_steps=4"]), 2)
+    from dlrmtrain.comm.auto.policy import AutoPolicy
+
+    cfg = load_config(None, ["comm.table_codecs={t_cat_3: auto}", "comm.auto.probe_steps=4"])
+    validate_config(cfg, 2)
+    resolved = resolve_config(cfg)
+    assert (resolved.comm.codec, resolved.comm.table_codecs) == ("none", {"t_cat_3": "auto"})
+    assert AutoPolicy.of(resolved.comm.auto).probe_steps == 4  # the policy the table's auto runs
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -99,5 +105,10 @@ def test_a_table_keep_fraction_no_auto_dist_reads_is_refused(path, overrides, wh
 
 
 def test_the_owners_pooled_auto_takes_a_table_keep_fraction():
-    validate_config(load_config(None, ["comm.codec=auto", "comm.dedup_at=owner",
-                                       "comm.auto.table_keep_fraction=0.5"]), 2)
+    from dlrmtrain.comm.auto.policy import AutoPolicy
+
+    cfg = load_config(None, ["comm.codec=auto", "comm.dedup_at=owner", "comm.auto.table_keep_fraction=0.5"])
+    validate_config(cfg, 2)
+    resolved = resolve_config(cfg)
+    assert resolved.comm.codec == "auto" and resolved.comm.table_codecs == {}
+    assert AutoPolicy.of(resolved.comm.auto).table_keep_fraction == 0.5  # what each table's choice reads

@@ -42,9 +42,14 @@ def test_refused_combinations_stay_refused(overrides, message):
         validate_config(load_config(None, overrides), 2)
 
 
-def test_auto_on_cuda_passes_validation_for_dlrm_and_dlrmv4():
-    validate_config(load_config(None, ["run.device=cuda"]), 2)
-    validate_config(load_config(None, ["run.device=cuda", *V4]), 2)
+@pytest.mark.parametrize("overrides, pipeline", [
+    (["run.device=cuda"], "sparse_dist"),
+    (["run.device=cuda", *V4], "sparse_dist"),
     # fused_sparse_dist on CPU for DLRMv4 too (its refusal was the fused table update's stale
     # rate, fixed for every model: tests/multiproc/test_dlrmv4.py trains it bitwise)
-    validate_config(load_config(None, ["run.device=cpu", "run.pipeline=fused_sparse_dist", *V4]), 2)
+    (["run.device=cpu", "run.pipeline=fused_sparse_dist", *V4], "fused_sparse_dist"),
+], ids=["dlrm auto on cuda", "dlrmv4 auto on cuda", "dlrmv4 fused_sparse_dist on cpu"])
+def test_auto_on_cuda_passes_validation_for_dlrm_and_dlrmv4(overrides, pipeline):
+    cfg = load_config(None, overrides)
+    validate_config(cfg, 2)
+    assert resolve_config(cfg).run.pipeline == pipeline

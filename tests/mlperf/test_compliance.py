@@ -15,7 +15,7 @@ from dlrmtrain.config import load_config
 from dlrmtrain.mlperf.compliance import check_log
 from dlrmtrain.mlperf.rules import RULESETS, DerivedRulesSpec
 from dlrmtrain.mlperf.rules.derive import write_derived_rules
-from dlrmtrain.mlperf.runner import dlrmv4_scale
+from dlrmtrain.mlperf_runner import dlrmv4_scale
 from tests.mlperf.simulated_run import (
     EVAL_SAMPLES,
     OFFICIAL_DLRMV4,

@@ -17,7 +17,7 @@ from dlrmtrain.mlperf.rules import (
     RULESETS,
     committed_rules_path,
 )
-from dlrmtrain.mlperf.runner import expected_eval_samples
+from dlrmtrain.mlperf_runner import expected_eval_samples
 from tests.data.raw_rows import REPO_ROOT, shared_data_dir
 from tests.common import train_on_rank
 from tests.multiproc import run_ranks

@@ -62,7 +62,7 @@ def test_the_summary_names_the_reference_default_and_prints_the_verdict(tmp_path
     from types import SimpleNamespace
 
     from dlrmtrain.mlperf.compliance import RcpVerdict
-    from dlrmtrain.mlperf.runner import CodecOutcome, render_summary
+    from dlrmtrain.mlperf_runner import CodecOutcome, render_summary
     from dlrmtrain.mlperf.scoring import RunTime, olympic_score
 
     plan = SimpleNamespace(rules=None, benchmark="dlrmv4", ruleset="6.1.0", runs=1, nodes=1,

@@ -10,7 +10,7 @@ import pytest
 from dlrmtrain.config.loader import dump_config, load_config
 from dlrmtrain.mlperf.compliance import ComplianceResult, check_log, rcp_verdict
 from dlrmtrain.mlperf.scoring import RunTime, olympic_score
-from dlrmtrain.mlperf.runner import (
+from dlrmtrain.mlperf_runner import (
     CodecOutcome,
     dlrmv4_scale,
     expected_eval_samples,
@@ -103,7 +103,7 @@ def test_unknown_codec_is_refused_before_any_launch(tmp_path, capsys):
 def test_codec_slash_node_runs_that_codec_over_two_levels(tmp_path):
     """`--codecs none,dedup/node`: the two-level contender gets comm.hierarchy=node and a system
     name without a slash; anything else after the slash is refused before any launch."""
-    from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
+    from dlrmtrain.mlperf_runner import parse_args, plan_from_args, run_command
 
     config = tmp_path / "tiny.yaml"
     dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
@@ -136,7 +136,7 @@ def test_ratio_is_first_codec_score_over_second():
 
 def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
     from dlrmtrain.testbed.shaped_link import unavailable_reason
-    from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
+    from dlrmtrain.mlperf_runner import parse_args, plan_from_args, run_command
 
     config = tmp_path / "tiny.yaml"
     dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
@@ -163,7 +163,7 @@ def test_link_gbit_puts_every_run_behind_its_own_shaped_link(tmp_path):
 
 
 def test_a_delay_without_a_rate_is_refused_before_any_launch(tmp_path):
-    from dlrmtrain.mlperf.runner import parse_args, plan_from_args
+    from dlrmtrain.mlperf_runner import parse_args, plan_from_args
 
     config = tmp_path / "tiny.yaml"
     dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)

@@ -152,14 +152,21 @@ def test_data_parallel_tables_the_dense_cpu_lookup_gets_wrong_are_refused_naming
     assert "\n" not in message and message.endswith("table_wise, row_wise or column_wise")
 
 
-@pytest.mark.parametrize("overrides", [
-    ["sharding.tables.uid=data_parallel"],
-    ["sharding.default_type=table_wise", "sharding.tables.user_x_hour=data_parallel"],
+@pytest.mark.parametrize("overrides, table", [
+    (["sharding.tables.uid=data_parallel"], "uid"),
+    (["sharding.default_type=table_wise", "sharding.tables.user_x_hour=data_parallel"], "user_x_hour"),
 ])
-def test_one_data_parallel_table_read_once_per_sample_is_taken(overrides):
-    from dlrmtrain.validation import validate_config
+def test_one_data_parallel_table_read_once_per_sample_is_taken(overrides, table):
+    from dlrmtrain.distributed.planner import table_sharding_types
+    from dlrmtrain.validation import resolve_config, validate_config
 
-    validate_config(load_config(CONFIGS / "mini_dlrmv4.yaml", overrides), world_size=2)
+    cfg = load_config(CONFIGS / "mini_dlrmv4.yaml", overrides)
+    validate_config(cfg, world_size=2)
+    resolved = resolve_config(cfg)
+    types = table_sharding_types(resolved.sharding, workload_of(resolved).table_names(resolved))
+    assert set(types) == set(TABLES)
+    assert {t for t, kind in types.items() if kind == "data_parallel"} == {table}  # that one alone
+    assert all(kind == resolved.sharding.default_type for t, kind in types.items() if t != table)
 
 
 def test_the_launcher_refuses_a_data_parallel_history_table_in_one_line(tmp_path, capsys):

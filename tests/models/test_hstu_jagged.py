@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from dlrmtrain.models.hstu import jagged
@@ -11,6 +15,38 @@ from dlrmtrain.models.hstu.stu import STULayer, STUStack
 
 def _split_rows(values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     return list(torch.split(values, lengths))
+
+
+def test_offsets_of_gives_fbgemms_integers_in_the_lengths_dtype():
+    """Pure torch now (the attention kernels import without fbgemm); the integers and dtype
+    of the fbgemm op it replaced, empty batches and zero lengths included."""
+    import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+
+    for lengths in ([3, 0, 5, 1], [0], [], [4096] * 3):
+        for dtype in (torch.int32, torch.int64):
+            t = torch.tensor(lengths, dtype=dtype)
+            got, want = jagged.offsets_of(t), torch.ops.fbgemm.asynchronous_complete_cumsum(t)
+            assert got.dtype == want.dtype == dtype and torch.equal(got, want), (lengths, dtype, got, want)
+
+
+def test_jagged_and_the_attention_import_with_torch_alone():
+    """A lent GPU machine has torch and triton, no torchrec or fbgemm: the attention package and
+    what it imports load there (torchrec and fbgemm made unimportable, as test_gpu_check does);
+    the model's names still load lazily where TorchRec is."""
+    code = ("import sys\n"
+            "for name in ('torchrec', 'fbgemm_gpu'):\n"
+            "    sys.modules[name] = None\n"
+            "from dlrmtrain.models.hstu import jagged\n"
+            "from dlrmtrain.models.hstu.attention import attention_mask, padded_silu_attention\n"
+            "print(jagged.offsets_of(jagged.torch.tensor([2, 0, 3])).tolist())\n")
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["[0,", "2,", "2,", "5]"]
+    from dlrmtrain.models.hstu import DlrmHSTU, build_hstu_model
+    from dlrmtrain.models import build_dlrm_model
+    assert callable(build_hstu_model) and callable(build_dlrm_model) and DlrmHSTU.__name__ == "DlrmHSTU"
 
 
 def test_padded_round_trip_and_padding():

@@ -7,9 +7,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlrmtrain.models.hstu import build_hstu_model
-from dlrmtrain.models.hstu.size import main, model_size
+from dlrmtrain.models.hstu.size import model_size
 from dlrmtrain.sequence_features import CONTEXTUAL_FEATURES
 from tests.models.hstu_batches import random_batch, tiny_hstu_config
+from tests.scripts import load_script
 
 CPU = torch.device("cpu")
 
@@ -44,7 +45,7 @@ def test_forward_flops_equal_the_counted_matrix_products():
 def test_cli_prints_the_counts(tmp_path, capsys):
     config = tmp_path / "hstu.yaml"
     config.write_text("model:\n  arch: dlrmv4_hstu\n  embedding_dim: 16\n  max_table_rows: 100\n")
-    main(["--config", str(config), "model.hstu.num_layers=1"])
+    load_script("hstu_size").main(["--config", str(config), "model.hstu.num_layers=1"])
     out = capsys.readouterr().out
     size = model_size(tiny_hstu_config("model.embedding_dim=16", "model.max_table_rows=100",
                                        *[f"model.hstu.{k}={v}" for k, v in [

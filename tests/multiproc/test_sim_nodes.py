@@ -130,7 +130,7 @@ def test_mlperf_runs_span_the_simulated_nodes(tmp_path):
     """Each run is `dlrmtrain train --sim-nodes` (which builds the nodes), the system
     name counts nodes x ranks; where nodes cannot be made the runner says why up front."""
     from dlrmtrain.config.loader import dump_config
-    from dlrmtrain.mlperf.runner import parse_args, plan_from_args, run_command
+    from dlrmtrain.mlperf_runner import parse_args, plan_from_args, run_command
     from tests.common import tiny_config
     from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN
 

@@ -8,7 +8,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from dlrmtrain.config import load_config
-from dlrmtrain.distributed.sharding import fused_params
+from dlrmtrain.optim.fused import fused_params
 from dlrmtrain.optim.optimizers import DenseClippedOptimizer, _dense_optimizer_factory
 
 

@@ -1,5 +1,5 @@
 """The memory check's optimizer state is what fbgemm's fused kernel allocates: for each
-`optim.name`, the kernel distributed/sharding.fused_params picks, built on CPU as the
+`optim.name`, the kernel optim/fused.fused_params picks, built on CPU as the
 sharded tables' fused optimizer is, holds exactly `table_optimizer_state`'s values."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
 
 from dlrmtrain.config import load_config
-from dlrmtrain.distributed.sharding import fused_params
+from dlrmtrain.optim.fused import fused_params
 from dlrmtrain.optim.state_size import table_optimizer_state
 
 

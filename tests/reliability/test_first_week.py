@@ -131,7 +131,7 @@ def test_runner_checks_its_arguments_before_writing_anything(tmp_path, capsys, a
     """The probes: --runs 0 launched MLPerf's 15 runs (`args.runs or default`); a bad
     --ruleset, a negative --runs or a zero --timeout-min were found after results/,
     rules/ and systems/ were written; --codecs none,none failed after the first run."""
-    from dlrmtrain.mlperf.runner import main
+    from dlrmtrain.mlperf_runner import main
 
     out = tmp_path / "m"
     code = main(["--config", str(REPO / "configs/quickstart.yaml"), "--out", str(out), *args])

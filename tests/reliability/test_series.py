@@ -110,7 +110,7 @@ def test_the_same_command_resumes_then_skips_and_another_plan_is_refused(killed_
     resumes from its checkpoint (every record before it kept), a finished run is skipped
     with every file of it untouched, and another plan is refused: exit 2, one line,
     nothing written."""
-    from dlrmtrain.mlperf.runner import main
+    from dlrmtrain.mlperf_runner import main
 
     config, out, run_dir = killed_series["config"], killed_series["out"], killed_series["run_dir"]
     same = ["--config", str(config), "--out", str(out), "--runs", "1", "--codecs", "none",

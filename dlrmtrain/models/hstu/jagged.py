@@ -1,8 +1,9 @@
 """Jagged sequences: a batch's rows stored back to back, `values[offsets[b]:offsets[b+1]]`
 being sample b's sequence.
 
-Plain torch index arithmetic (any dtype, CPU and GPU, autograd): fbgemm's CPU
-`jagged_to_padded_dense` has no float64 kernel, which the exactness tests use.
+Plain torch index arithmetic (any dtype, CPU and GPU, autograd), fbgemm-free: fbgemm's CPU
+`jagged_to_padded_dense` has no float64 kernel, which the exactness tests use, and the
+attention kernels built on this module run on machines with torch alone.
 Concatenating and splitting two jagged batches per sample is an index permutation,
 so no [B, N, D] buffer is made for it.
 """
@@ -11,13 +12,11 @@ from __future__ import annotations
 
 import torch
 
-# fbgemm's operators (torch.ops.fbgemm.*) are registered on import.
-import fbgemm_gpu  # noqa: F401
-
 
 def offsets_of(lengths: torch.Tensor) -> torch.Tensor:
-    """[B] lengths → [B + 1] offsets, starting at 0."""
-    return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
+    """[B] lengths → [B + 1] offsets, starting at 0, in the lengths' dtype (the integers of
+    fbgemm's `asynchronous_complete_cumsum`; no host sync)."""
+    return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0, dtype=lengths.dtype)])
 
 
 def _padded_index(offsets: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,6 @@
 """DLRMv4 parameter count and per-sample FLOPs, from the config alone (nothing is
-allocated: the full model's tables hold ~150 G parameters).
-
-    python -m dlrmtrain.models.hstu.size --config configs/mlperf_dlrmv4.yaml [key=value ...]
+allocated: the full model's tables hold ~150 G parameters). The command that prints them
+for a config is scripts/hstu_size.py.
 
 FLOPs are given two ways, per sample at a full `max_seq_len` sequence:
 - `reference`: the MLPerf reference's own yardstick (`DlrmHSTU.get_num_flops_per_sample`):
@@ -14,10 +13,8 @@ FLOPs are given two ways, per sample at a full `max_seq_len` sequence:
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
-from dlrmtrain.config import load_config
 from dlrmtrain.config.schema import Config
 from dlrmtrain.models.hstu.head import head_params, item_mlp_params
 from dlrmtrain.models.hstu.model import ACTION_BITS, HISTORY_ADDITIONAL, ITEM_FEATURES
@@ -121,21 +118,3 @@ def describe(cfg: Config, size: ModelSize) -> str:
               f"  all matrix products (fwd):      {size.full_forward_flops:>20,.0f}",
               f"  all matrix products (fwd+bwd):  {size.full_train_flops:>20,.0f}"]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="a dlrmv4_hstu YAML config")
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    args = parser.parse_args(argv)
-    from dlrmtrain.workloads import workload_of  # the command asks the family, as every entry point
-    from dlrmtrain.workloads.dlrmv4 import DLRMV4
-
-    cfg = load_config(args.config, args.overrides)
-    if workload_of(cfg) is not DLRMV4:
-        parser.error(f"{args.config}: model.arch is {cfg.model.arch!r}, not {DLRMV4.arch}")
-    print(describe(cfg, model_size(cfg)))
-
-
-if __name__ == "__main__":
-    main()
