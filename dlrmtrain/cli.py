@@ -6,6 +6,7 @@
     dlrmtrain preprocess-yambda --events E --artists A --albums B --out DIR [--train-days N ...]
     dlrmtrain mlperf --config C --out DIR [--nproc N] [--rules official] [--link-gbit G] [key=value ...]
     dlrmtrain report RUN_DIR [RUN_DIR ...] [--out DIR]
+    dlrmtrain plan --config C --gpus G --gpu-memory-gb M [--gpus-per-node K] [--host-memory-gb H] [key=value ...]
 
 `train` reads and checks the config before any process starts (a bad key is one
 line and exit 2), then starts the ranks with torchrun's launcher (dlrmtrain.launch).
@@ -21,7 +22,7 @@ import sys
 from dlrmtrain.testbed.options import add_link_options, check_rate_options, without_link_options
 
 EXIT_CONFIG_ERROR = 2
-SUBCOMMANDS = ("train", "preprocess", "preprocess-yambda", "mlperf", "report")
+SUBCOMMANDS = ("train", "preprocess", "preprocess-yambda", "mlperf", "report", "plan")
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -157,6 +158,12 @@ def report(argv: list[str]) -> int:
     return main(argv)
 
 
+def plan(argv: list[str]) -> int:
+    from dlrmtrain.plan.command import main
+
+    return main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -170,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     try:
         return {"train": train, "preprocess": preprocess, "preprocess-yambda": preprocess_yambda,
-                "mlperf": mlperf, "report": report}[command](rest)
+                "mlperf": mlperf, "report": report, "plan": plan}[command](rest)
     except KeyboardInterrupt:  # Ctrl-C before the ranks start (torchrun handles it after)
         print(f"dlrmtrain {command}: interrupted by SIGINT", file=sys.stderr)
         return 130

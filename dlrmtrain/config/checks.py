@@ -116,6 +116,9 @@ def check_table_keys(cfg: Config, names: list[str]) -> None:
     for table in cfg.comm.table_codecs:
         if table not in known:
             raise ConfigError(f"comm.table_codecs.{table}: no such table")
+    for table in cfg.sharding.uvm_caching.tables:
+        if table not in known:
+            raise ConfigError(f"sharding.uvm_caching.tables: {table!r}: no such table")
 
 
 def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:

@@ -330,6 +330,20 @@ class ModelConfig:
 
 
 @dataclass
+class UvmCachingConfig:
+    """Tables kept in host memory (UVM) behind an HBM cache of their most used rows: TorchRec's
+    `fused_uvm_caching` kernel, for tables the GPUs cannot hold (`dlrmtrain plan` shows what it
+    frees). CUDA only: fbgemm's CPU build has no UVM kernel, so a CPU run refuses it."""
+
+    tables: list[str] = field(default_factory=list)
+    """Tables cached by name, e.g. [user_x_artist]."""
+    min_rows: Optional[int] = None
+    """Also every table of at least this many rows (null: by name only)."""
+    load_factor: float = 0.2
+    """Share of a cached table's rows its HBM cache holds (TorchRec's cache_load_factor), in (0, 1]."""
+
+
+@dataclass
 class ShardingConfig:
     planner: Planner = "manual"
     """`manual`: the plan is built from the choices below, the same on every machine;
@@ -340,6 +354,8 @@ class ShardingConfig:
     """Per-table sharding type, e.g. {t_cat_0: row_wise}."""
     table_ranks: dict[str, int] = field(default_factory=dict)
     """Manual plan only: the rank that holds a table-wise table, e.g. {t_cat_0: 1} (others: balanced)."""
+    uvm_caching: UvmCachingConfig = field(default_factory=UvmCachingConfig)
+    """Tables looked up from host memory through an HBM cache (`fused_uvm_caching`, CUDA only)."""
 
 
 @dataclass

@@ -8,17 +8,26 @@ Two ways, chosen by `sharding.planner`:
 - `torchrec`: TorchRec's EmbeddingShardingPlanner, constrained to the same
   per-table sharding types, planned on rank 0 and broadcast.
 Sharded tables use the `fused` kernel so the optimizer runs inside the
-backward pass; data-parallel tables are replicated and updated densely.
+backward pass, or on CUDA `fused_uvm_caching` for the tables `sharding.uvm_caching`
+names (host memory behind an HBM cache of `load_factor` of their rows, the same
+fused optimizer); data-parallel tables are replicated and updated densely.
+`plan_on_cluster` asks TorchRec's planner for a cluster that need not exist (a
+topology of N GPUs of M GB): `dlrmtrain plan`.
 The same plans serve DLRM's EmbeddingBagCollection (at EBC_PATH) and DLRMv4's
 sequence EmbeddingCollection (`build_sharding_plan(..., module_path=...)`).
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import Mapping
 
+import torch
 import torch.distributed as dist
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    HardwareConfig, KernelConfig, TopologyFactory, TrainerConfig)
 from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
@@ -26,7 +35,7 @@ from torchrec.distributed.sharding_plan import (
     row_wise,
     table_wise,
 )
-from torchrec.distributed.types import ModuleSharder, ShardingPlan
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from dlrmtrain.config.loader import ConfigError
@@ -35,6 +44,10 @@ from dlrmtrain.config.schema import Config, ShardingConfig
 # Where DLRMTrain keeps its EmbeddingBagCollection.
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"
 FUSED = "fused"
+UVM_CACHING = "fused_uvm_caching"
+NO_CPU_UVM = ("fbgemm's CPU build has no UVM kernel (its CPU lookup takes host tables only: "
+              "\"ComputeDevice.CPU is only for EmbeddingLocation.HOST\"), and TorchRec offers "
+              "fused_uvm_caching on CUDA only")
 
 
 def table_sharding_types(cfg: ShardingConfig, tables: list[str]) -> dict[str, str]:
@@ -57,6 +70,53 @@ def check_sharding_config(cfg: Config, world_size: int, device_type: str) -> Non
     if sharding.planner == "torchrec" and device_type != "cuda" and "row_wise" in wanted:
         raise ConfigError("sharding.planner: TorchRec's planner offers no row-wise sharding "
                           "on CPU; use sharding.planner=manual for row-wise tables")
+    _check_uvm_caching(sharding, device_type)
+
+
+def _check_uvm_caching(sharding: ShardingConfig, device_type: str) -> None:
+    uvm = sharding.uvm_caching
+    key = "sharding.uvm_caching." + ("tables" if uvm.tables else "min_rows")
+    if (uvm.tables or uvm.min_rows is not None) and device_type != "cuda":
+        raise ConfigError(f"{key}: fused_uvm_caching runs on CUDA only: {NO_CPU_UVM}; "
+                          f"remove it, or use run.device=cuda")
+    if not 0.0 < uvm.load_factor <= 1.0:
+        raise ConfigError(f"sharding.uvm_caching.load_factor: must be in (0, 1], got {uvm.load_factor}")
+    if uvm.min_rows is not None and uvm.min_rows < 1:
+        raise ConfigError(f"sharding.uvm_caching.min_rows: must be at least 1, got {uvm.min_rows}")
+    for table in uvm.tables:
+        if sharding.tables.get(table, sharding.default_type) == "data_parallel":
+            raise ConfigError(f"sharding.uvm_caching.tables: {table} is data_parallel (replicated, "
+                              f"updated densely): only a sharded table can be UVM-cached")
+
+
+def uvm_cached_tables(sharding: ShardingConfig, rows: Mapping[str, int]) -> list[str]:
+    """The tables of `rows` (table → rows) looked up through fused_uvm_caching: those named,
+    and those of at least `min_rows` rows; a data-parallel one caught by `min_rows` is refused."""
+    uvm = sharding.uvm_caching
+    cached = [t for t in rows if t in uvm.tables or (uvm.min_rows is not None and rows[t] >= uvm.min_rows)]
+    replicated = [t for t in cached if sharding.tables.get(t, sharding.default_type) == "data_parallel"]
+    if replicated:
+        raise ConfigError(f"sharding.uvm_caching.min_rows: {uvm.min_rows:,} takes the data_parallel "
+                          f"table {replicated[0]} ({rows[replicated[0]]:,} rows), which cannot be "
+                          f"UVM-cached; raise it, or shard {replicated[0]}")
+    return cached
+
+
+def _table_kernels(cfg: ShardingConfig, rows: Mapping[str, int]) -> dict[str, tuple[str, str]]:
+    """Table → (sharding type, compute kernel), in `rows`' order."""
+    kinds = table_sharding_types(cfg, list(rows))
+    cached = set(uvm_cached_tables(cfg, rows))
+    return {t: (kind, "dense" if kind == "data_parallel" else UVM_CACHING if t in cached else FUSED)
+            for t, kind in kinds.items()}
+
+
+def _constraints(cfg: ShardingConfig, rows: Mapping[str, int]) -> dict[str, ParameterConstraints]:
+    """TorchRec planner constraints: each table's sharding type and kernel, and a cached table's
+    cache load factor."""
+    cache = CacheParams(load_factor=cfg.uvm_caching.load_factor)
+    return {name: ParameterConstraints(sharding_types=[kind], compute_kernels=[kernel],
+                                       cache_params=cache if kernel == UVM_CACHING else None)
+            for name, (kind, kernel) in _table_kernels(cfg, rows).items()}
 
 
 def build_sharding_plan(model: torch.nn.Module, cfg: ShardingConfig, world_size: int,
@@ -79,16 +139,11 @@ def _table_configs(module: EmbeddingBagCollection | EmbeddingCollection) -> list
 def _torchrec_plan(model: torch.nn.Module, ebc: EmbeddingBagCollection | EmbeddingCollection,
                    cfg: ShardingConfig, world_size: int, device_type: str,
                    sharder: ModuleSharder) -> ShardingPlan:
-    kinds = table_sharding_types(cfg, [c.name for c in _table_configs(ebc)])
-    constraints = {
-        name: ParameterConstraints(
-            sharding_types=[kind],
-            compute_kernels=["dense"] if kind == "data_parallel" else [FUSED])
-        for name, kind in kinds.items()}
+    rows = {c.name: c.num_embeddings for c in _table_configs(ebc)}
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world_size, compute_device=device_type,
                           local_world_size=world_size),
-        constraints=constraints)
+        constraints=_constraints(cfg, rows))
     if dist.is_initialized():
         return planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
     return planner.plan(model, [sharder])
@@ -97,24 +152,24 @@ def _torchrec_plan(model: torch.nn.Module, ebc: EmbeddingBagCollection | Embeddi
 def _manual_plan(ebc: EmbeddingBagCollection | EmbeddingCollection, cfg: ShardingConfig, world_size: int,
                  device_type: str, sharder: ModuleSharder, module_path: str = EBC_PATH) -> ShardingPlan:
     configs = {c.name: c for c in _table_configs(ebc)}
-    kinds = table_sharding_types(cfg, list(configs))
+    kernels = _table_kernels(cfg, {name: c.num_embeddings for name, c in configs.items()})
     load = [0] * world_size
     for name, rank in cfg.table_ranks.items():
         load[rank] += configs[name].num_embeddings
     generators = {}
     # Largest tables first so the greedy placement balances memory.
     for name in sorted(configs, key=lambda n: -configs[n].num_embeddings):
-        kind = kinds[name]
+        kind, kernel = kernels[name]
         if kind == "table_wise" and name in cfg.table_ranks:
-            generators[name] = table_wise(rank=cfg.table_ranks[name], compute_kernel=FUSED)
+            generators[name] = table_wise(rank=cfg.table_ranks[name], compute_kernel=kernel)
         elif kind == "table_wise":
             rank = min(range(world_size), key=lambda r: (load[r], r))
             load[rank] += configs[name].num_embeddings
-            generators[name] = table_wise(rank=rank, compute_kernel=FUSED)
+            generators[name] = table_wise(rank=rank, compute_kernel=kernel)
         elif kind == "column_wise":
-            generators[name] = column_wise(ranks=list(range(world_size)), compute_kernel=FUSED)
+            generators[name] = column_wise(ranks=list(range(world_size)), compute_kernel=kernel)
         elif kind == "row_wise":
-            generators[name] = row_wise(compute_kernel=FUSED)
+            generators[name] = row_wise(compute_kernel=kernel)
         elif kind == "data_parallel":
             generators[name] = data_parallel()
         else:
@@ -122,7 +177,40 @@ def _manual_plan(ebc: EmbeddingBagCollection | EmbeddingCollection, cfg: Shardin
     module_plan = construct_module_sharding_plan(
         ebc, generators, sharder=sharder, local_size=world_size, world_size=world_size,
         device_type=device_type)
+    for name, (_kind, kernel) in kernels.items():  # the cache's size travels on the plan, as the planner's does
+        if kernel == UVM_CACHING:
+            module_plan[name].cache_params = CacheParams(load_factor=cfg.uvm_caching.load_factor)
     return ShardingPlan({module_path: module_plan})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs to plan for, which need not be this machine's."""
+
+    gpus: int
+    gpus_per_node: int
+    hbm_bytes: int
+    """Each GPU's memory."""
+    host_bytes: int
+    """Host memory per GPU (where UVM-cached tables live)."""
+
+
+def plan_on_cluster(model: torch.nn.Module, module_path: str, cfg: ShardingConfig, sharder: ModuleSharder,
+                    cluster: Cluster, reserved_bytes: int, batch_size: int) -> ShardingPlan:
+    """TorchRec's planner's plan for the embedding module at `module_path` (on meta: nothing is
+    allocated) on `cluster`, within the config's sharding types and kernels, with
+    `reserved_bytes` of every GPU kept for what is not a table (dense state, activations).
+    Raises PlannerError when the tables do not fit beside it."""
+    rows = {c.name: c.num_embeddings for c in _table_configs(model.get_submodule(module_path))}
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=cluster.gpus, local_world_size=cluster.gpus_per_node,
+                                     hbm_cap_bytes=cluster.hbm_bytes, ddr_cap_bytes=cluster.host_bytes),
+        hardware_config=HardwareConfig(), kernel_config=KernelConfig(compute_device="cuda"))
+    reserved = min(1.0, reserved_bytes / cluster.hbm_bytes)
+    planner = EmbeddingShardingPlanner(
+        topology=topology, constraints=_constraints(cfg, rows), batch_size=batch_size,
+        storage_reservation=FixedPercentageStorageReservation(reserved))
+    return planner.plan(model, [sharder])
 
 
 def describe_plan(plan: ShardingPlan) -> str:

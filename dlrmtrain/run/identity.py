@@ -25,9 +25,10 @@ _NOT_MATH = {
     "data.verify_max_gb",
 }
 _NOT_MATH_SECTIONS = {"eval", "checkpoint", "logging", "mlperf"}
-_NOT_MATH_PREFIXES = ("comm.auto.",)
-"""`comm.auto`: when lossless `auto` takes which lossless path (and checkpoints written before
-the section existed still resume)"""
+_NOT_MATH_PREFIXES = ("comm.auto.", "sharding.uvm_caching.")
+"""`comm.auto`: when lossless `auto` takes which lossless path; `sharding.uvm_caching`: where a
+table's fp32 rows live (host memory behind an exact HBM cache), not what they are. Checkpoints
+written before either section existed still resume."""
 
 
 def new_run_id() -> str:

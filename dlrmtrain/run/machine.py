@@ -1,21 +1,27 @@
 """What a rank checks of its own machine before it builds: the device asked for is
-there, and the model (its weights and optimizer state) can fit in its memory.
+there, and the model can fit in its memory: the tables with their optimizer state, the
+dense parameters with their gradients and state, and a training step's activations.
 
-Both would otherwise be found late and as a traceback: a missing GPU by the first
-CUDA call, a table of 1e10 rows by the allocator (640 GB asked for). Each raises
-SetupError naming the key to change.
+Each would otherwise be found late and as a traceback: a missing GPU by the first
+CUDA call, a table of 1e10 rows by the allocator (640 GB asked for), DLRMv4's padded
+attention at its MLPerf size by the first step (~1 TB of [B, H, N, N] scores). Each
+raises SetupError in one line naming what does not fit and the key to change. What the
+parts are is each family's (its Workload says, workloads/base.py): this module only adds
+them up.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import torch
 
 from dlrmtrain.run.errors import SetupError
 
 if TYPE_CHECKING:
+    from dlrmtrain.models.activation_memory import ActivationMemory
     from dlrmtrain.optim.state_size import DenseOptimizerState, TableOptimizerState
 
 FP32_BYTES = 4
@@ -42,40 +48,85 @@ def available_bytes(device: torch.device) -> int:
     return total // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def check_model_fits(rows: Mapping[str, int], widths: Mapping[str, int],
-                     state: TableOptimizerState, dense_parameters: int,
-                     dense_state: DenseOptimizerState, world_size: int, device: torch.device,
-                     shrink: str) -> None:
-    """Refuse a model whose tables (fp32 weights and fused optimizer state, `state`) spread
-    evenly over every rank, plus the dense parameters and their optimizer state that every
-    rank holds, cannot fit in this rank's memory (a lower bound: any sharding plan puts at
-    least this much on some rank). `shrink`: the keys that make this family's tables smaller."""
+@dataclass(frozen=True)
+class MemoryPart:
+    """One part of what a rank needs, as the refusal names it."""
+
+    name: str
+    """How the list of the other parts names it: "the dense parameters"."""
+    nbytes: int
+    """Bytes on every rank (the tables: their share of an even spread, a lower bound)."""
+    lead: str
+    """The refusal's opening when this part is the largest, its size and what it holds."""
+    advice: str
+    """What makes it smaller, as the refusal ends."""
+
+
+def table_part(rows: Mapping[str, int], widths: Mapping[str, int], state: TableOptimizerState,
+               world_size: int, shrink: str, cached: Optional[Mapping[str, float]] = None) -> MemoryPart:
+    """The tables' fp32 weights and fused optimizer state (`state`) spread evenly over every
+    rank: a lower bound, any sharding plan puts at least this much on some rank. `shrink`: the
+    keys that make the family's tables smaller; `cached`: UVM-cached table → the share of its
+    rows its GPU cache holds (the rest, and a per-weight state, live in host memory)."""
+    cached = cached or {}
     weight_bytes = {name: n * widths[name] * FP32_BYTES for name, n in rows.items()}
-    state_bytes = sum(state.values(n, widths[name]) for name, n in rows.items()) * FP32_BYTES
-    tables = sum(weight_bytes.values()) + state_bytes
-    dense = dense_parameters * (1 + dense_state.per_parameter) * FP32_BYTES
-    per_rank = tables / world_size + dense
-    free = available_bytes(device)
-    if per_rank <= free:
-        return
+    on_gpu = sum(b * cached.get(name, 1.0) for name, b in weight_bytes.items())
+    state_bytes = FP32_BYTES * sum(state.values(n, widths[name]) if name not in cached
+                                   else state.values(n, 0) for name, n in rows.items())
     largest = max(weight_bytes, key=weight_bytes.get)
     with_state = (f" and {_gb(state_bytes / world_size)} for their optimizer state "
                   f"({state.describe()})" if state_bytes else "")
-    dense_state_text = (f" with their optimizer state ({dense_state.describe()})"
-                        if dense_state.per_parameter else "")
+    uvm = f", {len(cached)} of them UVM-cached (sharding.uvm_caching)" if cached else ""
+    lead = (f"the embedding tables need at least {_gb(on_gpu / world_size)} per rank for their "
+            f"fp32 weights{with_state}: {_gb(sum(weight_bytes.values()) + state_bytes)} of tables "
+            f"over {world_size} rank(s){uvm}, the largest, {largest}, has {rows[largest]:,} rows × "
+            f"{widths[largest]} = {_gb(weight_bytes[largest])}")
+    return MemoryPart("the embedding tables", int(on_gpu + state_bytes) // world_size, lead,
+                      f"{shrink}, or use more ranks" + (" (optim.name sgd keeps no optimizer state)"
+                                                        if state_bytes else ""))
+
+
+def dense_part(dense_parameters: int, dense_state: DenseOptimizerState) -> MemoryPart:
+    """The dense parameters every rank holds, with their gradients (DDP's bucket views) and
+    the dense optimizer's state."""
+    nbytes = dense_parameters * (2 + dense_state.per_parameter) * FP32_BYTES
+    state = f" and optimizer state ({dense_state.describe()})" if dense_state.per_parameter else ""
+    return MemoryPart("the dense parameters", nbytes,
+                      f"every rank holds the {dense_parameters:,} dense parameters with their gradients"
+                      f"{state}, {_gb(nbytes)}",
+                      "use a smaller model" + (" or optim.name sgd (no optimizer state)" if state else ""))
+
+
+def activation_part(activations: ActivationMemory) -> MemoryPart:
+    """A training step's activations (the family's model of them), led by their largest part."""
+    largest = activations.largest()
+    holds = f"{largest.holds}; " if largest.holds else ""
+    lead = (f"{largest.name} needs {_gb(largest.peak)} per rank at {activations.shape} "
+            f"({holds}{_gb(activations.peak)} of activations in all)")
+    return MemoryPart("the activations", activations.peak, lead,
+                      largest.advice or "use a smaller run.global_batch_size")
+
+
+def check_model_fits(parts: Sequence[MemoryPart], device: torch.device,
+                     available: Optional[int] = None) -> None:
+    """Refuse, in one line naming the largest part and by how much the whole is over, a rank
+    whose `parts` cannot fit in the memory `available` to it (default: what this machine
+    says, available_bytes)."""
+    free = available_bytes(device) if available is None else available
+    total = sum(p.nbytes for p in parts)
+    if total <= free:
+        return
+    culprit = max(parts, key=lambda p: p.nbytes)
+    others = [f"{p.name} ({_gb(p.nbytes)})" for p in parts if p is not culprit]
+    beside = (f"with {', '.join(others[:-1])} and {others[-1]}" if len(others) > 1
+              else f"with {others[0]}" if others else "alone")
     raise SetupError(
-        f"the embedding tables need at least {_gb(sum(weight_bytes.values()) / world_size)} per "
-        f"rank for their fp32 weights{with_state}, and every rank holds the "
-        f"{dense_parameters:,} dense parameters{dense_state_text}, {_gb(dense)}: {_gb(per_rank)} "
-        f"in all ({_gb(tables)} of tables over {world_size} rank(s); the largest, {largest}, has "
-        f"{rows[largest]:,} rows × {widths[largest]} = {_gb(weight_bytes[largest])}), but "
-        f"{device.type} memory has {_gb(free)} available per rank: {shrink}, or use more ranks"
-        + (" (optim.name sgd keeps no optimizer state)" if state_bytes or dense_state.per_parameter else ""))
+        f"{culprit.lead}; {beside} a rank needs {_gb(total)}, but {device.type} memory has "
+        f"{_gb(free)} available per rank ({_gb(total - free)} too much): {culprit.advice}")
 
 
 def _gb(n: float) -> str:
     """GB, or MB / KB for what would read 0.0 GB (a small model's dense parameters)."""
-    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
-        if n >= scale / 10:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n / 2**10:,.1f} KB"
+    from dlrmtrain.models.activation_memory import gib  # the one formatter; models/ only when refusing
+
+    return gib(n)

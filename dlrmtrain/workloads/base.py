@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.comm.codec import CollectionKind
     from dlrmtrain.data import Datasets
+    from dlrmtrain.models.activation_memory import ActivationMemory
+    from dlrmtrain.run.machine import MemoryPart
 
 
 class Workload(ABC):
@@ -111,16 +114,56 @@ class Workload(ABC):
         return (sum(p.numel() for p in model.parameters())
                 - sum(n * widths[name] for name, n in rows.items()))
 
+    @abstractmethod
+    def activation_memory(self, cfg: Config, rows: Mapping[str, int], local_batch: int,
+                          device_type: str) -> ActivationMemory:
+        """A training step's activations on one rank at `local_batch` samples, by the family's
+        formula (models/*activations.py): nothing is allocated."""
+
     def check_memory(self, cfg: Config, rows: Mapping[str, int], world_size: int,
-                     device: torch.device) -> None:
-        """Refuse a model whose fp32 weights and optimizer state cannot fit in this rank's
-        memory, the tables even spread evenly over every rank (run/machine.py)."""
-        from dlrmtrain.optim.state_size import dense_optimizer_state, table_optimizer_state
+                     device: torch.device, available: Optional[int] = None) -> None:
+        """Refuse, in one line naming what does not fit, a run whose rank cannot hold its share
+        of the tables (fp32 weights and optimizer state, spread evenly: a lower bound), the
+        dense parameters with their gradients and state, and a training step's activations at
+        the local batch (run/machine.py); `available`: the rank's memory (default: what this
+        machine says)."""
         from dlrmtrain.run.machine import check_model_fits
 
-        check_model_fits(rows, self.table_widths(cfg, rows), table_optimizer_state(cfg.optim),
-                         self.dense_parameters(cfg, rows), dense_optimizer_state(cfg.optim),
-                         world_size, device, self.shrink_tables)
+        check_model_fits(self.memory_parts(cfg, rows, world_size, device.type), device, available)
+
+    def memory_parts(self, cfg: Config, rows: Mapping[str, int], world_size: int,
+                     device_type: str) -> list[MemoryPart]:
+        """What each rank of a `world_size` run on `device_type` needs, by part (check_memory's)."""
+        from dlrmtrain.optim.state_size import dense_optimizer_state, table_optimizer_state
+        from dlrmtrain.run.machine import activation_part, dense_part, table_part
+
+        local_batch = cfg.run.global_batch_size // world_size
+        cached = {}
+        if device_type == "cuda":  # CPU refuses the UVM kernel (distributed/planner.py)
+            from dlrmtrain.distributed.planner import uvm_cached_tables
+
+            cached = {t: cfg.sharding.uvm_caching.load_factor for t in uvm_cached_tables(cfg.sharding, rows)}
+        return [table_part(rows, self.table_widths(cfg, rows), table_optimizer_state(cfg.optim),
+                           world_size, self.shrink_tables, cached),
+                dense_part(self.dense_parameters(cfg, rows), dense_optimizer_state(cfg.optim)),
+                activation_part(self.activation_memory(cfg, rows, local_batch, device_type))]
+
+    # --- `dlrmtrain plan`: a cluster sized before any data is read or rank started ---
+
+    @abstractmethod
+    def planned_table_rows(self, cfg: Config) -> dict[str, int]:
+        """Table → rows as a run of `cfg` (resolved) would size them, from the config alone
+        where the data is not at hand, in the model's table order."""
+
+    def lighter_settings(self, cfg: Config, device_type: str) -> list[tuple[str, Config]]:
+        """Settings that train the same model with fewer activations on `device_type`, each as
+        `key=value` and the config it makes; default: none."""
+        return []
+
+    @abstractmethod
+    def embedding_sharder(self, cfg: Config, device_type: str) -> tuple[ModuleSharder, str]:
+        """The sharder `shard` gives DistributedModelParallel on `device_type`, and the path of
+        the embedding module it shards."""
 
     @abstractmethod
     def build_datasets(self, cfg: Config, rank: int, world_size: int,

@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ModuleSharder
     from torchrec.models.dlrm import DLRMTrain
 
     from dlrmtrain.data import Datasets
+    from dlrmtrain.models.activation_memory import ActivationMemory
 
 ROW_SOURCES = ("synthetic", "criteo")
 """data.ROW_SOURCES (named here so reading a family's facts imports no data loader;
@@ -57,6 +59,27 @@ class DlrmWorkload(Workload):
 
     def table_names(self, cfg: Config) -> list[str]:
         return TABLE_NAMES[:len(cfg.data.table_sizes)]
+
+    def activation_memory(self, cfg: Config, rows: Mapping[str, int], local_batch: int,
+                          device_type: str) -> ActivationMemory:
+        from dlrmtrain.models.dlrm_activations import dlrm_activation_memory
+
+        copied = self.dense_parameters(cfg, rows) if cfg.precision.mode == "bf16" else 0  # autocast's copies
+        return dlrm_activation_memory(cfg.model, cfg.data.num_dense_features, len(rows), local_batch,
+                                      cfg.precision.mode, self.cross_net, copied)
+
+    def planned_table_rows(self, cfg: Config) -> dict[str, int]:
+        from dlrmtrain.data import table_rows
+
+        return dict(zip(self.table_names(cfg), table_rows(cfg)))
+
+    def embedding_sharder(self, cfg: Config, device_type: str) -> tuple[ModuleSharder, str]:
+        from dlrmtrain.distributed.planner import EBC_PATH
+        from dlrmtrain.distributed.sharding import build_ebc_sharder
+        from dlrmtrain.optim.fused import fused_params
+
+        return (build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device_type), device_type),
+                EBC_PATH)
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:

@@ -15,8 +15,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.data import Datasets
+    from dlrmtrain.models.activation_memory import ActivationMemory
 
 SEQUENCE_SOURCES = ("synthetic_yambda", "yambda")
 """data.SEQUENCE_SOURCES (named here so reading a family's facts imports no data loader;
@@ -102,6 +104,39 @@ class Dlrmv4Workload(Workload):
             f"{key}: data_parallel cannot serve {self.family}'s table{'s' * (len(refused) > 1)} {named}: "
             f"{why}; data_parallel serves at most one table, one read once per sample "
             f"({', '.join(once_per_sample)}); give {', '.join(refused)} table_wise, row_wise or column_wise")
+
+    def activation_memory(self, cfg: Config, rows: Mapping[str, int], local_batch: int,
+                          device_type: str) -> ActivationMemory:
+        """At full fill: every sample as long as the longest sequence the data yields."""
+        from dlrmtrain.models.hstu.activations import attention_kind, hstu_activation_memory
+
+        h = cfg.model.hstu
+        rows_per_sample = min(cfg.data.yambda.max_seq_len, h.max_seq_len)
+        return hstu_activation_memory(h, cfg.model.embedding_dim, local_batch, rows_per_sample,
+                                      cfg.precision.mode, attention_kind(h, device_type))
+
+    def planned_table_rows(self, cfg: Config) -> dict[str, int]:
+        from dlrmtrain.data.yambda.builder import planned_table_rows
+
+        return planned_table_rows(cfg.data)
+
+    def lighter_settings(self, cfg: Config, device_type: str) -> list[tuple[str, Config]]:
+        """The jagged attention for the padded one: the same model (up to fp32 summation order),
+        O(tokens) memory instead of [B, H, N, N] scores."""
+        from dlrmtrain.models.hstu.activations import attention_kind, with_attention
+
+        if attention_kind(cfg.model.hstu, device_type) != "padded":
+            return []
+        kind = "triton" if device_type == "cuda" else "blocked"
+        return [(f"model.hstu.attention={kind}", with_attention(cfg, kind))]
+
+    def embedding_sharder(self, cfg: Config, device_type: str) -> tuple[ModuleSharder, str]:
+        from dlrmtrain.distributed.sharding import build_ec_sharder
+        from dlrmtrain.optim.fused import fused_params
+        from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
+
+        return (build_ec_sharder(cfg.comm, fused_params(cfg.optim, "fp32", device_type), device_type),
+                EMBEDDING_COLLECTION)  # fp32 rows (precision.py), as `shard`
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:

@@ -86,6 +86,15 @@ class ToyWorkload(Workload):
     def shard(self, model, cfg, device, world_size):
         raise AssertionError("not asked here")
 
+    def activation_memory(self, cfg, rows, local_batch, device_type):
+        raise AssertionError("not asked here")
+
+    def planned_table_rows(self, cfg):
+        raise AssertionError("not asked here")
+
+    def embedding_sharder(self, cfg, device_type):
+        raise AssertionError("not asked here")
+
 
 @pytest.fixture
 def toy(monkeypatch):

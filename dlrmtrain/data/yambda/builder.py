@@ -20,7 +20,7 @@ from dlrmtrain.data.yambda.history import HistoryRule
 from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec, Windows
 from dlrmtrain.data.yambda.samples import CrossSpec, SampleRule, YambdaSamples
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
-from dlrmtrain.sequence_features import CROSS_SPECS
+from dlrmtrain.sequence_features import CROSS_SPECS, TABLES
 
 
 @dataclass
@@ -41,6 +41,16 @@ def synthetic_profile(data: DataConfig) -> YambdaLikeProfile:
     fields = asdict(data.yambda.synthetic)
     fields.pop("calibrate")
     return YambdaLikeProfile(**fields)
+
+
+def planned_table_rows(data: DataConfig) -> dict[str, int]:
+    """The rows a run's tables get, without reading its data: the synthetic profile's catalog,
+    or for the prepared Yambda store the reference's (sequence_features.TABLES: Yambda-5B's
+    item, artist, album and user counts), the crosses as data.yambda.cross_rows sets them."""
+    if data.source == "synthetic_yambda":
+        return YambdaLikeGenerator(synthetic_profile(data), cross_specs(data)).table_rows()
+    crosses = {name: rows for name, _keys, rows, _salt in cross_specs(data)}
+    return {name: crosses.get(name, rows) for name, (rows, _features) in TABLES.items()}
 
 
 def _synthetic(data: DataConfig, rank: int, world_size: int, global_batch: int, eval_batch: int,
