@@ -37,11 +37,17 @@ it needs loss scaling, and TorchRec's fused embedding optimizers update the tabl
 inside the backward pass, before a scaler could unscale the gradient or skip a step
 with inf/NaN; bf16 has fp32's range and needs no scaling, so it is the
 mixed-precision mode on CPU and GPU alike.
+
+A CPU without bf16 instructions (x86 before avx512_bf16 / AMX, e.g. an AVX2 EPYC) runs
+bf16 matmuls emulated, an order of magnitude slower than fp32 (17x measured on an
+AVX2 EPYC at 512x512, one thread): `emulated_bf16_note` says so once at start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from typing import Callable, Iterable, Optional
 
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
@@ -57,3 +63,71 @@ def autocast(mode: str, device: torch.device, model_scopes_its_own: bool = False
 def embedding_output_dtype(mode: str, device_type: str) -> SparseType:
     """What the fused lookup emits, hence what the embedding all-to-all carries."""
     return SparseType.BF16 if mode == "bf16" and device_type == "cuda" else SparseType.FP32
+
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+"""/proc/cpuinfo flags of a CPU with bf16 instructions (x86: avx512_bf16, AMX; arm64: bf16)."""
+NO_BF16_CAPABILITIES = frozenset({"DEFAULT", "AVX2"})
+"""torch.backends.cpu.get_cpu_capability() answers that rule bf16 instructions out."""
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> Optional[frozenset[str]]:
+    """The CPU's feature flags as Linux lists them (x86 `flags`, arm64 `Features`); None
+    where the file is not there (not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        return None
+    return frozenset()
+
+
+def cpu_has_native_bf16(flags: Optional[Iterable[str]], capability: str) -> Optional[bool]:
+    """Whether this CPU computes bf16 in hardware: its flags where Linux lists them, else
+    torch's vector capability (AVX2 or none rules it out); None: cannot tell."""
+    if flags is not None:
+        return bool(NATIVE_BF16_FLAGS & set(flags))
+    return False if capability in NO_BF16_CAPABILITIES else None
+
+
+def bf16_matmul_slowdown(n: int = 256, repeats: int = 5) -> float:
+    """How many times slower an n x n bf16 matmul runs than fp32's here (best of `repeats`,
+    one thread: two threads on a loaded machine wait on each other more than they compute)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best, threads = {}, torch.get_num_threads()
+    torch.set_num_threads(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y  # warm-up: first-call dispatch and allocation
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            x @ y
+            times.append(time.perf_counter() - start)
+        best[dtype] = min(times)
+    torch.set_num_threads(threads)
+    return best[torch.bfloat16] / max(best[torch.float32], 1e-9)
+
+
+def emulated_bf16_note(mode: str, device_type: str, cpuinfo: str = "/proc/cpuinfo",
+                       capability: Optional[str] = None,
+                       slowdown: Callable[[], float] = bf16_matmul_slowdown) -> Optional[str]:
+    """One line for the start of a run: `precision.mode: bf16` on a CPU that would emulate
+    bf16 matmuls, with the slowdown measured here; None otherwise (fp32, a GPU, a CPU with
+    bf16 instructions, or one that cannot be told). `capability`: torch's unless given."""
+    if mode != "bf16" or device_type != "cpu":
+        return None
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    flags = cpu_flags(cpuinfo)
+    if cpu_has_native_bf16(flags, capability) is not False:
+        return None
+    how = ("no avx512_bf16, amx_bf16 or bf16 in /proc/cpuinfo's flags" if flags is not None
+           else f"torch's CPU capability {capability}")
+    return (f"note: precision.mode=bf16 on a CPU without bf16 instructions ({capability}; {how}): "
+            f"bf16 matmuls are emulated, ~{slowdown():.0f}x slower than fp32 as measured here "
+            f"(256x256, one thread), so the dense part runs slower than under fp32. For speed on "
+            f"this machine use precision.mode=fp32; bf16 pays on a GPU or a CPU with "
+            f"avx512_bf16 or AMX.")
