@@ -834,3 +834,37 @@ def source_lengths(sharding_ctx) -> torch.Tensor | None:
     """The sample rank's lengths before dedup at the source (`SourceDedupShardedEC`), None without it."""
     before = getattr(sharding_ctx, SOURCE_FEATURES, None)
     return None if before is None else before.lengths()
+
+
+# ------------------------------------------------------------------ fbgemm's lookups on CPU
+from fbgemm_gpu.split_embedding_configs import SparseType  # noqa: E402
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: E402
+    DenseTableBatchedEmbeddingBagsCodegen,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+
+_CPU_ROUNDED = {SparseType.BF16.as_int(): torch.bfloat16}
+"""what fbgemm's CPU lookup cannot emit (`split_embedding_cpu_forward` has no BFloat16 output)"""
+
+
+def round_cpu_lookups(model: nn.Module) -> int:
+    """Make each CPU lookup kernel of `model` asked for bf16 rows emit them as the GPU's does:
+    it sums in fp32 and its output is rounded once to bf16; the bf16 gradient that comes back
+    is widened to fp32 for its backward, which accumulates in fp32 on both devices. The
+    kernels that cross the all-to-all thus carry bf16 on CPU as on GPU. Returns how many."""
+    rounded = 0
+    kernels = (kernel for sharded in model.modules()
+               if isinstance(sharded, (ShardedEmbeddingBagCollection, ShardedEmbeddingCollection))
+               for lookup in sharded._lookups for kernel in lookup.modules())  # a list: not submodules
+    for module in kernels:
+        if (isinstance(module, (SplitTableBatchedEmbeddingBagsCodegen, DenseTableBatchedEmbeddingBagsCodegen))
+                and module.use_cpu and module.output_dtype in _CPU_ROUNDED):
+            dtype = _CPU_ROUNDED[module.output_dtype]
+            module.output_dtype = SparseType.FP32.as_int()
+            module.register_forward_hook(functools.partial(_rounded_output, dtype=dtype))
+            rounded += 1
+    return rounded
+
+
+def _rounded_output(_module: nn.Module, _inputs: Any, output: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return output.to(dtype)
