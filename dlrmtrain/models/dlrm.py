@@ -66,7 +66,7 @@ def _pooled_rows(sparse_arch: nn.Module, pooled) -> torch.Tensor:
 def _dense_and_pooled_rows(dlrm: nn.Module, pooled, dense: torch.Tensor) -> torch.Tensor | None:
     """[B, 1 + F, D]: each sample's dense row, then its pooled rows in feature order (what the
     interaction concatenates), gathered in one op where the lookup's output offers it (dedup at
-    the source: `torchrec_hooks.ExpandedRows.behind`, the rows not expanded yet), else None
+    the source: `comm/torchrec/pooled_source.ExpandedRows.behind`, the rows not expanded yet), else None
     (waits for the rows either way). Only for torchrec's own two interactions (`_interact`)."""
     if isinstance(pooled, torch.fx.Proxy) or type(dlrm.inter_arch) not in (InteractionArch, InteractionDCNArch) \
             or dlrm.inter_arch.F <= 0:  # a pipeline's trace takes `_pooled_rows`

@@ -65,7 +65,7 @@ def test_dense_and_pooled_rows_are_gathered_in_one_op_at_the_source_and_interact
     bitwise those of the expand + `_pooled_rows` + torchrec's interaction; the expanded values
     are never made (column-wise too: each feature's row in `shards` column shards). A plain
     KeyedTensor, or a model in another feature order, takes the old path."""
-    from dlrmtrain.comm.torchrec_hooks import ExpandedRows
+    from dlrmtrain.comm.torchrec.pooled_source import ExpandedRows
     from dlrmtrain.models.dlrm import _dense_and_pooled_rows, _interact
 
     B, F, D, U = 16, 3, 2, 7
