@@ -28,6 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrmtrain.comm.dedup.expand import ExpandRows, ExpandRowsBehind
 from dlrmtrain.comm.torchrec.sharded import output_dists, replace_output_dist
+from dlrmtrain.rows_behind import RowsBehind
 
 
 # Row-wise tables at the source. TorchRec's variable-batch row-wise output dist reduce-scatters
@@ -115,7 +116,7 @@ def row_wise_dists_for_source(ebc: ShardedEmbeddingBagCollection) -> int:
     return given
 
 
-class ExpandedRows(KeyedTensor):
+class ExpandedRows(KeyedTensor, RowsBehind):
     """The one-width expand's output: TorchRec's KeyedTensor of values [B, K·d] = `rows[index]`
     (`ExpandRows`), gathered when its values are first read; `behind(leading)` gathers the rows
     behind a leading row per sample instead (`ExpandRowsBehind`: DLRM's interaction input).
