@@ -63,7 +63,7 @@ def autocast(mode: str, device: torch.device, model_scopes_its_own: bool = False
 def embedding_output_dtype(mode: str, device_type: str) -> SparseType:
     """What the fused lookup emits, hence what the embedding all-to-all carries: bf16 under
     bf16 on every device (on CPU fbgemm computes fp32 and it is rounded once to bf16 after the
-    lookup: comm's torchrec door, `round_cpu_lookups`)."""
+    lookup: comm/torchrec/kernels.round_cpu_lookups)."""
     return SparseType.BF16 if mode == "bf16" else SparseType.FP32
 
 

@@ -21,7 +21,7 @@ from dlrmtrain.comm.embeddingbag import make_ebc_sharder
 from dlrmtrain.comm.lookups import count_lookups
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
-from dlrmtrain.comm.torchrec_hooks import round_cpu_lookups
+from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
 

@@ -34,7 +34,8 @@ from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
 from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import FLAT, Hierarchy
-from dlrmtrain.comm.torchrec_hooks import CODEC_ATTRIBUTES, round_cpu_lookups
+from dlrmtrain.comm.torchrec.contexts import CODEC_ATTRIBUTES
+from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
 from dlrmtrain.precision import autocast, embedding_output_dtype
 from tests.comm.stream_check import STREAM, observed_records, reachable_tensors, unrecorded
 

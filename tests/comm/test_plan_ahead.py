@@ -116,7 +116,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
     """`auto` under the plain loop, then the pipeline (see the module's docstring)."""
     from dlrmtrain.comm.auto.dist import AutoDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
-    from dlrmtrain.comm.torchrec_hooks import PLAN_AHEAD
+    from dlrmtrain.comm.torchrec.contexts import PLAN_AHEAD
 
     results = {}
     for mode in ("plain", "pipelined"):

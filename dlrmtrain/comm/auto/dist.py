@@ -16,7 +16,7 @@ and counts down to the next drift check. There auto steps back in for the
 `drift_samples` timed steps that check needs (policy.py, `untimed_steps`),
 checks, and settles again unless something drifted.
 
-Planned ahead: under the pipeline (torchrec_hooks.`PlanAheadPipeline`) `plan_ahead`
+Planned ahead: under the pipeline (torchrec/pipelines.`PlanAheadPipeline`) `plan_ahead`
 has dedup's dist plan the next training pass while this step runs, as under
 `codec: dedup`, whenever that pass may take dedup (`AutoPolicy.next_paths`: the
 next path is known except at a step that may decide). Settled on dedup, a
@@ -41,7 +41,7 @@ from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.stats import DistCommStats, TableCommStats
 from dlrmtrain.comm.stock_bytes import add_tallied_passes, count_stock_step, pass_key
-from dlrmtrain.comm.torchrec_hooks import take_plan_ahead
+from dlrmtrain.comm.torchrec.contexts import take_plan_ahead
 
 logger = logging.getLogger(__name__)
 

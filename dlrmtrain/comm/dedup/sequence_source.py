@@ -10,7 +10,7 @@ stock output dist returns one row per distinct id. What the sample rank needs to
 expand them stays on it (`SequenceExpansion`, carried by the KJT, never sent):
 per sharding its features as the batch has them (real lengths, their per-key
 counts on the host) and each position's row among the distinct ids. The sharded
-EC (`torchrec_hooks.SourceDedupShardedEC`) hands both to TorchRec's
+EC (`torchrec.sequence.SourceDedupShardedEC`) hands both to TorchRec's
 `construct_jagged_tensors`, which expands with one `index_select` per sharding;
 its backward sums the duplicates' gradients (in the rows' dtype, fp32) before
 the output all-to-all's backward. Forward rows are the rows `none` looks up:
@@ -185,13 +185,13 @@ def _check_ids(s: ShardingFeatures, tables: list[str], ids: torch.Tensor, table:
 
 def sequence_source_transform(model: torch.nn.Module) -> SequenceSourceDedup:
     """The loader's transform for sharded `model`'s one EmbeddingCollection taking distinct ids."""
-    from dlrmtrain.comm import torchrec_hooks as hooks  # the sharded module: only where one is built
+    from dlrmtrain.comm.torchrec import sequence# the sharded module: only where one is built
 
-    ecs = [m for m in model.modules() if isinstance(m, hooks.SourceDedupShardedEC)]
+    ecs = [m for m in model.modules() if isinstance(m, sequence.SourceDedupShardedEC)]
     if len(ecs) != 1:
         raise ValueError(f"comm.dedup_at: source on sequence tables needs one EmbeddingCollection sharded "
                          f"for it, the model has {len(ecs)}")
     return SequenceSourceDedup([
         ShardingFeatures(sharding_type, features, [table_of[f][0] for f in features],
                          {t: n for t, n in table_of.values()})
-        for sharding_type, features, table_of in hooks.source_shardings(ecs[0])])
+        for sharding_type, features, table_of in sequence.source_shardings(ecs[0])])

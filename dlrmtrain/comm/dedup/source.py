@@ -27,7 +27,7 @@ from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.torchrec import pooled, pooled_source, sharder, vbe
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 """the sharding types whose features `source` deduplicates (the others travel whole); row-wise
@@ -39,17 +39,17 @@ _KEY_LIMIT = 2 ** 62
 class SourceDedupEBCSharder(EmbeddingBagCollectionSharder):
     """TorchRec's EBC sharder for `comm.dedup_at: source`: TorchRec's own dists and lookups carry
     the variable batch; its sharded module expands the rows in one gather
-    (`torchrec_hooks.RowGatherExpandShardedEBC`) and the CPU TBE's per-batch VBE metadata is
-    made in whole-tensor ops (`torchrec_hooks.register_cpu_vbe_metadata`)."""
+    (`torchrec.pooled_source.RowGatherExpandShardedEBC`) and the CPU TBE's per-batch VBE metadata is
+    made in whole-tensor ops (`torchrec.vbe.register_cpu_vbe_metadata`)."""
 
     def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
-        hooks.register_cpu_vbe_metadata()
-        return hooks.build_sharded(hooks.RowGatherExpandShardedEBC, self, module, params, env, device, module_fqn)
+        vbe.register_cpu_vbe_metadata()
+        return sharder.build_sharded(pooled_source.RowGatherExpandShardedEBC, self, module, params, env, device, module_fqn)
 
     @property
     def sharded_module_type(self):
-        return hooks.RowGatherExpandShardedEBC
+        return pooled_source.RowGatherExpandShardedEBC
 
 
 def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
@@ -58,7 +58,7 @@ def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> fr
     kept: set[str] = set()
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
-            for sharding_type, tables in hooks.features_per_sharding_type(m).items():
+            for sharding_type, tables in pooled.features_per_sharding_type(m).items():
                 for table, features in tables.items():
                     if sharding_type not in DEDUPED_SHARDING_TYPES or table_codecs.get(table) == "none":
                         kept.update(features)
@@ -70,10 +70,10 @@ def row_wise_dists_for_source(model: nn.Module) -> None:
     reduce-scatter backward all-gathers uneven sizes, which Gloo refuses, and its dist serves
     only the batch kind of its first call (`auto` at the source sends both). Each such dist is
     given one that serves both and, over Gloo, gathers padded to the longest part
-    (comm/torchrec_hooks.py); NCCL keeps TorchRec's uneven all-gather."""
+    (comm/torchrec/pooled_source.py); NCCL keeps TorchRec's uneven all-gather."""
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
-            hooks.row_wise_dists_for_source(m)
+            pooled_source.row_wise_dists_for_source(m)
 
 
 def source_transform(model: nn.Module, table_codecs: Mapping[str, str]
