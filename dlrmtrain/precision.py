@@ -3,13 +3,13 @@
 | mode | dense MLPs & interaction | embedding tables, optimizer state | embedding all-to-all |
 |------|--------------------------|-----------------------------------|----------------------|
 | fp32 | fp32                     | fp32                              | fp32                 |
-| bf16 | bf16 autocast (weights and their grads stay fp32) | fp32     | GPU: bf16 (the lookup emits bf16); CPU: fp32 (fbgemm's CPU lookup cannot emit bf16) |
+| bf16 | bf16 autocast (weights and their grads stay fp32) | fp32     | bf16 on every device: the GPU lookup emits bf16; fbgemm's CPU lookup cannot, so its fp32 output is rounded once to bf16 after the kernel (comm/torchrec/kernels.round_cpu_lookups), the same value |
 
-Where the bf16 embedding all-to-all rounds (GPU; on CPU it is fp32 throughout):
+Where the bf16 embedding all-to-all rounds (GPU and CPU alike):
 
 | step | `none` | `dedup` |
 |------|--------|---------|
-| lookup | fbgemm's TBE sums a bag's fp32 rows in fp32, rounds once to bf16 | the same lookup |
+| lookup | fbgemm's TBE sums a bag's fp32 rows in fp32, rounds once to bf16 (CPU: the kernel's fp32 output rounded once) | the same lookup |
 | forward wire | each bag's bf16 row | each unique bag's bf16 row: the output is `none`'s, bitwise |
 | backward, receiver | each bag's bf16 gradient is sent as is | a unique bag's repeats summed in fp32 (`dedup/kernels.segment_sum_rows`), rounded once to bf16 and sent |
 | backward, owner | TorchRec divides by the world size in bf16 (exact for a power of two) | the same division (`dedup/transport.owner_gradient`), the sum at the bag's first occurrence, zeros elsewhere |
@@ -22,6 +22,10 @@ fp32 would not remove that rounding: autograd casts a gradient to its
 forward output's dtype, so the TBE receives bf16 either way. Two levels
 (`comm.hierarchy: node`) round twice: the rank's sum, then the forwarder's sum
 over its node's ranks (`dedup/two_level/transport.py`), each accumulated in fp32.
+A lossy codec (`fp16`, `bf16`, `int8`, `fp8`, `dedup+fp16`, `dedup+bf16`) on bf16 rows
+is refused by name (comm/registry.validate_wire_precision): it would round the bf16
+row a second time instead of once from the fp32 sum. DLRMv4's rows stay fp32 under
+bf16 (below), so its reference wire `dedup+fp16` rounds once, from fp32.
 
 The loss (BCE with logits) is computed in fp32 under autocast. What the bf16 row
 means per model family (under fp32 everything is fp32):
