@@ -158,6 +158,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     _check_data(cfg, world_size, workload)
     checks.check_model(cfg)
     workload.check_model(cfg)
+    workload.check_device(cfg, device_type)
     workload.check_pipeline(cfg)
     _check_pipeline(cfg, device_type)
     checks.check_table_keys(cfg, workload.table_names(cfg))

@@ -43,6 +43,9 @@ SyntheticProfile = Literal["custom", "kaggle", "terabyte"]
 TerabyteTables = Literal["v1", "dcnv2"]
 ModelArch = Literal["dlrm_v1", "dlrm_dcnv2", "dlrmv4_hstu"]
 HSTUPostprocessor = Literal["timestamp_layer_norm", "layer_norm", "l2_norm"]
+HSTUAttention = Literal["auto", "padded", "blocked", "triton"]
+"""`model.hstu.attention`: the STU layers' attention kernel (models/hstu/attention/kinds.py maps
+each name to its kernel and resolves `auto`)"""
 Planner = Literal["manual", "torchrec"]
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
 OptimizerName = Literal["sgd", "adagrad", "adam"]
@@ -306,6 +309,12 @@ class HSTUConfig:
     """Last step of the user embedding: `timestamp_layer_norm` (reference yambda), `layer_norm`, `l2_norm`."""
     loss_weight: float = 0.2
     """The listen_plus BCE is multiplied by this (reference causal_multitask_weights)."""
+    attention: HSTUAttention = "auto"
+    """The attention kernel, one function of the same numbers (up to fp32 summation order):
+    `padded` ([B, H, N, N] scores kept for the backward: the parity reference), `blocked`
+    (jagged row tiles in PyTorch, scores recomputed in the backward; any device), `triton`
+    (jagged Triton kernels; CUDA, or CPU under TRITON_INTERPRET=1) or `auto` (triton on CUDA;
+    on CPU padded up to 128-row sequences, blocked above)."""
 
 
 @dataclass

@@ -73,6 +73,9 @@ class Workload(ABC):
     def check_model(self, cfg: Config) -> None:
         """The model section's family-specific sizes (config/checks.py holds the shared ones)."""
 
+    def check_device(self, cfg: Config, device_type: str) -> None:
+        """Refuse a model setting whose kernel cannot run on `device_type`; default: none."""
+
     def check_pipeline(self, cfg: Config) -> None:
         """Refuse a `run.pipeline` this family's model cannot train under; default: none."""
 

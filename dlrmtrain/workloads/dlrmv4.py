@@ -68,6 +68,9 @@ class Dlrmv4Workload(Workload):
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    def check_device(self, cfg: Config, device_type: str) -> None:
+        checks.check_hstu_attention(cfg, device_type)
+
     def table_names(self, cfg: Config) -> list[str]:
         from dlrmtrain.sequence_features import TABLES
 
