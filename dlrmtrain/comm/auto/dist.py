@@ -103,8 +103,8 @@ class AutoDist(nn.Module):
                     self._agree(self.policy.local_extremes(), local_embs.device, op=dist.ReduceOp.MAX))):
             self._decide(local_embs.device)
         elif self.policy.retime_due():
-            self._say(f"comm auto ({self._what()}): {self.policy.retime_line()}")
             self.policy.reprobe()
+            self._note(self.policy.retime_line())
         elif self.policy.check_due():
             self._check_drift(local_embs.device)
         path = self.policy.path()
@@ -232,9 +232,7 @@ class AutoDist(nn.Module):
         elif not hasattr(self.dedup_dist.planner, "dedup_tables"):
             self.table_choice = {t: "dedup" for t in names}
         decision.reason = reason
-        line = f"step {decision.step}: {decision.choice} ({reason}; {self._fractions_text(fractions, overall)})"
-        self.none_stats.decisions.append(line)
-        self._say(f"comm auto ({self._what()}): {line}")
+        self._note(f"{decision.head()} ({reason}; {self._fractions_text(fractions, overall)})")
 
     def _what(self) -> str:
         """The all-to-all in words: its sharding type and its tables (named when few)."""
@@ -262,9 +260,13 @@ class AutoDist(nn.Module):
             frac = sum(t.unique_bags for t in tot) / bags if bags else None
         drifted, = self._agree([float(self.policy.local_drift(frac))], device, op=dist.ReduceOp.MAX)
         if drifted:
-            self._say(f"comm auto ({self._what()}): step time or distinct fraction drifted at step "
-                      f"{self.policy.step}; timing both paths again")
             self.policy.reprobe()
+            self._note(self.policy.reprobe_line("the step time or distinct fraction drifted"))
+
+    def _note(self, line: str) -> None:
+        """Print `line` and list it with the decisions (comm_stats.json's `auto_decisions`)."""
+        self.none_stats.decisions.append(line)
+        self._say(f"comm auto ({self._what()}): {line}")
 
     def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:
         return {t: dataclasses.replace(s) for t, s in self.dedup_dist.comm_stats.tables.items()}

@@ -65,6 +65,9 @@ from typing import SupportsFloat
 
 from dlrmtrain.config.schema import AutoConfig
 
+REPROBE = "timing both paths again"
+"""how the line of a new probe (a re-timed close call, or drift) names it, after its step"""
+
 PATHS = ("dedup", "none")
 """alternation order while warming up and probing (dedup first: its key widths are learned early)"""
 
@@ -135,6 +138,10 @@ class AutoDecision:
     dedup_seconds: float | None = None
     settled: bool = True
     """False: a close call, kept open (both paths are timed again at the next check point)"""
+
+    def head(self) -> str:
+        """How its line begins (comm_stats.json's `auto_decisions`, read back by timeline.py)."""
+        return f"step {self.step}: {self.choice}" + ("" if self.settled else " for now")
 
 
 @dataclass
@@ -336,8 +343,11 @@ class AutoPolicy(AutoConfig):
         return self._open > 0 and self.check_due()
 
     def retime_line(self) -> str:
-        return f"step {self.step}: the close call of step {self.decisions[-1].step} timed again, " \
-               f"{self.probe_length()} steps per path"
+        return self.reprobe_line(f"the close call of step {self.decisions[-1].step}")
+
+    def reprobe_line(self, why: str) -> str:
+        """The line of a new probe starting now (call after `reprobe`; listed with the decisions)."""
+        return f"step {self.step}: {REPROBE} ({self.probe_length()} steps each): {why}"
 
     def check_due(self) -> bool:
         """Whether this step is a drift check point (the same steps on every rank)."""

@@ -133,14 +133,17 @@ class SourceAuto:
                 self._agree(self.policy.local_extremes(), dist.ReduceOp.MAX))):
             self._decide()
         elif self.policy.retime_due():
-            self._say(f"comm auto (dedup at the source) {self.policy.retime_line()}")
             self.policy.reprobe()
+            self._note(self.policy.retime_line())
         elif self.policy.check_due():
             drifted, = self._agree([float(self.policy.local_drift(self._fraction))], dist.ReduceOp.MAX)
             if drifted:
-                self._say(f"comm auto (dedup at the source): step time or distinct fraction drifted at "
-                          f"step {self.policy.step}; timing both paths again")
                 self.policy.reprobe()
+                self._note(self.policy.reprobe_line("the step time or distinct fraction drifted"))
+
+    def _note(self, line: str) -> None:
+        self.decisions.append(line)
+        self._say(f"comm auto (dedup at the source) {line}")
 
     def _decide(self) -> None:
         W = dist.get_world_size(self.group) if dist.is_initialized() else 1
@@ -151,9 +154,7 @@ class SourceAuto:
         decision = self.policy.decide(none_s, dedup_s, fraction if self._fraction is not None else None,
                                       max(none_spread, dedup_spread), wire)
         self._rows = [0, 0, 0]
-        line = f"step {decision.step}: {decision.choice} ({decision.reason})"
-        self.decisions.append(line)
-        self._say(f"comm auto (dedup at the source) {line}")
+        self._note(f"{decision.head()} ({decision.reason})")
 
     def _bytes_per_step(self, world_size: int) -> tuple[float, float]:
         """This rank's bytes a step of each form sends to other ranks, ids and rows both ways (a row
