@@ -135,8 +135,6 @@ def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:
     for key in ("warmup_steps", "probe_steps", "min_probe_steps", "check_every", "drift_samples"):
         if getattr(a, key) < 1:
             raise ConfigError(f"comm.auto.{key}: must be at least 1, got {getattr(a, key)}")
-    if a.close_call_retimes < 0:
-        raise ConfigError(f"comm.auto.close_call_retimes: must be at least 0, got {a.close_call_retimes}")
     if a.min_probe_steps > a.probe_steps:
         raise ConfigError(f"comm.auto.min_probe_steps: {a.min_probe_steps} exceeds comm.auto.probe_steps "
                           f"{a.probe_steps} (a probe ends after probe_steps per path)")
