@@ -343,3 +343,15 @@ def test_a_clear_gap_against_the_bytes_is_timed_again_before_it_stands():
     run(p, {"none": 0.010, "dedup": 0.011}, 200, wire=Wire(2.5e6, 0.25e6))
     assert [(d.choice, d.settled) for d in p.decisions] == [("none", True)]
     assert "link rate unknown: not weighed" in p.decisions[0].reason
+
+
+def test_a_close_call_kept_on_none_steps_back_in_at_the_next_check_point():
+    """Settled on none while a close call is open, auto still enters the step of the re-timing
+    (whatever `min_dwell`), times both, and settles again after the cap."""
+    p = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, check_every=10, min_dwell=100,
+                   drift_samples=3)
+    entered = run_settling(p, lambda path, i: {"none": 0.010, "dedup": 0.0101}[path], 80)
+    first = 1 + 2 * 2
+    assert [(d.step, d.settled) for d in p.decisions] == [
+        (first, False), (first + 10 + 2 * 4, False), (first + 10 + 8 + 10 + 2 * 8, True)]
+    assert entered[first + 10] and not any(entered[first + 1:first + 10])  # settled until the re-timing
