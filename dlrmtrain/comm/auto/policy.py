@@ -229,7 +229,7 @@ class AutoPolicy(AutoConfig):
 
     # ----------------------------------------------------------- decisions
     def needs_decision(self) -> bool:
-        """Probe complete: the caller agrees `local_medians()` over ranks and calls `decide`."""
+        """Probe complete: the caller agrees `local_probe()` over ranks and calls `decide`."""
         return self.phase == "probe" and all(len(s) >= self.probe_length() for s in self._samples.values())
 
     def early_check_due(self) -> bool:
@@ -292,7 +292,8 @@ class AutoPolicy(AutoConfig):
             # the cheaper-looking path; at the cap, a clear gap stands against the bytes
             at_cap = self._open >= self.close_call_retimes
             choice = (clear if at_cap else None) or bytes_say or clear or current
-            reason = self._close_reason(times, choice, current, gain, band, clear, share)
+            timings, self._open = self._open + 1, 0 if at_cap else self._open + 1
+            reason = self._close_reason(times, choice, current, gain, band, clear, share, timings)
         if wire is not None:
             reason += f"; weighed: {wire.describe(none_seconds)}"
         decision = AutoDecision(choice, reason, self.step, none_seconds, dedup_seconds, settled=self._open == 0)
@@ -318,8 +319,9 @@ class AutoPolicy(AutoConfig):
         return f"{current} kept: {measured}; {other} is {-gain:.1%} slower (beyond {self._band(band)})"
 
     def _close_reason(self, times: dict[str, float], choice: str, current: str, gain: float, band: float,
-                      clear: str | None, share: float | None) -> str:
-        """A close call (or a clear gap against the bytes): open, or settled at the cap."""
+                      clear: str | None, share: float | None, timings: int) -> str:
+        """A close call (or a clear gap against the bytes) after `timings` timings: open, or
+        settled at the cap (`_open` says which, already counted)."""
         other = "dedup" if current == "none" else "none"
         verdict = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
         what = f"{self._measured(times, current, other)}; {other} is {verdict}"
@@ -329,12 +331,9 @@ class AutoPolicy(AutoConfig):
             what = f"against the bytes: {what}, yet dedup's fewer bytes would save {share:.0%} of a none step"
         why = "the bytes say it saves" if choice == "dedup" and share is not None and share > self.margin \
             else "measured faster" if choice == clear else "the path it was on"
-        if self._open < self.close_call_retimes:
-            self._open += 1
+        if self._open:
             return f"{what}; {choice} kept for now ({why}), both timed again at step " \
                    f"{self.step + self.check_every} with {self.probe_length()} steps each"
-        timings = self._open + 1
-        self._open = 0
         return f"{what}; {choice} kept after {timings} timings ({why})"
 
     def retime_due(self) -> bool:
