@@ -61,7 +61,11 @@ def rows_of_both_forms(batch: Any) -> tuple[int, int] | None:
         return None
     full = getattr(batch, names[0])
     if not distinct.variable_stride_per_key():
-        return full.values().numel(), distinct.values().numel()
+        # the positions the sharded EC takes (its shardings' features: a feature of none is not sent)
+        expansion = getattr(distinct, "expansion", None)
+        positions = (sum(f.values().numel() for f in expansion.features) if expansion is not None
+                     else full.values().numel())
+        return positions, distinct.values().numel()
     return len(distinct.keys()) * full.stride(), sum(s[0] for s in distinct.stride_per_key_per_rank())
 
 
