@@ -390,6 +390,11 @@ class AutoConfig:
     """Relative move of the step time or distinct fraction that starts a new probe (above 0)."""
     drift_samples: int = 8
     """Recent step times a drift check needs (timed steps before each check point; at least 1)."""
+    close_call_retimes: int = 2
+    """A close call (a measured gap within `margin`, or within the probe's own spread of step
+    times, or against what the bytes say) stays open: the cheaper-looking path runs and both are
+    timed again at the next check point, with twice the steps each time, at most this many times
+    (0: settled at once, as the cheaper-looking path; negative refused)."""
     table_keep_fraction: float = 0.9
     """A table whose distinct fraction is at least this keeps the stock path (dedup saves
     little); in (0, 1]. Owner-side auto on pooled embeddings only (the per-table choice):
