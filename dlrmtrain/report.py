@@ -38,6 +38,7 @@ import yaml
 from dlrmtrain.comm.auto.timeline import run_line
 from dlrmtrain.comm.labels import contender_label
 from dlrmtrain.mlperf.benchmarks import display_label
+from dlrmtrain.mlperf.contenders import split_precision, with_precision
 from dlrmtrain.workloads import workload_named, workload_of_saved
 
 CODEC_COLOURS = {"none": "#4c72b0", "dedup": "#dd8452", "fp16": "#55a868", "bf16": "#c44e52",
@@ -114,7 +115,8 @@ def load_run(path: str | Path) -> RunData:
             raise ReportError(f"{path}: no {need} (not a finished dlrmtrain run directory)")
     cfg = yaml.safe_load((path / "config.yaml").read_text())
     workload = workload_of_saved(cfg)
-    run = RunData(path=path, name=cfg["run"]["name"], codec=_contender(cfg["comm"]),
+    run = RunData(path=path, name=cfg["run"]["name"],
+                  codec=_contender(cfg["comm"], cfg.get("precision", {})),
                   global_batch_size=cfg["run"]["global_batch_size"],
                   target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"),
                   benchmark=workload.benchmark, arch=workload.arch, family=workload.family)
@@ -176,14 +178,15 @@ def _glued_record(line: str) -> tuple[int, dict[str, Any]] | None:
     return None
 
 
-def _contender(comm: dict[str, Any]) -> str:
-    """The run's codec as the MLPerf runner's --codecs names it: `<codec>/node` over two levels,
-    so that one-level and two-level runs of a codec are told apart."""
-    return contender_label(comm["codec"], comm.get("hierarchy", "flat"))
+def _contender(comm: dict[str, Any], precision: dict[str, Any]) -> str:
+    """The run's codec as the MLPerf runner names its contenders: `<codec>/node` over two levels,
+    `@bf16` under mixed precision, so that the runs of a codec are told apart."""
+    label = contender_label(comm["codec"], comm.get("hierarchy", "flat"))
+    return with_precision(label, "bf16" if precision.get("mode") == "bf16" else None)
 
 
 def _colour(codec: str) -> str:
-    return CODEC_COLOURS.get(codec, OTHER_COLOUR)
+    return CODEC_COLOURS.get(split_precision(codec)[0], OTHER_COLOUR)
 
 
 def _legend(ax, runs: list[RunData]) -> None:
