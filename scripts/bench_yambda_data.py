@@ -1,7 +1,7 @@
 """DLRMv4 data-path throughput: Yambda preprocessing, the anchor index, and batches per process.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_yambda_data.py [--users 2000] [--events-per-user 10000]
-        [--sections prepared,synthetic,transform]
+        [--sections prepared,synthetic,transform,workers] [--rounds 3] [--worker-batches 8]
 
 Writes a generated multi_event.parquet in Yambda's layout (users' events interleaved in
 time order over 302 days, 97 % listens, Yambda's column types) to a temporary folder,
@@ -11,7 +11,9 @@ reference's shape (interleaved history 4086, scan window 20000), then the synthe
 source's batches at the reference shape and at configs/data/synthetic_yambda_mini.yaml's
 (`prepared`, `synthetic`). `transform`: the source transform of `comm.dedup_at: source` on
 reference-shape batches, its distinct ids by a full sort per table (torch.unique) and by
-comm/dedup/unique.py's counting pass, side by side (and checked equal).
+comm/dedup/unique.py's counting pass, side by side (and checked equal). `workers`: one
+rank's batches with that transform, built and transformed per batch in one thread, then
+as the step gets them from the loader with data.workers 1, 2 and 4 (threads), side by side.
 Every figure is one process on one thread; `prepared` needs pyarrow (the `yambda` extra).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import resource
 import shutil
 import statistics
@@ -36,11 +39,12 @@ from dlrmtrain.comm.dedup import unique  # noqa: E402
 from dlrmtrain.comm.dedup.sequence_source import SequenceSourceDedup, ShardingFeatures  # noqa: E402
 from dlrmtrain.data.yambda.batch import to_sequence_batch  # noqa: E402
 from dlrmtrain.data.yambda.history import HistoryRule  # noqa: E402
+from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec  # noqa: E402
 from dlrmtrain.data.yambda.parquet import require_pyarrow, write_parquet  # noqa: E402
 from dlrmtrain.data.yambda.preprocess import preprocess_yambda  # noqa: E402
 from dlrmtrain.data.yambda.samples import SampleRule, YambdaSamples  # noqa: E402
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile  # noqa: E402
-from dlrmtrain.sequence_features import CROSS_SPECS, TABLES  # noqa: E402
+from dlrmtrain.sequence_features import CROSS_SPECS, TABLES, SequenceBatch  # noqa: E402
 
 NUM_ITEMS = 100_000
 
@@ -169,7 +173,8 @@ def transform_section(a: argparse.Namespace) -> None:
             raise AssertionError("the counting pass's transform differs from the full sort's")
         for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             times[key].append(dt)
-    print(f"source transform at the reference shape, {kjt.values().numel() / 1e6:.2f} M ids per "
+    ids = sum(v.numel() for parts_of_table, _rows in parts for v in parts_of_table)
+    print(f"source transform at the reference shape, {ids / 1e6:.2f} M embedded ids per "
           f"1024-sample batch, {a.batches} batches (median, min, max):")
     for what in ("ids", "transform"):
         sort, counting = times[f"{what} sort"], times[f"{what} counting"]
@@ -178,7 +183,95 @@ def transform_section(a: argparse.Namespace) -> None:
               f"{statistics.median(sort) / statistics.median(counting):.1f}x")
 
 
-SECTIONS = {"prepared": prepared_section, "synthetic": synthetic_section, "transform": transform_section}
+def _reference_loader(workers: int, prefetch: int) -> SequenceBatchLoader:
+    """One rank's synthetic_yambda loader at the reference shape (1024 samples per batch) with
+    comm.dedup_at: source's transform, its batches made by `workers` threads."""
+    gen = YambdaLikeGenerator(YambdaLikeProfile(), CROSS_SPECS)
+    loader = SequenceBatchLoader([np.arange(gen.num_train_samples)], gen.columns, SequenceLoaderSpec(
+        rank=0, world_size=1, global_batch_size=1024, slicing="contiguous", prefetch=prefetch, workers=workers))
+    loader.sparse_transform = reference_transform(gen)
+    return loader
+
+
+def _per_batch(loader: SequenceBatchLoader, start: int, count: int) -> float:
+    """Seconds per batch as a step that takes them at once gets them, from the loader's start:
+    `count` batches cost ~ceil(count / workers) batch times (a multiple of 4 keeps 1, 2, 4 fair)."""
+    batches = loader.batches_from(start)
+    try:
+        t = time.perf_counter()
+        for _ in range(count):
+            next(batches)
+        return (time.perf_counter() - t) / count
+    finally:
+        batches.close()
+
+
+def _batch_tensors(batch: SequenceBatch) -> list[torch.Tensor]:
+    kjts = [batch.uih, batch.candidates, batch.sparse, *batch.sparse.expansion.features]
+    return [t for k in kjts for t in (k.values(), k.lengths())] + list(batch.sparse.expansion.reverse)
+
+
+def _process_costs(a: argparse.Namespace) -> None:
+    """What process workers would cost instead: each batch's tensors copied into shared memory
+    to reach the rank (torch.multiprocessing's hand-over), and two processes making batches
+    side by side with nothing handed over (the most two processes could give)."""
+    loader = _reference_loader(1, prefetch=0)
+    batch = next(loader.batches_from(0))
+    tensors = _batch_tensors(batch)
+    t = time.perf_counter()
+    for x in tensors:
+        x.share_memory_()
+    dt = time.perf_counter() - t
+    print(f"  a process worker's hand-over: {sum(x.nbytes for x in tensors) / 1e9:.2f} GB per batch "
+          f"copied to shared memory in {dt:.3f} s (threads hand over a reference)")
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        t = time.perf_counter()
+        pool.starmap(_make_in_process, [(i * a.worker_batches, a.worker_batches // 2) for i in range(2)])
+        per = (time.perf_counter() - t) / (2 * (a.worker_batches // 2))
+    print(f"  2 processes, each its own batches, nothing handed over: {per:.3f} s per batch")
+
+
+def _make_in_process(start: int, count: int) -> None:
+    torch.set_num_threads(1)
+    for _ in _reference_loader(1, prefetch=0).batches_from(start):
+        count -= 1
+        if count <= 0:
+            return
+
+
+def workers_section(a: argparse.Namespace) -> None:
+    """Per batch at the reference shape, one rank: the batch build and the transform in one
+    thread, then the whole per-batch time as the step sees it with 1, 2 and 4 workers, rounds
+    interleaved so the machine's load falls on every count alike."""
+    gen = YambdaLikeGenerator(YambdaLikeProfile(), CROSS_SPECS)
+    transform = reference_transform(gen)
+    build, apply = [], []
+    for b in range(a.batches):
+        t0 = time.perf_counter()
+        kjt = to_sequence_batch(gen.columns(np.arange((b + 1) * 1024, (b + 2) * 1024))).sparse
+        t1 = time.perf_counter()
+        transform(kjt)
+        build.append(t1 - t0)
+        apply.append(time.perf_counter() - t1)
+    print(f"per batch at the reference shape (1024 samples), one thread: build {_spread(build)}, "
+          f"transform {_spread(apply)}")
+    counts = (1, 2, 4)
+    times: dict[int, list[float]] = {w: [] for w in counts}
+    for r in range(a.rounds):
+        for w in counts:  # fresh loaders: no user cached from an earlier count
+            times[w].append(_per_batch(_reference_loader(w, prefetch=2), r * a.worker_batches, a.worker_batches))
+    base = statistics.median(times[1])
+    print(f"build + transform per batch as the step gets it (prefetch 2), {a.rounds} rounds of "
+          f"{a.worker_batches} batches (median, min, max):")
+    for w in counts:
+        print(f"  {w} worker{'s' if w > 1 else ' '}: {_spread(times[w])}, "
+              f"{base / statistics.median(times[w]):.2f}x the batches/s of 1")
+    _process_costs(a)
+
+
+SECTIONS = {"prepared": prepared_section, "synthetic": synthetic_section, "transform": transform_section,
+            "workers": workers_section}
 
 
 def main() -> None:
@@ -186,6 +279,8 @@ def main() -> None:
     p.add_argument("--users", type=int, default=2000)
     p.add_argument("--events-per-user", type=int, default=10_000)
     p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3, help="workers: rounds of each worker count")
+    p.add_argument("--worker-batches", type=int, default=8, help="workers: batches per round")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated, of {', '.join(SECTIONS)}")
     a = p.parse_args()
