@@ -269,6 +269,11 @@ class DataConfig:
     checked unless this is raised."""
     yambda: YambdaDataConfig = field(default_factory=YambdaDataConfig)
     """Sources `yambda` / `synthetic_yambda` (DLRMv4 sequences)."""
+    workers: Optional[int] = None
+    """Threads per rank making the batches read ahead (sources `criteo`, `yambda`,
+    `synthetic_yambda`, with their prefetch_batches > 0): each makes whole batches with their
+    source transform (comm.dedup_at: source); the step gets them in order, the same batches
+    for any count. null: half this rank's share of the machine's cores, at least 1, at most 4."""
 
 
 @dataclass
