@@ -26,14 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn import functional as F
 
 ROWS_PER_TILE = 128
 """Query rows per tile: matrix products wide enough to run at the BLAS's speed on CPU."""
 CHUNK_BYTES = 2 * 2**20
 """fp32 scores a chunk of tiles may hold ([tiles, H, rows, keys]); a tile larger alone is run alone."""
-LIVE_SCORE_COPIES = 6
-"""Score-sized tensors the backward holds at once per chunk: scores, sigmoid, mask, the
-forward's p, dp, and ds (the forward: 4)."""
+LIVE_SCORE_COPIES = 5
+"""fp32 score-sized tensors the backward holds at once per chunk: s (then p), σ(s), SiLU'(s),
+dp (then ds), and the mask with its negation (bool: a quarter each). The forward: s (then
+p) and the masks."""
 
 
 @dataclass(frozen=True)
@@ -125,12 +127,19 @@ def _scatter_rows(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor,
     return at.reshape(-1), values.transpose(1, 2).reshape(-1, values.shape[1], values.shape[3])
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, alpha: float, inv_n: float
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(s, σ(s), p = mask · SiLU(s) / N) for one chunk."""
-    s = torch.matmul(q, k.transpose(2, 3)) * alpha
+def _scores(q: torch.Tensor, k: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s = α·q·kᵀ for one chunk: [c, H, rows, keys]."""
+    return torch.matmul(q, k.transpose(2, 3)).mul_(alpha)
+
+
+def _score_gradients(s: torch.Tensor, dp: torch.Tensor, hidden: torch.Tensor, alpha: float,
+                     inv_n: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p = mask · SiLU(s)/N, α · dL/ds = α · mask · dp · SiLU'(s)/N), SiLU'(s) = σ(s)(1 + s(1 − σ(s))),
+    in place over s and dp (four score-sized tensors live: s, σ(s), SiLU'(s), dp)."""
     sig = torch.sigmoid(s)
-    return s, sig, torch.where(mask, s * sig * inv_n, 0.0)
+    silu_grad = (1.0 - sig).mul_(s).add_(1.0).mul_(sig)
+    ds = dp.mul_(silu_grad).mul_(alpha * inv_n).masked_fill_(hidden, 0.0)
+    return s.mul_(sig).mul_(inv_n).masked_fill_(hidden, 0.0), ds
 
 
 class BlockedSiluAttention(torch.autograd.Function):
@@ -145,8 +154,8 @@ class BlockedSiluAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             for chunk in chunks:
                 row_at, col_at, row_to, _, mask = _positions(tiles, chunk, total)
-                _, _, p = _scores(_gather(q, row_at, compute), _gather(k, col_at, compute), mask, alpha,
-                                  1.0 / max_len)
+                s = _scores(_gather(q, row_at, compute), _gather(k, col_at, compute), alpha)
+                p = F.silu(s, inplace=True).mul_(1.0 / max_len).masked_fill_(~mask, 0.0)
                 out.index_copy_(0, *_scatter_rows(row_to, torch.matmul(p, _gather(v, col_at, compute))))
         ctx.save_for_backward(q, k, v, tiles)
         ctx.chunks, ctx.max_len, ctx.alpha = chunks, max_len, alpha
@@ -164,10 +173,9 @@ class BlockedSiluAttention(torch.autograd.Function):
                 row_at, col_at, row_to, col_to, mask = _positions(tiles, chunk, total)
                 qc, kc, vc = _gather(q, row_at, compute), _gather(k, col_at, compute), _gather(v, col_at, compute)
                 doc = _gather(do, row_at, compute)
-                s, sig, p = _scores(qc, kc, mask, ctx.alpha, 1.0 / ctx.max_len)
+                p, ds = _score_gradients(_scores(qc, kc, ctx.alpha), torch.matmul(doc, vc.transpose(2, 3)),
+                                         ~mask, ctx.alpha, 1.0 / ctx.max_len)
                 dv.index_add_(0, *_scatter_rows(col_to, torch.matmul(p.transpose(2, 3), doc)))
-                dp = torch.matmul(doc, vc.transpose(2, 3))
-                ds = torch.where(mask, dp * sig * (1.0 + s * (1.0 - sig)) * (ctx.alpha / ctx.max_len), 0.0)
                 dq.index_copy_(0, *_scatter_rows(row_to, torch.matmul(ds, kc)))
                 dk.index_add_(0, *_scatter_rows(col_to, torch.matmul(ds.transpose(2, 3), qc)))
         return (dq[:total].to(q.dtype), dk[:total].to(k.dtype), dv[:total].to(v.dtype),
