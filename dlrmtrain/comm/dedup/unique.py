@@ -2,10 +2,11 @@
 
 `torch.unique(..., sorted=True, return_inverse=True)` sorts every id: at DLRMv4's
 reference shape that is ~8 M ids per batch and most of the loader's time. A table's
-ids are bounded by its rows and repeat heavily, so `unique_keys` marks the ids seen
+ids are bounded by its rows and repeat heavily, so `DistinctIds` marks the ids seen
 in a flag per row, reads the distinct ones off in row order (sorted, as the sort
-gives them) and each id's rank among them from a table of the table's size: two
-passes over the ids and one over the flags. `unique_rows` is the multi-column form
+gives them) and each id's rank among them (or a label the caller gives each distinct
+id: the transform's KJT row) from a table of the table's size: two passes over the ids
+and one over the flags. `unique_rows` is the multi-column form
 (a pooled bag as a row) by `numpy.lexsort`, one stable pass per column, where
 torch's `unique(dim=0)` sorts the rows with a row comparator. Both give exactly
 what torch.unique gives (the same values, order, dtypes and inverse); inputs where
@@ -23,9 +24,10 @@ import torch
 SMALL = 4096
 """fewer ids than this: torch.unique (its sort costs less than the flags' allocation)"""
 ROWS_PER_ID = 64
-"""the counting pass runs where the rows are at most this many per id: it costs ~1 ns per row
-and ~60 ns per id, the sort ~200 ns per id (one AMD EPYC core, scripts/bench_yambda_data.py
---sections transform)"""
+"""the counting pass runs where the ids' span of rows is at most this many per id: it costs
+roughly 1 ns per row (zeroing and scanning the flags) and tens of ns per id, the sort ~200 ns
+per id (the reference shape's item table on one loaded AMD EPYC core; scripts/bench_yambda_data.py
+--sections transform times the whole)"""
 
 
 class DistinctIds:
