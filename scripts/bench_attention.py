@@ -19,7 +19,8 @@ reset (/proc/self/clear_refs) and one forward + backward runs: its peak memory i
 RSS above the RSS before it (on CUDA: torch.cuda.max_memory_allocated above the allocated
 bytes before it). Then --iters more runs are timed (their median; the first run is the
 warm-up, and is the timed one only with --iters 0). Processes run one thread
-(OMP_NUM_THREADS=1) in alternating order (kernels ABC, CBA, ...). Printed per cell: the
+(OMP_NUM_THREADS=1), glibc malloc set as the training ranks have it (launch.RANK_MALLOC; the
+environment's settings win), in alternating order (kernels ABC, CBA, ...). Printed per cell: the
 median over --rounds and the spread (min–max); MB = 10^6 bytes.
 
 Kernels by name (`--kernels`, default every one this branch has: padded and blocked, and
@@ -194,8 +195,14 @@ def run_worker(spec: Spec) -> dict:
 
 
 def measure(spec: Spec, timeout: float) -> dict:
-    """run_worker(spec) in a fresh Python process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    """run_worker(spec) in a fresh Python process, one thread, with glibc malloc set as the
+    training ranks have it (launch.RANK_MALLOC: large blocks from the heap, freed ones kept;
+    glibc's default maps each block above 32 MB afresh, so the padded kernel's scores would
+    fault in zeroed pages every run)."""
+    sys.path.insert(0, str(REPO))
+    from dlrmtrain.launch import RANK_MALLOC
+
+    env = {**RANK_MALLOC, **os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(asdict(spec))],
                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if out.returncode != 0:
