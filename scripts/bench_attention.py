@@ -232,14 +232,20 @@ def chosen_kernels(args: argparse.Namespace, device: str) -> list[str]:
 
 
 def run_all(args: argparse.Namespace, kernels: list[str], cases: list[Case], device: str) -> dict:
-    """{(case, kernel): [worker result per round]}, kernels alternating order each round."""
+    """{(case, kernel): [worker result per round]}, kernels alternating order each round; a
+    case that is another's batch (`fixed` at N = its tokens is `full` at N) runs once a round.
+    Each result is printed to stderr as it comes."""
     results: dict = {(c, k): [] for c in cases for k in kernels}
     for r in range(args.rounds):
+        done: dict = {}
         for case in cases:
             for kernel in (kernels if r % 2 == 0 else kernels[::-1]):
                 spec = Spec(kernel, case.lengths, case.max_len, args.heads, args.width, args.iters, device)
-                results[case, kernel].append(measure(spec, args.timeout))
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+                if spec not in done:
+                    done[spec] = measure(spec, args.timeout)
+                    print(f"round {r + 1}/{args.rounds}: {kernel}, {case.label}: {done[spec]['peak_bytes'] / 1e6:,.1f}"
+                          f" MB, {statistics.median(done[spec]['seconds']):.3f} s", file=sys.stderr, flush=True)
+                results[case, kernel].append(done[spec])
     return results
 
 
