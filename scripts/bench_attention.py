@@ -12,16 +12,18 @@ longest sample, which sets the 1/N and the padded kernel's [B, H, N, N] scores):
   fixed  --fixed-tokens rows as tokens / N full samples (N ≤ tokens): the token count fixed
          while N grows (padded's scores grow as tokens·N; a jagged kernel's memory should not).
 
-Measured honestly: every (round, case, kernel) runs in its own Python process (`--worker`),
-so no allocator cache or earlier case hides memory. In it the inputs (q, k, v, the output's
-gradient: O(tokens), the same for every kernel) are made first; then the process's peak RSS is
-reset (/proc/self/clear_refs) and one forward + backward runs: its peak memory is the peak
-RSS above the RSS before it (on CUDA: torch.cuda.max_memory_allocated above the allocated
-bytes before it). Then --iters more runs are timed (their median; the first run is the
-warm-up, and is the timed one only with --iters 0). Processes run one thread
-(OMP_NUM_THREADS=1), glibc malloc set as the training ranks have it (launch.RANK_MALLOC; the
-environment's settings win), in alternating order (kernels ABC, CBA, ...). Printed per cell: the
-median over --rounds and the spread (min–max); MB = 10^6 bytes.
+Measured honestly: every (round, case, kernel) runs in fresh Python processes (`--worker`),
+so no allocator cache or earlier case hides memory. In each the inputs (q, k, v, the output's
+gradient: O(tokens), the same for every kernel) are made first and a 4-row case runs (the
+libraries' lazy set-up); then the process's peak RSS is reset (/proc/self/clear_refs) and one
+forward + backward runs: its peak memory is the peak RSS above the RSS before it (on CUDA:
+torch.cuda.max_memory_allocated above the allocated bytes before it), under glibc malloc's
+defaults, as the issue measured. With --iters > 0 a second process times the case: after that
+first run (the warm-up), the median of --iters runs, with malloc set as the training ranks
+have it (launch.RANK_MALLOC: large blocks kept in the heap; with it the peak RSS would count
+the heap's fragments: 2.1–2.7× the default's at N = 2,048–4,096); with --iters 0 the one cold run is the time.
+Processes run one thread (OMP_NUM_THREADS=1), in alternating order (kernels ABC, CBA, ...).
+Printed per cell: the median over --rounds and the spread (min–max); MB = 10^6 bytes.
 
 Kernels by name (`--kernels`, default every one this branch has: padded and blocked, and
 triton where CUDA is): a kernel named but absent from this branch fails at once, naming the
@@ -39,7 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,21 +196,34 @@ def run_worker(spec: Spec) -> dict:
     return {"peak_bytes": peak, "seconds": seconds}
 
 
-def measure(spec: Spec, timeout: float) -> dict:
-    """run_worker(spec) in a fresh Python process, one thread, with glibc malloc set as the
-    training ranks have it (launch.RANK_MALLOC: large blocks from the heap, freed ones kept;
-    glibc's default maps each block above 32 MB afresh, so the padded kernel's scores would
-    fault in zeroed pages every run)."""
-    sys.path.insert(0, str(REPO))
-    from dlrmtrain.launch import RANK_MALLOC
-
-    env = {**RANK_MALLOC, **os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+def _worker(spec: Spec, env: dict, timeout: float) -> dict:
     out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(asdict(spec))],
-                         capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+                         capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                         env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     if out.returncode != 0:
         raise SystemExit(f"bench_attention: {spec.kernel} on lengths {list(spec.lengths)} "
                          f"(N={spec.max_len}) failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(spec: Spec, timeout: float) -> dict:
+    """{peak_bytes, seconds} of `spec`, each from fresh Python processes:
+    - the peak under glibc malloc's defaults (the environment's MALLOC_* settings left out):
+      blocks above its mmap threshold are mapped when allocated and unmapped when freed, so
+      the peak RSS follows the bytes the kernel holds;
+    - with spec.iters > 0, the time in a second process with malloc set as the training ranks
+      have it (launch.RANK_MALLOC, the environment's settings winning: large blocks from the
+      heap, freed ones kept; under the defaults every run faults in zeroed pages for the
+      padded kernel's scores); with iters 0, the memory process's one (cold) run."""
+    sys.path.insert(0, str(REPO))
+    from dlrmtrain.launch import RANK_MALLOC
+
+    plain_malloc = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    memory = _worker(replace(spec, iters=0), plain_malloc, timeout)
+    if spec.iters == 0:
+        return memory
+    timed = _worker(spec, {**RANK_MALLOC, **os.environ}, timeout)
+    return {"peak_bytes": memory["peak_bytes"], "seconds": timed["seconds"]}
 
 
 def chosen_kernels(args: argparse.Namespace, device: str) -> list[str]:
