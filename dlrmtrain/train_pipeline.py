@@ -15,9 +15,9 @@ checks the losses bitwise): batch i+1 is always looked up after batch i's embedd
   model being sparse first, during the bottom MLP). Sound because the tables are
   updated inside the backward (fused optimizer), so nothing after it changes them,
   and the step's rate is handed to that update before the lookup (fbgemm takes the
-  rate in effect at the lookup: comm.torchrec_hooks.hand_rate_to_fused_tables).
+  rate in effect at the lookup: comm.torchrec.pipelines.hand_rate_to_fused_tables).
   On CPU only (dlrmtrain.validation says why): TorchRec's class needs device streams,
-  so dlrmtrain runs it through comm.torchrec_hooks.StreamlessFusedSparseDist.
+  so dlrmtrain runs it through comm.torchrec.pipelines.StreamlessFusedSparseDist.
 
 Refused ones (config/schema.py, validation.py): TrainPipelineSemiSync (one step stale);
 the others TorchRec 1.8 ships add nothing on CPU or need a GPU: SparseDistLite (the
@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Union
 import torch
 from torchrec.distributed.train_pipeline import TrainPipeline
 
-from dlrmtrain.comm.torchrec_hooks import PlanAheadStreamlessFusedSparseDist, PlanAheadTrainPipelineSparseDist
+from dlrmtrain.comm.torchrec.pipelines import PlanAheadStreamlessFusedSparseDist, PlanAheadTrainPipelineSparseDist
 from dlrmtrain.metrics.step_breakdown import NoStepBreakdown, StepBreakdown
 
 Timer = Union[StepBreakdown, NoStepBreakdown]

@@ -121,13 +121,14 @@ def _wrap(owner, name: str, label: str, static: bool = False) -> None:
 def _instrument_source() -> None:
     """The step's codec work under comm.dedup_at: source (wrapped before the model is sharded,
     so the kernels registered for fbgemm's ops are the wrapped ones)."""
-    from dlrmtrain.comm import torchrec_hooks as hooks
+    from dlrmtrain.comm.dedup import expand
+    from dlrmtrain.comm.torchrec import pooled_source, vbe
 
-    _wrap(hooks._RowGatherExpand, "_expand_index", "RowGatherExpand.forward")
-    for gather in (hooks.ExpandRows, hooks.ExpandRowsBehind):  # the gather: alone, or behind DLRM's dense row
+    _wrap(pooled_source._RowGatherExpand, "_expand_index", "RowGatherExpand.forward")
+    for gather in (expand.ExpandRows, expand.ExpandRowsBehind):  # the gather: alone, or behind DLRM's dense row
         _wrap(gather, "forward", "RowGatherExpand.forward", static=True)
         _wrap(gather, "backward", "RowGatherExpand.backward", static=True)
-    _wrap(hooks, "vbe_metadata", "vbe_metadata (CPU)")
+    _wrap(vbe, "vbe_metadata", "vbe_metadata (CPU)")
     _wrap_sequence_expand()
 
 

@@ -8,13 +8,13 @@ The sequence counterpart of embeddingbag.py's EBC sharder: TorchRec's
 `SequencePlanner` (dedup/sequence.py), `auto` a `SequenceAutoDist` (auto/sequence.py); `none`
 and TorchRec's lossy qcomms (`fp16`, `bf16`, `int8`, quantizing inside the stock
 dist through the sharder's `qcomm_codecs_registry`) keep the stock dist. Both
-ends' ids are recorded by `IdRecordingShardedEC` (torchrec_hooks.py). Lookups,
+ends' ids are recorded by `IdRecordingShardedEC` (torchrec/sequence.py). Lookups,
 the fused optimizer and the state dict stay TorchRec's.
 
 `comm.dedup_at: source` (`dedup` only) needs no dist of ours: the loader's prefetch thread
 replaces each table's ids by its distinct ones (dedup/sequence_source.py), the stock dists
 send them and TorchRec's expand (the one its index dedup uses) gives the rows back per
-position (`torchrec_hooks.SourceDedupShardedEC`).
+position (`torchrec.sequence.SourceDedupShardedEC`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingCollection
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.torchrec import sequence, sharder
 from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
 from dlrmtrain.comm.registry import check_source_codecs
@@ -36,7 +36,7 @@ from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.config.schema import AutoConfig
 
 
-class CodecShardedEmbeddingCollection(hooks.IdRecordingShardedEC):
+class CodecShardedEmbeddingCollection(sequence.IdRecordingShardedEC):
     """TorchRec's sharded EC with codec sequence dists where the table codecs ask for them."""
 
     def __init__(self, *args: Any, table_codecs: Mapping[str, EmbeddingCommCodec],
@@ -44,7 +44,7 @@ class CodecShardedEmbeddingCollection(hooks.IdRecordingShardedEC):
         super().__init__(*args, **kwargs)
         # the codec dists (`stats.COUNTERS_ATTR`)
         self.comm_counters: list[CountsCommBytes] = install_codec_dists(
-            self, hooks.ec_shardings(self), table_codecs, hierarchy, "sequence")
+            self, sequence.ec_shardings(self), table_codecs, hierarchy, "sequence")
 
 
 class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
@@ -59,11 +59,11 @@ class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
 
     def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
-        return hooks.build_sharded(hooks.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
+        return sharder.build_sharded(sequence.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
 
     @property
     def sharded_module_type(self):
-        return hooks.SourceDedupShardedEC
+        return sequence.SourceDedupShardedEC
 
 
 def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str],

@@ -4,7 +4,7 @@ TorchRec's `ShardedEmbeddingBagCollection` builds one output dist per sharding
 type; ours asks each sharding's codec for its dist (install.py), after TorchRec
 has built them. The ids both ends of each all-to-all hold are recorded into the
 sharding contexts by `IdRecordingShardedEBC`; every TorchRec internal this needs
-is reached through torchrec_hooks.py (comm/README.md, "TorchRec hook points").
+is reached through comm/torchrec/ (comm/README.md, "TorchRec hook points").
 Everything else (lookups, fused optimizer, state dict) is TorchRec's.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.torchrec import pooled
 from dlrmtrain.comm.codec import EmbeddingCommCodec
 from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
 from dlrmtrain.comm.stats import CountsCommBytes
@@ -24,7 +24,7 @@ from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.config.schema import AutoConfig
 
 
-class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
+class CodecShardedEmbeddingBagCollection(pooled.IdRecordingShardedEBC):
     """TorchRec's sharded EBC with codec output dists where the plan asks for them."""
 
     def __init__(self, *args: Any, table_codecs: Mapping[str, EmbeddingCommCodec],
@@ -32,7 +32,7 @@ class CodecShardedEmbeddingBagCollection(hooks.IdRecordingShardedEBC):
         super().__init__(*args, **kwargs)
         # the codec dists (`stats.COUNTERS_ATTR`; count_stock_dists appends none's counters)
         self.comm_counters: list[CountsCommBytes] = install_codec_dists(
-            self, hooks.shardings(self), table_codecs, hierarchy, "pooled", kwargs.get("device"))
+            self, pooled.shardings(self), table_codecs, hierarchy, "pooled", kwargs.get("device"))
 
 
 class CodecEmbeddingBagCollectionSharder(CodecSharder, EmbeddingBagCollectionSharder):

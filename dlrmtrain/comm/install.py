@@ -4,7 +4,7 @@
 For each sharding (one output dist), the tables' codec (one non-`none` codec per
 all-to-all) is asked, through `EmbeddingCommCodec.make_output_dist`, for the dist
 that carries it; what it returns replaces TorchRec's and is listed as a counter.
-Every TorchRec internal is reached through torchrec_hooks.py.
+Every TorchRec internal is reached through comm/torchrec/.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.nn as nn
 from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.torchrec import pooled, sharded, sharder
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.layout import layout_for, sequence_layout_of
 from dlrmtrain.comm.registry import (
@@ -70,7 +70,7 @@ class CodecSharder:
               device: torch.device | None = None, module_fqn: str | None = None):
         configs = (module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection)
                    else module.embedding_configs())
-        return hooks.build_sharded(self.sharded_type, self, module, params, env, device, module_fqn,
+        return sharder.build_sharded(self.sharded_type, self, module, params, env, device, module_fqn,
                                    **self._choice.module_kwargs(c.name for c in configs))
 
     @property
@@ -107,7 +107,7 @@ def install_codec_dists(module: nn.Module, shardings: list[tuple[str, Any]],
     for i, codec, spec in specs:
         new_dist = codec.make_output_dist(spec)
         if new_dist is not spec.stock_dist:
-            hooks.replace_output_dist(module, i, new_dist)
+            sharded.replace_output_dist(module, i, new_dist)
             installed.append(new_dist)
             logger.info("comm codec %r%s carries %s %s tables %s", codec.name, "" if codec.lossless else " (LOSSY)",
                         spec.sharding_type, kind, sorted(spec.tables))
@@ -118,9 +118,9 @@ def _spec_of(module: nn.Module, i: int, sharding_type: str, sharding: Any,
              table_codecs: Mapping[str, EmbeddingCommCodec],
              hierarchy: Hierarchy, kind: CollectionKind) -> list[tuple[EmbeddingCommCodec, DistSpec]]:
     """The codec and spec of output dist `i`, if a codec carries it (else [])."""
-    env = hooks.sharding_env(module)
+    env = sharded.sharding_env(module)
     layout = layout_for(sharding_type, sharding, env.world_size)
-    tables = hooks.sharding_tables(module, sharding_type) if kind == "pooled" else DistSpec.tables_of(layout)
+    tables = pooled.sharding_tables(module, sharding_type) if kind == "pooled" else DistSpec.tables_of(layout)
     chosen = _codec_of(sharding_type, tables, table_codecs)
     if chosen is None:
         return []
@@ -129,11 +129,11 @@ def _spec_of(module: nn.Module, i: int, sharding_type: str, sharding: Any,
         logger.warning("comm codec %r does not support %s %s sharding; tables %s use codec none",
                        codec.name, kind, sharding_type, sorted(coded))
         return []
-    if codec.needs_ids and kind == "pooled" and hooks.is_weighted(module):
+    if codec.needs_ids and kind == "pooled" and pooled.is_weighted(module):
         raise ValueError(f"comm codec {codec.name!r}: weighted (per-id weight) features are not supported")
     if kind == "sequence" and layout is not None and codec.needs_ids:
         layout = sequence_layout_of(layout, env.rank)
-    stock = hooks.output_dists(module)[i]
+    stock = sharded.output_dists(module)[i]
     return [(codec, DistSpec(stock, layout, frozenset(coded), env.process_group, sharding_type, kind, hierarchy))]
 
 

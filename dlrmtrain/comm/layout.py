@@ -21,7 +21,7 @@ from functools import cached_property
 from torchrec.distributed.sharding.rw_sharding import BaseRwEmbeddingSharding
 from torchrec.distributed.sharding.tw_sharding import BaseTwEmbeddingSharding
 
-from dlrmtrain.comm.torchrec_hooks import grouped_configs, grouped_configs_per_rank
+from dlrmtrain.comm.torchrec.sharded import grouped_configs, grouped_configs_per_rank
 
 
 @dataclass(frozen=True)

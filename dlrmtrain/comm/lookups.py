@@ -16,7 +16,7 @@ import torch.nn as nn
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.torchrec import pooled, sharded
 from dlrmtrain.comm.layout import DistLayout, layout_for
 from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
 
@@ -64,7 +64,7 @@ def _first_shards(ebc: ShardedEmbeddingBagCollection, sharding_type: str, shardi
                   ) -> list[tuple[str, bool]] | None:
     """(feature, whether it is its first column shard) per feature of this rank's lookup (None:
     a sharding without column shards)."""
-    env = hooks.sharding_env(ebc)
+    env = sharded.sharding_env(ebc)
     layout = layout_for(sharding_type, sharding, env.world_size)
     if not isinstance(layout, DistLayout):
         return None
@@ -81,7 +81,7 @@ def count_lookups(model: nn.Module) -> int:
         if not isinstance(m, ShardedEmbeddingBagCollection) or any(isinstance(c, LookupCounter) for c in listed):
             continue
         counters = []
-        for (sharding_type, sharding), lookup in zip(hooks.shardings(m), hooks.lookups(m)):
+        for (sharding_type, sharding), lookup in zip(pooled.shardings(m), pooled.lookups(m)):
             counter = LookupCounter(sharding_type, _first_shards(m, sharding_type, sharding))
             lookup.register_forward_pre_hook(counter)
             counters.append(counter)

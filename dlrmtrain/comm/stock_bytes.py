@@ -19,7 +19,7 @@ import torch.nn as nn
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.torchrec import pooled, sequence, sharded
 from dlrmtrain.comm.dedup.sequence_source import DEDUPED_SHARDING_TYPES
 from dlrmtrain.comm.layout import (
     DistLayout, Layout, RowWiseLayout, SequenceLayout, layout_for, sequence_layout_of)
@@ -157,7 +157,7 @@ def count_stock_dists(model: nn.Module, codec: str = "none") -> int:
             return None
         return StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type, codec)
 
-    return _attach_stock_counters(model, ShardedEmbeddingBagCollection, StockDistCounter, hooks.shardings,
+    return _attach_stock_counters(model, ShardedEmbeddingBagCollection, StockDistCounter, pooled.shardings,
                                   counter_for)
 
 
@@ -171,10 +171,10 @@ def _attach_stock_counters(model: nn.Module, module_type: type, counter_type: ty
         listed = getattr(m, COUNTERS_ATTR, [])
         if not isinstance(m, module_type) or any(isinstance(c, counter_type) for c in listed):
             continue
-        env = hooks.sharding_env(m)
+        env = sharded.sharding_env(m)
         counters = []
-        for (sharding_type, sharding), out_dist in zip(shardings_of(m), hooks.output_dists(m)):
-            if isinstance(out_dist, CountsCommBytes) or hooks.qcomm_codecs(out_dist) is not None:
+        for (sharding_type, sharding), out_dist in zip(shardings_of(m), sharded.output_dists(m)):
+            if isinstance(out_dist, CountsCommBytes) or sharded.qcomm_codecs(out_dist) is not None:
                 continue  # counted by the codec, or quantized by TorchRec's qcomms
             counter = counter_for(m, env, sharding_type, sharding)
             if counter is not None:
@@ -231,10 +231,10 @@ class SequenceStockCounter:
 
     def count(self, sharding_ctx, elem_bytes: int) -> None:
         """Add one pass (TorchRec's sharding context holds both ends' lengths)."""
-        owner_lengths, sample_lengths = hooks.sequence_lengths_of_both_ends(sharding_ctx)
+        owner_lengths, sample_lengths = sequence.sequence_lengths_of_both_ends(sharding_ctx)
         lay = self.layout
         # at the source sample_lengths are the distinct ids'; `auto` there mixes both forms' steps
-        source = hooks.source_lengths(sharding_ctx)
+        source = sequence.source_lengths(sharding_ctx)
         sums = [_per_feature(owner_lengths, len(lay.owner_tables)),
                 _per_feature(sample_lengths, len(lay.sample_tables)),
                 _per_feature(sample_lengths if source is None else source, len(lay.sample_tables))]
@@ -289,8 +289,8 @@ def count_sequence_stock_dists(model: nn.Module, codec: str = "none") -> int:
         layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
                                     dist.get_rank(env.process_group))
         # dedup at the source (comm.dedup_at: source) is codec dedup (or auto's two forms) through the stock dist
-        deduped = hooks.dedups_at_source(m) and sharding_type in DEDUPED_SHARDING_TYPES
+        deduped = sequence.dedups_at_source(m) and sharding_type in DEDUPED_SHARDING_TYPES
         return SequenceStockCounter(layout, sharding_type, codec if deduped else "none")
 
-    return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, hooks.ec_shardings,
+    return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, sequence.ec_shardings,
                                   counter_for)

@@ -21,6 +21,7 @@ from dlrmtrain.comm.embeddingbag import make_ebc_sharder
 from dlrmtrain.comm.lookups import count_lookups
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import Hierarchy
+from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
 
@@ -65,8 +66,10 @@ def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConf
 def _dmp(model: torch.nn.Module, plan, sharder: ModuleSharder, device: torch.device,
          ddp_bucket_mb: float | None) -> DistributedModelParallel:
     wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
-    return DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
-                                    data_parallel_wrapper=wrapper)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
+                                   data_parallel_wrapper=wrapper)
+    round_cpu_lookups(dmp)  # bf16 rows on CPU as on GPU (precision.py)
+    return dmp
 
 
 # ------------------------------------------------ DLRMv4: the sequence EmbeddingCollection

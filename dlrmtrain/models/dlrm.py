@@ -25,12 +25,15 @@ import math
 
 import torch
 from torch import nn
+from torchrec.distributed.types import Awaitable
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch, InteractionDCNArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrmtrain.config.schema import Config
 from dlrmtrain.features import CAT_KEYS, TABLE_NAMES
+from dlrmtrain.rows_behind import RowsBehind
 
 
 def table_configs(rows: list[int], embedding_dim: int) -> list[EmbeddingBagConfig]:
@@ -50,13 +53,20 @@ def _mlperf_v1_linear_init(module: nn.Module) -> None:
                 layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
 
 
+def _arrived(pooled):
+    """The lookup's output, its rows arrived: sharded, TorchRec's EBC hands back an `Awaitable`
+    (the all-to-all in flight), waited for here, at the interaction (reading it would wait too)."""
+    return pooled.wait() if isinstance(pooled, Awaitable) else pooled
+
+
 def _pooled_rows(sparse_arch: nn.Module, pooled) -> torch.Tensor:
-    """SparseArch's forward after the lookup: [B, F, D] in feature order (waits for the rows).
+    """SparseArch's forward after the lookup: [B, F, D] in feature order.
 
     A KeyedTensor already in feature order (dedup at the source expands the rows into it) is
-    viewed, not copied: the reorder is a copy of B·F·D values forward and again backward."""
-    if not isinstance(pooled, torch.fx.Proxy) and pooled.keys() == list(sparse_arch.sparse_feature_names) \
-            and pooled.values().size(1) == sparse_arch.F * sparse_arch.D:  # a pipeline's trace: no branch
+    viewed, not copied: the reorder is a copy of B·F·D values forward and again backward. Any
+    other output (a pipeline's trace hands a stand-in) is reordered by name."""
+    if isinstance(pooled, KeyedTensor) and pooled.keys() == list(sparse_arch.sparse_feature_names) \
+            and pooled.values().size(1) == sparse_arch.F * sparse_arch.D:
         return pooled.values().reshape(-1, sparse_arch.F, sparse_arch.D)
     by_name = pooled.to_dict()
     return torch.cat([by_name[name] for name in sparse_arch.sparse_feature_names],
@@ -65,18 +75,17 @@ def _pooled_rows(sparse_arch: nn.Module, pooled) -> torch.Tensor:
 
 def _dense_and_pooled_rows(dlrm: nn.Module, pooled, dense: torch.Tensor) -> torch.Tensor | None:
     """[B, 1 + F, D]: each sample's dense row, then its pooled rows in feature order (what the
-    interaction concatenates), gathered in one op where the lookup's output offers it (dedup at
-    the source: `torchrec_hooks.ExpandedRows.behind`, the rows not expanded yet), else None
-    (waits for the rows either way). Only for torchrec's own two interactions (`_interact`)."""
-    if isinstance(pooled, torch.fx.Proxy) or type(dlrm.inter_arch) not in (InteractionArch, InteractionDCNArch) \
-            or dlrm.inter_arch.F <= 0:  # a pipeline's trace takes `_pooled_rows`
+    interaction concatenates), gathered in one op where the lookup's output is a `RowsBehind`
+    (rows_behind.py: dedup at the source, the rows not expanded yet), else None. Only for
+    torchrec's own two interactions (`_interact`), the output's keys in the model's order."""
+    if not isinstance(pooled, RowsBehind) or type(dlrm.inter_arch) not in (InteractionArch, InteractionDCNArch) \
+            or dlrm.inter_arch.F <= 0:
         return None
-    behind = getattr(pooled, "behind", None)  # a LazyAwaitable waits here
     sparse_arch = dlrm.sparse_arch
-    if behind is None or pooled.keys() != list(sparse_arch.sparse_feature_names) \
+    if pooled.keys() != list(sparse_arch.sparse_feature_names) \
             or pooled.length_per_key() != [sparse_arch.D] * sparse_arch.F:
         return None
-    return behind(dense)
+    return pooled.behind(dense)
 
 
 def _interact(inter_arch: nn.Module, dense: torch.Tensor, combined: torch.Tensor) -> torch.Tensor:
@@ -101,7 +110,8 @@ class _SparseFirst:
             return super().forward(dense_features, sparse_features)
         pooled = self.sparse_arch.embedding_bag_collection(sparse_features)  # not waited yet
         embedded_dense = self.dense_arch(dense_features)
-        combined = _dense_and_pooled_rows(self, pooled, embedded_dense)  # the wait
+        pooled = _arrived(pooled)  # the wait
+        combined = _dense_and_pooled_rows(self, pooled, embedded_dense)
         if combined is not None:
             return self.over_arch(_interact(self.inter_arch, embedded_dense, combined))
         embedded_sparse = _pooled_rows(self.sparse_arch, pooled)

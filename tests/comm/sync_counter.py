@@ -44,7 +44,7 @@ class HostSyncCounter(TorchFunctionMode):
     `ahead`: the same for calls made while planning a later pass ahead."""
 
     def __init__(self, extra_files: tuple[str, ...] = (), direct_only: bool = False) -> None:
-        """`extra_files`: paths under dlrmtrain/ whose calls count too (e.g. "comm/torchrec_hooks.py",
+        """`extra_files`: paths under dlrmtrain/ whose calls count too (e.g. "comm/torchrec/",
         where `comm.dedup_at: source`'s expand lives); `direct_only`: only the calls those files make
         themselves, not those of the TorchRec / fbgemm methods they call (counted apart, in `library`)."""
         super().__init__()

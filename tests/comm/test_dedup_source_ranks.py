@@ -2,8 +2,8 @@
 (comm/dedup/source.py) against the same EBC fed the full batch (`none`).
 
 Table-, column- and row-wise (row-wise over Gloo through the even all-gather of
-comm/torchrec_hooks.py), one-hot and multi-hot, one pooled width (the expand in one gather,
-torchrec_hooks.RowGatherExpandShardedEBC) and two (TorchRec's), in one spawn:
+comm/torchrec/), one-hot and multi-hot, one pooled width (the expand in one gather,
+torchrec/pooled_source.RowGatherExpandShardedEBC) and two (TorchRec's), in one spawn:
 the first forward is bitwise none's (the tables are the same); the losses track none's within float summation
 order (rtol 1e-5, as test_dedup_training.py); the lookups (comm/lookups.py) take exactly the
 distinct bags of every (sample rank, owner) and their ids, counted independently from the ids.
@@ -73,9 +73,9 @@ def _train(sc: Scenario, mode: str, rank: int, world_size: int) -> dict:
         kjt, labels = batch_for(sc, step, rank)
         kjt = transform(kjt)  # the loader's prefetch thread in a run: not the step's
         # from the second step (the first reads the expand's static order once): the step's host
-        # syncs in the codec's own code, the source expand in torchrec_hooks.py included (not
+        # syncs in the codec's own code, the source expand in comm/torchrec/ included (not
         # TorchRec's and fbgemm's variable-batch code it calls: `counter.library`)
-        counter = HostSyncCounter(extra_files=("comm/torchrec_hooks.py",), direct_only=True)
+        counter = HostSyncCounter(extra_files=("comm/torchrec/",), direct_only=True)
         with counter if step else contextlib.nullcontext():
             dense_opt.zero_grad()
             loss, pooled = dmp(kjt, labels)
@@ -157,7 +157,7 @@ def test_source_rows_arrive_in_the_collections_feature_order(results):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_source_step_makes_no_codec_host_sync(results, name):
-    """Under source the plan is made with the batch; the step's expand (torchrec_hooks.py) reads
+    """Under source the plan is made with the batch; the step's expand (comm/torchrec/pooled_source.py) reads
     nothing back to the host and sizes nothing by the data."""
     for rank, res in enumerate(results):
         assert res[name, "source"]["syncs"] == [], f"rank {rank}: {res[name, 'source']['syncs']}"

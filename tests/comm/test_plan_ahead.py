@@ -42,7 +42,7 @@ def forced_policy(choice: str):
     from dlrmtrain.comm.auto.policy import AutoPolicy
 
     return AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1,
-                      margin=-100.0 if choice == "dedup" else 100.0, table_keep_fraction=2.0)
+                      margin=-100.0 if choice == "dedup" else 100.0, close_call_retimes=0, table_keep_fraction=2.0)
 
 
 def _record_plans(planner, model, log: dict) -> None:
@@ -116,7 +116,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
     """`auto` under the plain loop, then the pipeline (see the module's docstring)."""
     from dlrmtrain.comm.auto.dist import AutoDist
     from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
-    from dlrmtrain.comm.torchrec_hooks import PLAN_AHEAD
+    from dlrmtrain.comm.torchrec.contexts import PLAN_AHEAD
 
     results = {}
     for mode in ("plain", "pipelined"):

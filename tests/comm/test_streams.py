@@ -19,7 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.plan import DedupPlan, PlannedAhead
 from dlrmtrain.comm.stats import DistCommStats
-from dlrmtrain.comm.torchrec_hooks import _RecordingInputDist
+from dlrmtrain.comm.torchrec.pooled import _RecordingInputDist
 from tests.comm.stream_check import STREAM, observed_records, reachable_tensors, unrecorded
 
 

@@ -1,4 +1,4 @@
-"""The one door to TorchRec's internals: version check, mirrored signatures, no other door."""
+"""The one door to TorchRec's internals (comm/torchrec/): version check, mirrored signatures, no other door."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pytest
 import torchrec
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm import torchrec as door
+from dlrmtrain.comm.torchrec import pipelines, sharder
 
 COMM = Path(__file__).resolve().parents[2] / "dlrmtrain" / "comm"
 
-# TorchRec (and torch) private names the codec layer relies on; hooks.py alone may spell them
+# TorchRec (and torch) private names the codec layer relies on; comm/torchrec/ alone may spell them
 PRIVATE_NAMES = {"_output_dists", "_create_input_dist", "_input_dists", "_grouped_embedding_configs",
                  "_grouped_embedding_configs_per_rank", "_callbacks", "_codecs", "_is_weighted", "_env",
                  "_embedding_shardings", "_sharding_types", "_sharded_module_order_overwrite",
@@ -23,21 +24,21 @@ PRIVATE_NAMES = {"_output_dists", "_create_input_dist", "_input_dists", "_groupe
 
 
 def test_installed_torchrec_is_the_supported_one():
-    assert torchrec.__version__.split("+")[0] == hooks.SUPPORTED_TORCHREC
+    assert torchrec.__version__.split("+")[0] == door.SUPPORTED_TORCHREC
 
 
 def test_another_torchrec_version_fails_clearly():
     with pytest.raises(ImportError, match=r"TorchRec 1\.8\.0 internals, but TorchRec 1\.9\.0 is installed"):
-        hooks.check_torchrec_version("1.9.0")
-    hooks.check_torchrec_version("1.8.0+cpu")  # a local build tag is the same release
+        door.check_torchrec_version("1.9.0")
+    door.check_torchrec_version("1.8.0+cpu")  # a local build tag is the same release
 
 
 def test_shard_call_mirrors_torchrec_signatures():
     """`build_sharded` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
-    assert str(inspect.signature(EmbeddingBagCollectionSharder.shard)) == hooks.SHARD_SIGNATURE
+    assert str(inspect.signature(EmbeddingBagCollectionSharder.shard)) == sharder.SHARD_SIGNATURE
     params = tuple(inspect.signature(ShardedEmbeddingBagCollection.__init__).parameters)
-    assert params == hooks.SHARDED_EBC_PARAMETERS
-    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(hooks.build_sharded)))
+    assert params == sharder.SHARDED_EBC_PARAMETERS
+    passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(sharder.build_sharded)))
               if isinstance(node, ast.Call) for kw in node.keywords if kw.arg}
     assert set(params) - {"self"} <= passed
 
@@ -61,7 +62,7 @@ def test_fused_pipeline_internals_keep_their_shape():
     assert "start_embedding_lookup" in inspect.getsource(TrainPipelineFusedSparseDist.progress)
     context = EmbeddingTrainPipelineContext()
     assert isinstance(context.module_contexts, dict) and isinstance(context.embedding_a2a_requests, dict)
-    assert issubclass(hooks.StreamlessFusedSparseDist, TrainPipelineFusedSparseDist)
+    assert issubclass(pipelines.StreamlessFusedSparseDist, TrainPipelineFusedSparseDist)
 
 
 def test_pipeline_methods_planning_ahead_relies_on_still_exist():
@@ -109,6 +110,6 @@ def private_names_used(path: Path) -> set[str]:
 
 def test_private_names_only_in_the_hooks_module():
     offenders = {str(p.relative_to(COMM)): sorted(private_names_used(p)) for p in sorted(COMM.rglob("*.py"))
-                 if p.name != "torchrec_hooks.py" and private_names_used(p)}
-    assert not offenders, f"TorchRec/torch internals outside comm/torchrec_hooks.py: {offenders}"
-    assert private_names_used(COMM / "torchrec_hooks.py")  # the scan sees them where they are
+                 if p.relative_to(COMM).parts[0] != "torchrec" and private_names_used(p)}
+    assert not offenders, f"TorchRec/torch internals outside comm/torchrec/: {offenders}"
+    assert private_names_used(COMM / "torchrec" / "pooled.py")  # the scan sees them where they are

@@ -1,5 +1,5 @@
 """The CPU kernel of `fbgemm::generate_vbe_metadata` that `comm.dedup_at: source` registers
-(torchrec_hooks.vbe_metadata): the same outputs as fbgemm 1.8's CPU kernel, which it replaces
+(comm/torchrec/vbe.vbe_metadata): the same outputs as fbgemm 1.8's CPU kernel, which it replaces
 because that one indexes tensors bag by bag (~0.5 s a call at 36k bags)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.dedup import expand
+from dlrmtrain.comm.torchrec import pooled_source, vbe
 
 
 def _args(batch_sizes: list[list[int]], dims: list[int], info_bits: int = 26) -> tuple:
@@ -46,8 +47,8 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_registered_kernel_returns_what_fbgemms_cpu_kernel_does(name):
     args = _args(*CASES[name])
-    fbgemm_own = None if hooks._VBE_KERNELS else torch.ops.fbgemm.generate_vbe_metadata(*args)
-    hooks.register_cpu_vbe_metadata()
+    fbgemm_own = None if vbe._VBE_KERNELS else torch.ops.fbgemm.generate_vbe_metadata(*args)
+    vbe.register_cpu_vbe_metadata()
     rows, b_t_map = torch.ops.fbgemm.generate_vbe_metadata(*args)
     ref_rows, ref_bt = _loop_reference(*args)
     assert rows.dtype == torch.int64 and b_t_map.dtype == torch.int32
@@ -59,9 +60,9 @@ def test_the_registered_kernel_returns_what_fbgemms_cpu_kernel_does(name):
 def test_preallocated_output_offsets_pass_through_and_registering_twice_is_one_kernel():
     args = _args([[2, 1], [1, 2]], [8, 8])
     given = torch.arange(6, dtype=torch.int64)
-    hooks.register_cpu_vbe_metadata()
-    hooks.register_cpu_vbe_metadata()
-    assert len(hooks._VBE_KERNELS) == 1
+    vbe.register_cpu_vbe_metadata()
+    vbe.register_cpu_vbe_metadata()
+    assert len(vbe._VBE_KERNELS) == 1
     rows, _ = torch.ops.fbgemm.generate_vbe_metadata(*args, given)
     assert rows is given or torch.equal(rows, given)
 
@@ -69,7 +70,7 @@ def test_preallocated_output_offsets_pass_through_and_registering_twice_is_one_k
 def test_expand_rows_sums_duplicate_gradients_in_fp32_for_16_bit_rows():
     rows = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16, requires_grad=True)
     index = torch.tensor([1, 0, 1, 1])
-    out = hooks.ExpandRows.apply(rows, index)
+    out = expand.ExpandRows.apply(rows, index)
     assert torch.equal(out, rows.detach()[index])
     # 256 + 1 + 1 in bf16 pairwise would lose the ones; summed in fp32 it is 258
     out.backward(torch.tensor([[256.0, 0.0], [5.0, 5.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.bfloat16))
@@ -80,7 +81,7 @@ def test_expand_rows_sums_duplicate_gradients_in_fp32_for_16_bit_rows():
 def _behind_the_old_way(leading: torch.Tensor, rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """What the model did before `ExpandRowsBehind`: the expand, then the interaction's concatenation."""
     B, D = leading.shape
-    expanded = hooks.ExpandRows.apply(rows, index.view(-1)).view(B, -1).reshape(B, -1, D)
+    expanded = expand.ExpandRows.apply(rows, index.view(-1)).view(B, -1).reshape(B, -1, D)
     return torch.cat((leading.unsqueeze(1), expanded), dim=1)
 
 
@@ -99,7 +100,7 @@ def test_expand_rows_behind_is_the_expand_then_the_concatenation_bitwise_both_wa
     grad = torch.randn(B, 1 + F, D, generator=g).to(dtype) * 100
     outs, grads = [], []
     def behind(leading, rows, index):  # the gather's table holds the B·shards leading rows first
-        return hooks.ExpandRowsBehind.apply(leading, rows, index + B * shards)
+        return expand.ExpandRowsBehind.apply(leading, rows, index + B * shards)
 
     for fn in (_behind_the_old_way, behind):
         leading, rows = leading0.clone().requires_grad_(), rows0.clone().requires_grad_()
@@ -120,7 +121,7 @@ def test_expanded_rows_gather_once_either_way():
     or of a width that is no whole number of the rows'."""
     rows = torch.arange(12.0).view(6, 2)
     index = torch.tensor([[5, 0, 2], [1, 1, 4]])
-    kt = hooks.ExpandedRows(["a", "b", "c"], [2, 2, 2], rows, lambda offset: index + offset, index.shape)
+    kt = pooled_source.ExpandedRows(["a", "b", "c"], [2, 2, 2], rows, lambda offset: index + offset, index.shape)
     leading = torch.full((2, 2), -1.0)
     assert kt.behind(leading.double()) is None and kt.behind(torch.ones(2, 3)) is None
     assert kt.behind(torch.ones(2, 4)) is None  # 3 blocks of 2 are no whole number of rows of 4

@@ -65,7 +65,7 @@ def test_dense_and_pooled_rows_are_gathered_in_one_op_at_the_source_and_interact
     bitwise those of the expand + `_pooled_rows` + torchrec's interaction; the expanded values
     are never made (column-wise too: each feature's row in `shards` column shards). A plain
     KeyedTensor, or a model in another feature order, takes the old path."""
-    from dlrmtrain.comm.torchrec_hooks import ExpandedRows
+    from dlrmtrain.comm.torchrec.pooled_source import ExpandedRows
     from dlrmtrain.models.dlrm import _dense_and_pooled_rows, _interact
 
     B, F, D, U = 16, 3, 2, 7
@@ -93,3 +93,59 @@ def test_dense_and_pooled_rows_are_gathered_in_one_op_at_the_source_and_interact
         assert _dense_and_pooled_rows(dlrm, ExpandedRows(["b", "a", "c"], [D] * F, torch.randn(U, D // shards),
                                                                    lambda offset: index + offset, index.shape),
                                       dense) is None
+
+
+def test_the_interaction_asks_any_rows_behind_output_and_waits_for_an_awaitable_first():
+    """models/dlrm.py knows the lookup's output through `rows_behind.RowsBehind` alone: an output
+    declaring it (a toy here, not comm's) is asked for its rows behind the dense row, once, and
+    gives the same logits as a plain KeyedTensor of the same values; one with a `behind` it does
+    not declare is not asked; the sharded EBC's output, an `Awaitable` in flight, is waited for
+    first."""
+    from torchrec.distributed.types import LazyAwaitable
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from dlrmtrain.models.dlrm import SparseFirstDLRM
+    from dlrmtrain.rows_behind import RowsBehind
+
+    class ToyRows(KeyedTensor, RowsBehind):
+        asked = 0
+
+        def behind(self, leading):
+            ToyRows.asked += 1
+            return torch.cat((leading.unsqueeze(1), self.values().view(leading.size(0), -1, leading.size(1))), 1)
+
+    class Undeclared(KeyedTensor):
+        def behind(self, leading):
+            raise AssertionError("asked without declaring RowsBehind")
+
+    class InFlight(LazyAwaitable):
+        def __init__(self, rows):
+            super().__init__()
+            self.rows = rows
+
+        def _wait_impl(self):
+            return self.rows
+
+    class Lookup(torch.nn.Module):
+        def __init__(self, output):
+            super().__init__()
+            self.output = output
+
+        def forward(self, _features):
+            return self.output
+
+    B, D, names = 4, 2, ["a", "b", "c"]
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t_{n}", embedding_dim=D, num_embeddings=5,
+                                                            feature_names=[n]) for n in names])
+    model = SparseFirstDLRM(embedding_bag_collection=ebc, dense_in_features=3, dense_arch_layer_sizes=[D],
+                            over_arch_layer_sizes=[3, 1])
+    dense, values = torch.randn(B, 3), torch.randn(B, len(names) * D)
+    logits = []
+    for output in (KeyedTensor(names, [D] * 3, values), InFlight(ToyRows(names, [D] * 3, values)),
+                   Undeclared(names, [D] * 3, values)):
+        model.sparse_arch.embedding_bag_collection = Lookup(output)
+        logits.append(model(dense, None))
+    assert ToyRows.asked == 1
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])

@@ -17,7 +17,7 @@ MIXED = "sharding.tables={t_cat_2: row_wise, t_cat_9: row_wise}"
 def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
     import torch
 
-    from dlrmtrain.comm import torchrec_hooks as hooks
+    from dlrmtrain.comm.torchrec import pooled, sharded
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.models.dlrm import set_sparse_first
     from dlrmtrain.optim.optimizers import build_optimizer
@@ -49,7 +49,7 @@ def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
                     args[0].register_hook(lambda _grad: order.append("embedding grad"))
                 ebc = next(m for m in model.modules() if isinstance(m, ShardedEmbeddingBagCollection))
                 kinds = set()
-                for (kind, _), out_dist in zip(hooks.shardings(ebc), hooks.output_dists(ebc)):
+                for (kind, _), out_dist in zip(pooled.shardings(ebc), sharded.output_dists(ebc)):
                     kinds.add(kind)
                     out_dist.register_forward_pre_hook(launched)
                 losses = []

@@ -34,7 +34,7 @@ from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.layout import DistLayout
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.stock_bytes import count_stock_step
-from dlrmtrain.comm.torchrec_hooks import qcomm_codecs
+from dlrmtrain.comm.torchrec.sharded import qcomm_codecs
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from dlrmtrain.comm.dedup.kernels import scatter_rows
-from dlrmtrain.comm.torchrec_hooks import storage_use_count as _storage_users
+from dlrmtrain.comm.torchrec.torch_internals import storage_use_count as _storage_users
 
 
 class BufferPool:

@@ -13,7 +13,7 @@ in the step's host sync, builds the plan and counts the step's bytes with
 `TableCommStats.add_rows`; the dist counts every plan's messages and bytes
 between and inside nodes (`Plan.traffic`).
 
-A plan depends on the ids only. Under the pipeline (torchrec_hooks.
+A plan depends on the ids only. Under the pipeline (torchrec/pipelines.
 `PlanAheadTrainPipelineSparseDist`) `plan_ahead` makes it as soon as the
 batch's ids have arrived, during the previous step, and the forward only
 carries it out: no unique, no sort and no host sync on the step's critical
@@ -37,14 +37,8 @@ from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.dedup.buffers import BufferPool
 from dlrmtrain.comm.dedup.plan import DedupPlanner, DedupStep, Plan, PlannedAhead, Route
 from dlrmtrain.comm.stats import DistCommStats
-from dlrmtrain.comm.torchrec_hooks import (
-    dist_callbacks,
-    ids_of_both_ends,
-    set_plan_ahead,
-    set_started_with_ids,
-    started_with_ids,
-    take_plan_ahead,
-)
+from dlrmtrain.comm.torchrec.contexts import ids_of_both_ends, set_plan_ahead, set_started_with_ids, started_with_ids, take_plan_ahead
+from dlrmtrain.comm.torchrec.sharded import dist_callbacks
 
 logger = logging.getLogger(__name__)
 

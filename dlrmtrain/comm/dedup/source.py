@@ -10,8 +10,8 @@ back to the full batch with the inverse (its backward sums the duplicates'
 gradients before they are sent). Lossless: a distinct bag holds the same ids in
 the same order, so its pooled row is the same sum, bitwise.
 
-Bags are compared whole: same length, same ids, same order. Torch ops only
-(CPU and CUDA alike); the counts come to the host here, where the batch is made
+Bags are compared whole: same length, same ids, same order (their distinct ones found by
+comm/dedup/unique.py on the CPU, torch.unique elsewhere); the counts come to the host here, where the batch is made
 (the loader's prefetch thread), so the training step needs no host sync for them.
 """
 
@@ -27,7 +27,8 @@ from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.comm import torchrec_hooks as hooks
+from dlrmtrain.comm.dedup.unique import unique_keys, unique_rows
+from dlrmtrain.comm.torchrec import pooled, pooled_source, sharder, vbe
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 """the sharding types whose features `source` deduplicates (the others travel whole); row-wise
@@ -39,17 +40,17 @@ _KEY_LIMIT = 2 ** 62
 class SourceDedupEBCSharder(EmbeddingBagCollectionSharder):
     """TorchRec's EBC sharder for `comm.dedup_at: source`: TorchRec's own dists and lookups carry
     the variable batch; its sharded module expands the rows in one gather
-    (`torchrec_hooks.RowGatherExpandShardedEBC`) and the CPU TBE's per-batch VBE metadata is
-    made in whole-tensor ops (`torchrec_hooks.register_cpu_vbe_metadata`)."""
+    (`torchrec.pooled_source.RowGatherExpandShardedEBC`) and the CPU TBE's per-batch VBE metadata is
+    made in whole-tensor ops (`torchrec.vbe.register_cpu_vbe_metadata`)."""
 
     def shard(self, module: EmbeddingBagCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
-        hooks.register_cpu_vbe_metadata()
-        return hooks.build_sharded(hooks.RowGatherExpandShardedEBC, self, module, params, env, device, module_fqn)
+        vbe.register_cpu_vbe_metadata()
+        return sharder.build_sharded(pooled_source.RowGatherExpandShardedEBC, self, module, params, env, device, module_fqn)
 
     @property
     def sharded_module_type(self):
-        return hooks.RowGatherExpandShardedEBC
+        return pooled_source.RowGatherExpandShardedEBC
 
 
 def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
@@ -58,7 +59,7 @@ def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> fr
     kept: set[str] = set()
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
-            for sharding_type, tables in hooks.features_per_sharding_type(m).items():
+            for sharding_type, tables in pooled.features_per_sharding_type(m).items():
                 for table, features in tables.items():
                     if sharding_type not in DEDUPED_SHARDING_TYPES or table_codecs.get(table) == "none":
                         kept.update(features)
@@ -70,10 +71,10 @@ def row_wise_dists_for_source(model: nn.Module) -> None:
     reduce-scatter backward all-gathers uneven sizes, which Gloo refuses, and its dist serves
     only the batch kind of its first call (`auto` at the source sends both). Each such dist is
     given one that serves both and, over Gloo, gathers padded to the longest part
-    (comm/torchrec_hooks.py); NCCL keeps TorchRec's uneven all-gather."""
+    (comm/torchrec/pooled_source.py); NCCL keeps TorchRec's uneven all-gather."""
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
-            hooks.row_wise_dists_for_source(m)
+            pooled_source.row_wise_dists_for_source(m)
 
 
 def source_transform(model: nn.Module, table_codecs: Mapping[str, str]
@@ -144,7 +145,8 @@ def _one_hot(lengths: torch.Tensor, values: torch.Tensor, F: int, B: int, lo: in
     code = torch.zeros(F * B, dtype=torch.int64, device=values.device)
     code[present] = values.to(torch.int64) - lo + 1
     feature = torch.arange(F, device=values.device).repeat_interleave(B)
-    uniq, inv = torch.unique(feature * span + code, sorted=True, return_inverse=True)
+    keys = feature * span + code
+    uniq, (inv,) = unique_keys([keys], F * span)
     u_feature, u_code = uniq // span, uniq % span
     counts = torch.bincount(u_feature, minlength=F).tolist()
     offsets = [0]
@@ -179,7 +181,7 @@ def _multi_hot(lengths_2d: torch.Tensor, values: torch.Tensor, longest: int, who
         rows[:, 0] = lens
         valid = pos[:width].unsqueeze(0) < lens.unsqueeze(1)
         rows[:, 1:][valid] = feature_ids[f].to(torch.int64)
-        uniq, inv = torch.unique(rows, dim=0, sorted=True, return_inverse=True)
+        uniq, inv = unique_rows(rows)
         u_lens = uniq[:, 0]
         u_valid = pos[:width].unsqueeze(0) < u_lens.unsqueeze(1)
         out.append((uniq[:, 1:][u_valid], u_lens, inv))
