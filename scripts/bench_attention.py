@@ -257,9 +257,9 @@ def run_all(args: argparse.Namespace, kernels: list[str], cases: list[Case], dev
             for kernel in (kernels if r % 2 == 0 else kernels[::-1]):
                 spec = Spec(kernel, case.lengths, case.max_len, args.heads, args.width, args.iters, device)
                 if spec not in done:
-                    done[spec] = measure(spec, args.timeout)
-                    print(f"round {r + 1}/{args.rounds}: {kernel}, {case.label}: {done[spec]['peak_bytes'] / 1e6:,.1f}"
-                          f" MB, {statistics.median(done[spec]['seconds']):.3f} s", file=sys.stderr, flush=True)
+                    done[spec] = got = measure(spec, args.timeout)
+                    print(f"round {r + 1}/{args.rounds}: {kernel}, {case.label}: {got['peak_bytes'] / 1e6:,.1f} MB, "
+                          f"{statistics.median(got['seconds']):.3f} s", file=sys.stderr, flush=True)
                 results[case, kernel].append(done[spec])
     return results
 
