@@ -28,7 +28,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 
 from dlrmtrain.comm.torchrec import sequence, sharder
 from dlrmtrain.comm.install import CodecSharder, codec_choice
-from dlrmtrain.comm.registry import check_source_codecs
+from dlrmtrain.comm.registry import validate_dedup_at
 from dlrmtrain.comm.stats import CommCounters
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.config.schema import AutoConfig
@@ -60,9 +60,7 @@ def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[
     """`comm.dedup_at: source` on sequence embeddings is the loader's distinct ids: the lossless
     `dedup`, or `auto` choosing per step between them and the full batch (comm/auto/source.py),
     on every table of the EC alike, flat. What it does not build is refused, naming the key."""
-    check_source_codecs(dedup_at, codec, table_codecs, hierarchy, (codec,),
-                        "the run's codec covers every table of the EmbeddingCollection at the source",
-                        ("dedup", "auto"))
+    validate_dedup_at(dedup_at, codec, table_codecs, hierarchy, None, "sequence")
 
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,

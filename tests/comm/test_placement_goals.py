@@ -2,7 +2,9 @@
 
 - files in comm/ over 450 lines: none (TorchRec's door is a package, comm/torchrec/);
 - attributes set on TorchRec's modules outside the door: none (the run's counters are one
-  registry, `stats.CommCounters`, handed back by the sharding, never found by scanning modules).
+  registry, `stats.CommCounters`, handed back by the sharding, never found by scanning modules);
+- codec names in comm/registry.py's logic: none (each codec declares what it is: `dedups`,
+  `sides`, `runs_under_two_levels`; the registration table alone names them).
 """
 
 from __future__ import annotations
@@ -66,6 +68,19 @@ def attributes_set_on_torchrec_modules(comm: Path = COMM) -> list[str]:
     return found
 
 
+def codec_names_in_registry_logic(registry: Path = COMM / "registry.py") -> list[str]:
+    """`line: 'name'` of each string constant in `registry` that is a codec's name, outside the
+    registration table (`_CODECS = ...`)."""
+    from dlrmtrain.comm.labels import CODEC_NAMES
+
+    tree = ast.parse(registry.read_text())
+    table = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+             and ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target).startswith("_CODECS")]
+    in_table = {id(n) for t in table for n in ast.walk(t)}
+    return [f"{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in CODEC_NAMES and id(n) not in in_table]
+
+
 def test_no_comm_file_is_over_450_lines():
     long = long_comm_files()
     print(f"\ncomm/ files over {LONGEST} lines: {len(long)} {long}")
@@ -76,3 +91,9 @@ def test_nothing_is_set_on_torchrec_modules_outside_the_door():
     found = attributes_set_on_torchrec_modules()
     print(f"\nattributes set on TorchRec modules outside comm/torchrec/: {len(found)} {found}")
     assert not found
+
+
+def test_registry_logic_names_no_codec():
+    names = codec_names_in_registry_logic()
+    print(f"\ncodec names in comm/registry.py's logic: {len(names)} {names}")
+    assert not names
