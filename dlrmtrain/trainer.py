@@ -74,10 +74,10 @@ class Trainer:
         self.records, self.mlperf = life.open_records()
         self.mlperf.cache_clear()
         self.mlperf.init_start()
-        self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
-                                                         env.world_size)
+        self.model, self.plan_text, self.comm_counters = build_sharded_model(
+            cfg, self.data.table_rows, env.device, env.world_size)
         self.source_auto = dedup_at_the_source(cfg.comm, workload_of(cfg).collection_kind,
-                                               self.model, self.data, env.device)
+                                               self.model, self.data, env.device, self.comm_counters)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
@@ -241,7 +241,7 @@ class Trainer:
         run.clock_running = False
         run.bar.close()
         self.timer.close()
-        return collect_comm_stats(self.model, all_ranks=True)
+        return collect_comm_stats(self.comm_counters, all_ranks=True)
 
     def _record_step(self, run: RunProgress, loss: torch.Tensor) -> None:
         """Add the step to the metrics window; every `metrics_every_steps` steps (and at

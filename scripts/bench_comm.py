@@ -225,7 +225,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
         ebc = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],
                                feature_names=[CAT_KEYS[t]]) for t in range(NUM_CAT)], device=torch.device("meta"))
-        model, _ = shard_model(ebc, sharding, comm, fused, torch.device("cpu"), world, ebc_path="")
+        model, _, counters = shard_model(ebc, sharding, comm, fused, torch.device("cpu"), world, ebc_path="")
         # stock transfer time: the same split sizes TorchRec's all-to-all uses
         dims = [dim * len(range(r, NUM_CAT, world)) for r in range(world)]
         a2a_in = torch.randn(B * world * dims[rank])
@@ -249,11 +249,11 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
                     dist.all_to_all_single(a2a_out, a2a_in, [B * d for d in dims], [B * dims[rank]] * world)
             t2 = time.perf_counter()
             if i == warmup - 1 and codec != "none":
-                warm = collect_comm_stats(model)
+                warm = collect_comm_stats(counters)
             if i >= warmup:
                 step_s += t1 - t0
                 a2a_s += t2 - t1
-        stats = collect_comm_stats(model)
+        stats = collect_comm_stats(counters)
         if codec == "none":
             out[codec] = {"step": step_s / steps, "transfer": a2a_s / steps, "codec": 0.0, **error}
         else:

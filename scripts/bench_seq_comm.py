@@ -118,7 +118,7 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
                 return self.ec(features)
 
         torch.manual_seed(1234)
-        dmp, _ = shard_sequence_model(Model(), "ec", ShardingConfig(default_type=args.sharding),
+        dmp, _, counters = shard_sequence_model(Model(), "ec", ShardingConfig(default_type=args.sharding),
                                       CommConfig(codec=codec, dedup_at="owner"), rowwise_adagrad_fused_params(0.01, 1e-8),
                                       torch.device("cpu"), world)
         times = []
@@ -130,7 +130,7 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
             sum(jt.values().sum() for jt in res.values()).backward()
             if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
-        stats = collect_comm_stats(dmp, all_ranks=True)
+        stats = collect_comm_stats(counters, all_ranks=True)
         step_time = torch.tensor([float(np.mean(times))])
         dist.all_reduce(step_time, op=dist.ReduceOp.MAX)  # the slowest rank sets a collective step's pace
         out[codec] = {"stats": stats, "step_s": step_time.item()}

@@ -219,7 +219,7 @@ def between_nodes(sent: float) -> float:
 def codec_seconds_so_far(trainer) -> float:
     """This rank's codec time so far (all of the model's codec all-to-alls)."""
     from dlrmtrain.comm.stats import collect_comm_stats
-    stats = collect_comm_stats(trainer.model)
+    stats = collect_comm_stats(trainer.comm_counters)
     return stats["codec_seconds_per_step"] * stats["steps"]
 
 

@@ -22,11 +22,11 @@ from dlrmtrain.config.schema import Config
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.comm.codec import CollectionKind
     from dlrmtrain.data import Datasets
+    from dlrmtrain.distributed.sharding import ShardedModel
     from dlrmtrain.models.activation_memory import ActivationMemory
     from dlrmtrain.run.machine import MemoryPart
 
@@ -189,5 +189,6 @@ class Workload(ABC):
 
     @abstractmethod
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
-              world_size: int) -> tuple[DistributedModelParallel, str]:
-        """`model` sharded by DistributedModelParallel with the configured codecs; and the plan's text."""
+              world_size: int) -> ShardedModel:
+        """`model` sharded by DistributedModelParallel with the configured codecs, the plan's text
+        and the run's all-to-all counters."""

@@ -14,7 +14,7 @@ from dlrmtrain.workloads.base import Workload
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from dlrmtrain.distributed.sharding import ShardedModel
     from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.data import Datasets
@@ -158,7 +158,7 @@ class Dlrmv4Workload(Workload):
         return build_hstu_model(cfg, dense_device, rows)
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
-              world_size: int) -> tuple[DistributedModelParallel, str]:
+              world_size: int) -> ShardedModel:
         from dlrmtrain.distributed.sharding import shard_sequence_model
         from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
         from dlrmtrain.optim.fused import fused_params

@@ -58,7 +58,7 @@ def _train(name: str, codec: str, rank: int, world_size: int) -> dict:
 
 
 def _bad_input(sc: SeqScenario, rank: int, world_size: int, bad: int) -> str:
-    dmp, _ = shard(sc, "dedup", world_size, dedup_at="source")
+    dmp, _, _ = shard(sc, "dedup", world_size, dedup_at="source")
     seqs = sequences_for(sc, 0, rank)
     seqs["artist_id"][0][0] = bad  # on every rank: each refuses it before the id all-to-all
     try:  # where the loader makes the batch, before the id all-to-all

@@ -57,7 +57,6 @@ def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str, dedup_a
     policy), each step's codec host syncs counted; at the owner (its dists) or the source (the
     loader's two forms, `SourceAuto`)."""
     from dlrmtrain.comm.auto.dist import AutoDist
-    from dlrmtrain.comm.stats import comm_counters
     from dlrmtrain.config import load_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
@@ -70,7 +69,7 @@ def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str, dedup_a
         f"run.pipeline={pipeline}"]))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
-    dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
+    dists = trainer.comm_counters.of_type(AutoDist)
     for d in dists:
         d.policy = forced_policy("dedup")
     if trainer.source_auto is not None:

@@ -23,11 +23,17 @@ class AutoCodec(EmbeddingCommCodec):
     name = "auto"
     lossless = True
     needs_ids = True  # its dedup path reads both ends' ids
+    dedups = True
+    sides = frozenset({"owner", "sample"})  # per all-to-all at the owner, per batch at the sample side
+    runs_under_two_levels = True  # none or two-level dedup
 
     def __init__(self, settings: AutoConfig | None = None) -> None:
         """`settings`: the run's `comm.auto` (registry.run_codecs); None: the defaults."""
         self._dedup = DedupCodec()
         self._policy = AutoPolicy.of(settings or AutoConfig())
+
+    def for_run(self, auto: AutoConfig | None) -> AutoCodec:
+        return AutoCodec(auto)
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return self._dedup.supports(sharding_type, kind)

@@ -37,7 +37,7 @@ from dlrmtrain.comm import timing
 from dlrmtrain.comm.auto.policy import AutoPolicy, Wire, link_bytes_per_s
 from dlrmtrain.comm.dedup.source import source_transform
 from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
-from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats, comm_counters
+from dlrmtrain.comm.stats import CommCounters, DistCommStats
 
 logger = logging.getLogger(__name__)
 
@@ -193,20 +193,19 @@ class SourceAuto:
         return DistCommStats(codec="auto", sharding_type="source", decisions=list(self.decisions))
 
 
-def attach_source_auto(model: torch.nn.Module, device: torch.device, policy: AutoPolicy | None = None) -> SourceAuto:
-    """A `SourceAuto` for sharded `model` (default process group), its decisions listed with the
-    first sharded module's comm counters (comm_stats.json's `auto_decisions`)."""
-    stock = comm_counters(model)  # the stock dists' (before auto joins them)
+def attach_source_auto(device: torch.device, counters: CommCounters, policy: AutoPolicy | None = None) -> SourceAuto:
+    """A `SourceAuto` for the sharded model (default process group), its decisions added to the
+    run's `counters` (comm_stats.json's `auto_decisions`); it weighs the stock dists' counters,
+    those added before it."""
+    stock = list(counters)  # the stock dists' (before auto joins them)
     auto = SourceAuto(policy or AutoPolicy(), device, rank=dist.get_rank() if dist.is_initialized() else 0,
                       counters=lambda: stock)
-    holder = next((m for m in model.modules() if hasattr(m, COUNTERS_ATTR)), None)
-    if holder is not None:
-        setattr(holder, COUNTERS_ATTR, [*getattr(holder, COUNTERS_ATTR), auto])
+    counters.add(auto)
     return auto
 
 
 def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module, data: Any,
-                        device: torch.device) -> SourceAuto | None:
+                        device: torch.device, counters: CommCounters) -> SourceAuto | None:
     """`comm.dedup_at: source`: `data`'s loader keeps each feature's distinct bags (pooled) or
     each table's distinct ids (sequence: dedup/sequence_source.py); under `auto` beside the full
     batch, and the returned `SourceAuto` picks one per step (policy: comm.auto). None where no `auto`."""
@@ -216,4 +215,4 @@ def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module,
     transform = (sequence_source_transform(model) if collection_kind == "sequence"
                  else source_transform(model, comm.table_codecs))
     data.set_sparse_transform(transform, keep_full=auto)
-    return attach_source_auto(model, device, AutoPolicy.of(comm.auto)) if auto else None
+    return attach_source_auto(device, counters, AutoPolicy.of(comm.auto)) if auto else None
