@@ -25,10 +25,10 @@ KINDS = ("padded", "blocked", "triton")
 
 CPU_PADDED_UP_TO_ROWS = 128
 """`auto` on CPU: padded while model.hstu.max_seq_len is at most this, blocked above. At short
-sequences padded's few large products beat blocked's recomputed scores and gathers (one STU
+sequences padded's sequences padded's few large products beat blocked's recomputed scores and gathers (one STU
 layer, forward + backward, at mini_dlrmv4's widths, 2 heads, half to full fill: blocked took
-1.36× padded's time at 64 rows, 1.1× at 128, 0.87× at 256 and 0.47× at 512; docs/design.md,
-"The attention kernels")."""
+1.36× padded's time at 64 rows, 1.1× at 128, 0.87× at 256 and 0.47× at 512; docs/design.md
+§8). A speed choice only: both train the same model."""
 
 AttentionKernel = Callable[..., torch.Tensor]
 
