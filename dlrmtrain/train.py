@@ -23,7 +23,7 @@ from dlrmtrain.run.errors import EXIT_USER_ERROR, RunAlreadyFinished, RunError, 
 from dlrmtrain.run.lifecycle import end_rank
 from dlrmtrain.run.parent import stop_with_parent
 from dlrmtrain.run.signals import install_stop_handlers
-from dlrmtrain.validation import dedup_at_note, resolve_config, validate_config
+from dlrmtrain.validation import placement_note, resolve_config, validate_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # the same on every rank: no rank waits for another
         print_once(f"config error: {e}")
         return EXIT_USER_ERROR
-    note = dedup_at_note(loaded, cfg)  # an unset comm.dedup_at kept at the owner, and why
+    note = placement_note(loaded, cfg)  # an unset placement kept at the owner, and why
     if note:
         print_once(note)
 

@@ -4,7 +4,9 @@
 - attributes set on TorchRec's modules outside the door: none (the run's counters are one
   registry, `stats.CommCounters`, handed back by the sharding, never found by scanning modules);
 - codec names in comm/registry.py's logic: none (each codec declares what it is: `dedups`,
-  `sides`, `runs_under_two_levels`; the registration table alone names them).
+  `sides`, `runs_under_two_levels`; the registration table alone names them);
+- modules outside config/ that name the placement's key (`dedup_at`): at most 3 (20 before; the
+  placement, comm/placement.py, is asked; labels.py holds the key's name for the run identity).
 """
 
 from __future__ import annotations
@@ -97,3 +99,15 @@ def test_registry_logic_names_no_codec():
     names = codec_names_in_registry_logic()
     print(f"\ncodec names in comm/registry.py's logic: {len(names)} {names}")
     assert not names
+
+
+def files_naming(word: str, package: Path = PACKAGE) -> list[str]:
+    """Modules of `package` outside config/ whose text names `word`."""
+    return [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+            if "config" not in p.relative_to(package).parts[:1] and word in p.read_text()]
+
+
+def test_few_modules_name_the_placement_key():
+    named = files_naming("dedup_at")
+    print(f"\nmodules outside config/ naming dedup_at: {len(named)} {named}")
+    assert len(named) <= 3
