@@ -1,7 +1,8 @@
 """MLPerf time-to-train reproduction: N seeded runs per codec, checked and scored.
 
     dlrmtrain mlperf --config configs/mini_mlperf.yaml \\
-        --out runs/mlperf_mini [--codecs none,dedup,auto] [--runs N] [--nproc 2]
+        --out runs/mlperf_mini [--codecs none,dedup,auto] [--precisions fp32,bf16]
+        [--runs N] [--nproc 2]
         [--link-gbit G [--link-latency-ms L]] [--sim-nodes M] [key=value ...]
 
 For each run index i (seed = run.seed + i) and each codec, in interleaved
@@ -11,7 +12,10 @@ log switched on, copies the log into the MLPerf results layout
 (``results/<system>/<benchmark>/result_i.txt`` + ``systems/<system>.json``,
 one system per codec), runs the compliance checker on it, and finally scores
 each codec as the result summarizer does (olympic mean, one non-converged run
-allowed) and prints both scores and their ratio. Last, ``dlrmtrain report`` draws
+allowed) and prints both scores and their ratio. With ``--precisions fp32,bf16`` each
+codec runs under each precision (contender ``dedup@bf16``: dlrmtrain.mlperf.contenders),
+interleaved alike, and the ratios to the first codec are printed per precision side by
+side, with each codec's fp32 score over its bf16 score. Last, ``dlrmtrain report`` draws
 every run (AUC against time, loss, throughput, bytes) into ``<out>/report/``.
 
 With ``--link-gbit`` every run trains behind its own shaped link of that rate
@@ -55,6 +59,8 @@ from dlrmtrain.testbed.shaped_link import LinkSpec, ShapedLinkUnavailable, requi
 from tqdm import tqdm
 
 from dlrmtrain.mlperf.benchmarks import DLRMV4, display_label
+from dlrmtrain.mlperf.contenders import PRECISIONS, expand, mixed_precision_speedups, \
+    precision_overrides, ratios_by_precision, split_precision
 from dlrmtrain.mlperf.compliance import DEFAULT_RULESET, ComplianceResult, RcpVerdict, check_log, \
     rcp_verdict
 from dlrmtrain.mlperf.rules import OFFICIAL_EVAL_SAMPLES, RULESETS, DerivedRulesSpec, Dlrmv4Scale
@@ -100,7 +106,7 @@ class RunnerPlan:
         kind = "gpu" if self.backend == "nccl" else "cpu"
         ranks = f"{self.sim_nodes}x{self.nproc}" if self.sim_nodes else f"{self.nproc}"
         link = f"_link-{self.link.gbit:g}gbit" if self.link else ""
-        return f"{kind}{ranks}_{self.backend}{link}_codec-{codec.replace('/', '-')}"
+        return f"{kind}{ranks}_{self.backend}{link}_codec-{codec.replace('/', '-').replace('@', '_')}"
 
     @property
     def nodes(self) -> int:
@@ -171,7 +177,11 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
     cfg = load_config(args.config, list(args.overrides))
     check_arguments(args, workload_of(cfg).benchmark)
     check_series_overrides(cfg)
-    for codec in args.codecs.split(","):
+    try:
+        contenders = expand(args.codecs.split(","), args.precisions and args.precisions.split(","))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    for codec in contenders:
         try:
             settings = contender_overrides(codec)
         except ValueError as e:
@@ -215,7 +225,7 @@ def plan_from_args(args: argparse.Namespace) -> RunnerPlan:
 
     return RunnerPlan(
         config=args.config.resolve(), out=out, overrides=tuple(args.overrides),
-        benchmark=benchmark, codecs=tuple(args.codecs.split(",")),
+        benchmark=benchmark, codecs=contenders,
         runs=required_runs(benchmark) if args.runs is None else args.runs, base_seed=cfg.run.seed, nproc=args.nproc,
         backend="nccl" if _uses_gpu(cfg.run.device) else "gloo",
         ruleset=ruleset, rules=rules, timeout_s=args.timeout_min * 60, link=link,
@@ -342,10 +352,13 @@ def run_command(plan: RunnerPlan, codec: str, index: int, resume: bool = False) 
 
 
 def contender_overrides(contender: str) -> list[str]:
-    """The config settings of one `--codecs` entry: a codec name, or `<codec>/node` for that
-    codec over the two-level all-to-all (`comm.hierarchy: node`)."""
-    codec, hierarchy = parse_contender(contender)
-    return [f"comm.codec={codec}"] + (["comm.hierarchy=node"] if hierarchy == "node" else [])
+    """The config settings of one contender: a codec name, or `<codec>/node` for that
+    codec over the two-level all-to-all (`comm.hierarchy: node`), either with `@<precision>`
+    (`precision.mode`, from --precisions)."""
+    label, _ = split_precision(contender)
+    codec, hierarchy = parse_contender(label)
+    return ([f"comm.codec={codec}"] + (["comm.hierarchy=node"] if hierarchy == "node" else [])
+            + precision_overrides(contender))
 
 
 def run_name(plan: RunnerPlan, index: int) -> str:
@@ -496,14 +509,48 @@ def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
             lines.append(f"    evaluation: {o.eval_share:.1%} of the wall time (mean over runs)")
         if o.rcp is not None:
             lines.append(f"    {o.rcp.line()}")
-    first = outcomes[0].codec if outcomes else None
-    for other, ratio in ratios_to_first(outcomes).items():
-        lines.append(f"  ratio {first} / {other} = {ratio:.3f} "
-                     f"({'>1: ' + other + ' is faster' if ratio > 1 else '<=1: no gain from ' + other})")
+        lines += [f"    {line}" for line in auto_choices(plan, o.codec)]
+    lines += _ratio_lines(outcomes)
     if outcomes and outcomes[0].checks:
         lines.append(f"  check one yourself: {outcomes[0].checks[0].command}")
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def auto_choices(plan: RunnerPlan, codec: str) -> list[str]:
+    """Per run of an `auto` contender, one line: what auto chose and when (report.auto_line_of);
+    none for other codecs."""
+    from dlrmtrain.report import auto_line_of
+
+    if parse_contender(split_precision(codec)[0])[0] != "auto":
+        return []
+    return [f"auto, seed {plan.base_seed + index}: {auto_line_of(run_paths(plan, codec, index)[0])}"
+            for index in range(plan.runs)]
+
+
+def _ratio_lines(outcomes: list[CodecOutcome]) -> list[str]:
+    """Each codec's ratio to the first; under several precisions, a column per precision (the
+    ratio to that precision's first codec) and each codec's fp32 score over its bf16 score."""
+    scores = {o.codec: o.score.minutes for o in outcomes}
+    by_precision = ratios_by_precision(scores)
+    if None in by_precision or len(by_precision) == 1:
+        first = outcomes[0].codec if outcomes else None
+        return [f"  ratio {first} / {other} = {ratio:.3f} "
+                f"({'>1: ' + other + ' is faster' if ratio > 1 else '<=1: no gain from ' + other})"
+                for other, ratio in ratios_to_first(outcomes).items()]
+    precisions = [p for p in PRECISIONS if p in by_precision]
+    codecs = list(dict.fromkeys(split_precision(o.codec)[0] for o in outcomes))
+    lines = [f"  time to train, {codecs[0]} / codec (>1: the codec is faster), per precision:",
+             "    " + f"{'codec':<12}" + "".join(f"{p:>9}" for p in precisions)]
+    for codec in codecs[1:]:
+        cells = (by_precision[p].get(codec) for p in precisions)
+        lines.append("    " + f"{codec:<12}" + "".join(
+            f"{'-' if r is None else f'{r:.3f}':>9}" for r in cells))
+    amp = mixed_precision_speedups(scores)
+    if amp:
+        lines.append("  fp32 / bf16 time to train per codec (>1: bf16 is faster): "
+                     + ", ".join(f"{c} {r:.3f}" for c, r in amp.items()))
+    return lines
 
 
 def speedup(outcomes: list[CodecOutcome]) -> float | None:
@@ -534,11 +581,15 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
             "run_minutes": [r.minutes for r in o.score.runs],
             "failed_rules": [sorted(str(k) for k in c.failed_keys) for c in o.checks],
             "eval_share": o.eval_share,
+            "auto_choices": auto_choices(plan, o.codec),
             "rcp": None if o.rcp is None else {"passed": o.rcp.passed, "message": o.rcp.message,
                                                "norm_factor": o.rcp.norm_factor},
         } for o in outcomes},
         "ratio_first_over_second": speedup(outcomes),
         "ratios_to_first": ratios_to_first(outcomes),
+        "ratios_by_precision": {str(p): r for p, r in ratios_by_precision(
+            {o.codec: o.score.minutes for o in outcomes}).items()},
+        "fp32_over_bf16": mixed_precision_speedups({o.codec: o.score.minutes for o in outcomes}),
     }
     path = plan.out / "summary.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
@@ -553,6 +604,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma-separated, the first is the baseline of the ratios; "
                         "<codec>/node: that codec over two levels (comm.hierarchy=node) "
                         "(default: none,dedup,auto)")
+    p.add_argument("--precisions", default=None,
+                   help="comma-separated precision.mode values (fp32,bf16): every codec runs "
+                        "under each, contender <codec>@<precision> (default: the config's)")
     p.add_argument("--runs", type=int, default=None, help="runs per codec (default: MLPerf's)")
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (default: 2)")
     p.add_argument("--ruleset", default=None,

@@ -11,7 +11,7 @@ and comm_stats.json / step_breakdown.json where present) and writes to --out
     throughput.png  training samples/s against steps
     comm_bytes.png  embedding all-to-all MiB per forward pass per table (runs with comm_stats.json)
     step_time.png   step-time breakdown per run (runs with step_breakdown.json)
-    report.md       one table row per run and the images
+    report.md       one table row per run, a line per `auto` run (what it chose and when), the images
 
 Runs are coloured by codec, so codec on and off read side by side; with many
 runs (e.g. MLPerf's seeded repeats) each codec's runs share its colour.
@@ -35,8 +35,10 @@ from typing import Any, Callable
 
 import yaml
 
+from dlrmtrain.comm.auto.timeline import run_line
 from dlrmtrain.comm.labels import contender_label
 from dlrmtrain.mlperf.benchmarks import display_label
+from dlrmtrain.mlperf.contenders import split_precision, with_precision
 from dlrmtrain.workloads import workload_named, workload_of_saved
 
 CODEC_COLOURS = {"none": "#4c72b0", "dedup": "#dd8452", "fp16": "#55a868", "bf16": "#c44e52",
@@ -113,7 +115,8 @@ def load_run(path: str | Path) -> RunData:
             raise ReportError(f"{path}: no {need} (not a finished dlrmtrain run directory)")
     cfg = yaml.safe_load((path / "config.yaml").read_text())
     workload = workload_of_saved(cfg)
-    run = RunData(path=path, name=cfg["run"]["name"], codec=_contender(cfg["comm"]),
+    run = RunData(path=path, name=cfg["run"]["name"],
+                  codec=_contender(cfg["comm"], cfg.get("precision", {})),
                   global_batch_size=cfg["run"]["global_batch_size"],
                   target_auc=cfg["eval"]["target_auc"], summary=_read_json(path / "summary.json"),
                   benchmark=workload.benchmark, arch=workload.arch, family=workload.family)
@@ -175,14 +178,15 @@ def _glued_record(line: str) -> tuple[int, dict[str, Any]] | None:
     return None
 
 
-def _contender(comm: dict[str, Any]) -> str:
-    """The run's codec as the MLPerf runner's --codecs names it: `<codec>/node` over two levels,
-    so that one-level and two-level runs of a codec are told apart."""
-    return contender_label(comm["codec"], comm.get("hierarchy", "flat"))
+def _contender(comm: dict[str, Any], precision: dict[str, Any]) -> str:
+    """The run's codec as the MLPerf runner names its contenders: `<codec>/node` over two levels,
+    `@bf16` under mixed precision, so that the runs of a codec are told apart."""
+    label = contender_label(comm["codec"], comm.get("hierarchy", "flat"))
+    return with_precision(label, "bf16" if precision.get("mode") == "bf16" else None)
 
 
 def _colour(codec: str) -> str:
-    return CODEC_COLOURS.get(codec, OTHER_COLOUR)
+    return CODEC_COLOURS.get(split_precision(codec)[0], OTHER_COLOUR)
 
 
 def _legend(ax, runs: list[RunData]) -> None:
@@ -394,11 +398,32 @@ def render_markdown(runs: list[RunData], images: list[Path]) -> str:
     if len(families) > 1:
         lines += ["Model families drawn together (--mixed): " + "; ".join(
             f"{f}: {', '.join(r.name for r in members)}" for f, members in families.items()), ""]
+    chose = [f"- {r.name} ({r.codec}): {auto_line(r.comm, r.summary)}" for r in runs
+             if r.comm and r.comm.get("auto_decisions")]
+    if chose:
+        lines += ["What auto chose and when (steps on dedup counted from its first decision):", "", *chose, ""]
     skipped = [note for r in runs for note in r.skipped]
     if skipped:
         lines += ["Not read:", "", *[f"- {note}" for note in skipped], ""]
     lines += [f"![{p.stem}]({p.name})" for p in images]
     return "\n".join(lines) + "\n"
+
+
+def auto_line(comm: dict[str, Any], summary: dict[str, Any]) -> str:
+    """What auto chose and when in one line, from a run's comm_stats.json and summary.json."""
+    return run_line(comm.get("auto_decisions", []), summary.get("steps", 0))
+
+
+def auto_line_of(run_dir: Path) -> str:
+    """`auto_line` of a run directory; what is missing said instead."""
+    comm, summary = run_dir / "comm_stats.json", run_dir / "summary.json"
+    for need in (comm, summary):
+        if not need.is_file():
+            return f"no {need.name} in {run_dir}"
+    try:
+        return auto_line(_read_json(comm), _read_json(summary))
+    except ReportError as e:
+        return str(e)
 
 
 def _by_family(runs: list[RunData]) -> dict[str, list[RunData]]:

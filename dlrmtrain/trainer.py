@@ -121,7 +121,8 @@ class Trainer:
         while True:
             self.timer.step_begins(self.step + 1)
             with self.timer.phase("data"), data_errors(DataError):
-                batch = next(it, None)
+                with self.timer.waiting_for_input():  # the loader's workers not ahead of the step
+                    batch = next(it, None)
                 if batch is not None:
                     batch = batch.to(self.env.device, non_blocking=True)
             if batch is None:

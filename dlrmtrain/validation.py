@@ -19,7 +19,8 @@ from __future__ import annotations
 import copy
 
 from dlrmtrain.comm import placement
-from dlrmtrain.comm.registry import available_codecs, validate_codec_choice, validate_hierarchy
+from dlrmtrain.comm.registry import (
+    available_codecs, validate_codec_choice, validate_hierarchy, validate_wire_precision)
 from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_node
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
@@ -57,6 +58,7 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
             raise ConfigError(f"{key}: {codec!r} is not one of {', '.join(codecs)}")
     try:  # qcomms apply run-wide; fp8 has GPU kernels only (the error names comm.codec)
         validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
+        validate_wire_precision(cfg.comm.codec, cfg.comm.table_codecs, workload_of(cfg).table_precision(cfg))
         # where the codec runs: an explicit side the family's path cannot take is refused
         placement.check(cfg.comm, workload_of(cfg).collection_kind, cfg.optim.name)
     except ValueError as e:
@@ -155,6 +157,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     _check_data(cfg, world_size, workload)
     checks.check_model(cfg)
     workload.check_model(cfg)
+    workload.check_device(cfg, device_type)
     workload.check_pipeline(cfg)
     _check_pipeline(cfg, device_type)
     checks.check_table_keys(cfg, workload.table_names(cfg))

@@ -27,6 +27,11 @@ Shapes (`--shape`, default quickstart; `--config` + overrides for anything else)
               global batch 4096): multi-hot bags, DCN interaction, Adagrad
   dlrmv4      configs/mini_dlrmv4.yaml: HSTU on synthetic Yambda-like users, sequence
               embeddings (TorchRec has no plain HSTU model: no plain contender)
+  dlrmv4_long mini_dlrmv4 at long, unevenly filled sequences: N up to 2,048 rows, each
+              sample 1,028..2,048 rows (uniform: Yambda's histories fill their slots
+              unevenly), 4 samples per rank; the attention kernel dominates its step. Its
+              kernels side by side: `--shape dlrmv4_long --vs model.hstu.attention=blocked
+              model.hstu.attention=padded` (padded first: the ratio is blocked / padded)
 Overrides are dlrmtrain config overrides on top of the shape's config.
 Each `--vs "KEY=VALUE ..."` adds a contender: dlrmtrain again with those extra
 overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`; with
@@ -68,6 +73,13 @@ SHAPES = {
               ["run.device=cpu", "model.max_table_rows=20000", "run.global_batch_size=4096",
                "data.synthetic.num_train_samples=262144", "mlperf.enabled=false"]),
     "dlrmv4": ("configs/mini_dlrmv4.yaml", []),
+    "dlrmv4_long": ("configs/mini_dlrmv4.yaml", [
+        # 1,028..2,048 rows (8 contextual + 1,019..2,039 history events + 1 candidate), each
+        # sample its own user (one anchor each: a user's anchors share its history length)
+        "data.yambda.max_seq_len=2048", "model.hstu.max_seq_len=2048",
+        "data.yambda.synthetic.history_length=2039", "data.yambda.synthetic.min_history_fraction=0.5",
+        "data.yambda.synthetic.num_users=512", "data.yambda.synthetic.anchors_per_user=1",
+        "data.yambda.synthetic.eval_anchors_per_user=1", "run.global_batch_size=8"]),
 }
 # Archs with a plain TorchRec model to race against (bench_train's `plain` contender).
 PLAIN_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
@@ -435,8 +447,8 @@ def shared_batches(race: Contenders, args: argparse.Namespace) -> list:
     while len(batches) < needed:
         batches.extend(b.to(env.device) for b in full.train_batches(epoch))
         epoch += 1
-    for name, t in race.trainers.items():  # comm.dedup_at: source takes its batches deduplicated
-        if t.cfg.comm.dedup_at == "source":
+    for name, t in race.trainers.items():  # the sample side (dedup at the source) takes its batches deduplicated
+        if t.placement.side == "sample":
             race.steppers[name] = with_distinct_bags(race.steppers[name], t, batches,
                                                      workload_of(t.cfg).collection_kind)
     assert set(race.trainers) <= set(race.steppers)

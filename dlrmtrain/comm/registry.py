@@ -144,6 +144,22 @@ def validate_codec_choice(codec: str, table_codecs: Mapping[str, str], device_ty
         run_codec.check_device(device_type, "comm.codec")
 
 
+def validate_wire_precision(codec: str, table_codecs: Mapping[str, str], table_precision: str) -> None:
+    """A lossy codec rounds each row once, from the lookup's fp32 sum. Where the lookup emits
+    bf16 rows (`table_precision` bf16: precision.mode bf16 on a family whose rows follow it,
+    precision.py) the wire is already 16-bit, and a lossy codec would round those rows a
+    second time: refused, naming the key."""
+    if table_precision != "bf16":
+        return
+    for key, name in [("comm.codec", codec), *((f"comm.table_codecs.{t}", c) for t, c in table_codecs.items())]:
+        if not get_codec(name, key).lossless:
+            raise ValueError(
+                f"{key}: {name!r} under precision.mode=bf16 would round rows twice: the lookup "
+                f"already emits bf16 rows (half fp32's bytes on the wire) and {name} rounds them "
+                f"again instead of once from the fp32 sum; use a lossless codec (none, dedup, auto: "
+                f"bf16 on the wire) or precision.mode=fp32")
+
+
 def codecs_per_table(codec: str, table_codecs: Mapping[str, str], tables: Iterable[str]) -> dict[str, str]:
     """Codec name for every table: the per-table override, else the run's codec."""
     tables = list(tables)

@@ -18,6 +18,7 @@ from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.placement import Placement
 from dlrmtrain.comm.stats import CommCounters
+from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
 
@@ -55,8 +56,10 @@ def shard_model(model: torch.nn.Module, sharding: ShardingConfig, placement: Pla
 def _dmp(model: torch.nn.Module, plan, sharder: ModuleSharder, device: torch.device,
          ddp_bucket_mb: float | None) -> DistributedModelParallel:
     wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
-    return DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
-                                    data_parallel_wrapper=wrapper)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
+                                   data_parallel_wrapper=wrapper)
+    round_cpu_lookups(dmp)  # bf16 rows on CPU as on GPU (precision.py)
+    return dmp
 
 
 # ------------------------------------------------ DLRMv4: the sequence EmbeddingCollection

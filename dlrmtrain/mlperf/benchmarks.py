@@ -33,8 +33,9 @@ REFERENCE_DEFAULT_NAME = "reference default (index dedup + fp16, LOSSY)"
 
 
 def display_label(benchmark: str, contender: str) -> str:
-    """A `--codecs` entry as tables, plots and summaries name it on `benchmark`."""
-    if REFERENCE_DEFAULT_WIRE.get(benchmark) == contender:
+    """A contender (`--codecs` entry, `@<precision>` or not: contenders.py) as tables, plots
+    and summaries name it on `benchmark`."""
+    if REFERENCE_DEFAULT_WIRE.get(benchmark) == contender.partition("@")[0]:
         return f"{contender}: {REFERENCE_DEFAULT_NAME}"
     return contender
 

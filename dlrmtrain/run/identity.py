@@ -23,7 +23,7 @@ _NOT_MATH = {
     "run.name", "run.output_dir", "run.device", "run.epochs", "run.max_steps", "run.pipeline",
     "run.overwrite", "run.collective_timeout_s", "run.stall_warn_s", "run.ddp_bucket_mb",
     "data.path", "data.prefetch_batches", "data.multi_hot_cache_dir", "data.verify",
-    "data.verify_max_gb",
+    "data.verify_max_gb", "data.workers",
 }
 _NOT_MATH_SECTIONS = {"eval", "checkpoint", "logging", "mlperf"}
 _NOT_MATH_PREFIXES = ("comm.auto.", "sharding.uvm_caching.")

@@ -49,6 +49,9 @@ class Workload(ABC):
     model_scopes_its_own_autocast: bool = False
     """True: under `precision.mode: bf16` the model sets its own autocast scope inside its
     forward (precision.py), so the trainer runs the forward outside any autocast."""
+    rows_follow_precision: bool = True
+    """True: under `precision.mode: bf16` its lookups emit bf16 rows, so its embedding
+    all-to-alls carry bf16 (precision.py); False: fp32 rows whatever the mode."""
     shrink_tables: str
     """What to change for smaller tables, as a refusal for memory says it."""
     unused_keys: tuple[str, ...] = ()
@@ -74,6 +77,9 @@ class Workload(ABC):
     def check_model(self, cfg: Config) -> None:
         """The model section's family-specific sizes (config/checks.py holds the shared ones)."""
 
+    def check_device(self, cfg: Config, device_type: str) -> None:
+        """Refuse a model setting whose kernel cannot run on `device_type`; default: none."""
+
     def check_pipeline(self, cfg: Config) -> None:
         """Refuse a `run.pipeline` this family's model cannot train under; default: none."""
 
@@ -92,6 +98,11 @@ class Workload(ABC):
     def check_sharding(self, cfg: Config) -> None:
         """Refuse a sharding type one of this family's tables cannot take beyond what the
         planner's own checks refuse (distributed/planner.check_sharding_config); default: none."""
+
+    def table_precision(self, cfg: Config) -> str:
+        """The precision its lookups emit rows in (fused_params' output dtype): the run's
+        `precision.mode` where `rows_follow_precision`, else fp32."""
+        return cfg.precision.mode if self.rows_follow_precision else "fp32"
 
     def check_hierarchy(self, cfg: Config) -> None:
         """Refuse a `comm.hierarchy` this family's all-to-alls cannot take beyond what

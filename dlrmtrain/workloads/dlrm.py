@@ -79,7 +79,8 @@ class DlrmWorkload(Workload):
         from dlrmtrain.distributed.sharding import build_ebc_sharder
         from dlrmtrain.optim.fused import fused_params
 
-        return (build_ebc_sharder(cfg.comm, fused_params(cfg.optim, cfg.precision.mode, device_type), device_type),
+        return (build_ebc_sharder(cfg.comm, fused_params(cfg.optim, self.table_precision(cfg), device_type),
+                                  device_type),
                 EBC_PATH)
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
@@ -106,7 +107,7 @@ class DlrmWorkload(Workload):
         from dlrmtrain.optim.fused import fused_params
 
         return shard_model(model, cfg.sharding, placement,
-                           fused_params(cfg.optim, cfg.precision.mode, device.type), device, world_size,
+                           fused_params(cfg.optim, self.table_precision(cfg), device.type), device, world_size,
                            ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 
 

@@ -44,6 +44,7 @@ class Dlrmv4Workload(Workload):
     benchmark = benchmarks.DLRMV4
     collection_kind = "sequence"
     model_scopes_its_own_autocast = True  # the user tower only, as the reference (precision.py)
+    rows_follow_precision = False  # the reference's tables emit fp32; a lossy wire is a codec
     unused_keys = UNUSED_BY_DLRMV4
     shrink_tables = ("shrink the data's tables (data.yambda.cross_rows, data.yambda.synthetic's "
                      "catalog) or model.embedding_dim")
@@ -59,6 +60,9 @@ class Dlrmv4Workload(Workload):
         checks.check_unused_keys(cfg, self.arch, self.unused_keys,
                                  {"model": "model.hstu", "data": "data.yambda"})
         checks.check_hstu_model(cfg)
+
+    def check_device(self, cfg: Config, device_type: str) -> None:
+        checks.check_hstu_attention(cfg, device_type)
 
     def table_names(self, cfg: Config) -> list[str]:
         from dlrmtrain.sequence_features import TABLES
@@ -127,8 +131,8 @@ class Dlrmv4Workload(Workload):
         from dlrmtrain.optim.fused import fused_params
         from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
 
-        return (build_ec_sharder(cfg.comm, fused_params(cfg.optim, "fp32", device_type), device_type),
-                EMBEDDING_COLLECTION)  # fp32 rows (precision.py), as `shard`
+        return (build_ec_sharder(cfg.comm, fused_params(cfg.optim, self.table_precision(cfg), device_type),
+                                 device_type), EMBEDDING_COLLECTION)
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:
@@ -152,7 +156,7 @@ class Dlrmv4Workload(Workload):
         from dlrmtrain.optim.fused import fused_params
 
         return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, placement,
-                                    fused_params(cfg.optim, "fp32", device.type), device,  # fp32 rows (precision.py)
+                                    fused_params(cfg.optim, self.table_precision(cfg), device.type), device,
                                     world_size, ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 
 

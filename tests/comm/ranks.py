@@ -35,6 +35,8 @@ from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.comm.torchrec.contexts import CODEC_ATTRIBUTES
+from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
+from dlrmtrain.precision import autocast, embedding_output_dtype
 from tests.comm.stream_check import STREAM, observed_records, reachable_tensors, unrecorded
 
 
@@ -57,6 +59,7 @@ class Scenario:
     lr: float = 0.1
     id_range: int = 6  # random ids drawn from [0, id_range): many duplicates
     table_codecs: dict = field(default_factory=dict)  # per-table overrides under dedup
+    precision: str = "fp32"  # precision.mode: bf16 rows on the wire, the dense part under autocast
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -141,7 +144,8 @@ def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT
     """The sharded TinyModel, its dense optimizer and its counters (the codec dists); `source`: the
     `comm.dedup_at: source` sharder."""
     opt = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ADAGRAD}[sc.optimizer]
-    fused = {"optimizer": opt, "learning_rate": sc.lr}
+    fused = {"optimizer": opt, "learning_rate": sc.lr,
+             "output_dtype": embedding_output_dtype(sc.precision, "cpu")}
     if sc.optimizer == "adagrad":
         fused["eps"] = 1e-8
     counters = CommCounters()
@@ -157,6 +161,7 @@ def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT
                                            world_size=world_size, device_type="cpu")
     dmp = DistributedModelParallel(model, plan=ShardingPlan({"ebc": mplan}), sharders=[sharder],
                                    device=torch.device("cpu"))
+    round_cpu_lookups(dmp)  # as distributed/sharding.py's DMP: bf16 rows on CPU under bf16
     # identical initial tables in both models: copy each local shard's slice
     for t_i, t in enumerate(sc.tables):
         full = torch.rand(t.rows, t.dim, generator=_gen(500 + t_i)) - 0.5
@@ -233,10 +238,12 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
         kjt, labels = batch_for(sc, step, rank)
         captured.clear()
         dense_opt.zero_grad()
-        loss, pooled = dmp(kjt, labels)
+        with autocast(sc.precision, torch.device("cpu")):
+            loss, pooled = dmp(kjt, labels)
         loss.backward()
         if step == 0:
             result["pooled"] = pooled
+            result["pooled_dtype"] = str(pooled.dtype)
             result["emb_grads"] = [c[2] for c in captured if c[0] == "grad"]
             result["dense_grads"] = {n: p.grad.clone() for n, p in dmp.named_parameters()
                                      if p.grad is not None}
@@ -313,8 +320,8 @@ def compare_counted(rank: int, world_size: int, sc: Scenario, codecs: tuple[str,
 
 def to_numpy(obj):
     """Tensors become numpy arrays (plain, compact pickles for the parent process)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().numpy()
+    if isinstance(obj, torch.Tensor):  # bf16 widened to fp32 (exact): numpy has no bf16
+        return (obj.float() if obj.dtype == torch.bfloat16 else obj).detach().numpy()
     if isinstance(obj, dict):
         return {k: to_numpy(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

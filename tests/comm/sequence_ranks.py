@@ -22,6 +22,7 @@ from dlrmtrain.comm.stock_bytes import SequenceStockCounter
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import AutoConfig, CommConfig, ShardingConfig
 from dlrmtrain.distributed.sharding import rowwise_adagrad_fused_params, shard_sequence_model
+from dlrmtrain.precision import embedding_output_dtype
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, TABLES
 
 DIM = 8
@@ -42,6 +43,7 @@ class SeqScenario:
     steps: int = 3
     uneven: bool = False   # rank r's batch is batch + 2r (TorchRec's variable batch per rank)
     planner: str = "manual"  # sharding.planner: manual | torchrec
+    precision: str = "fp32"  # the rows' dtype (fused output_dtype): bf16 on the wire under bf16
 
     def batch_of(self, rank: int) -> int:
         return self.batch + (2 * rank if self.uneven else 0)
@@ -104,7 +106,7 @@ def probe_vectors() -> dict[str, torch.Tensor]:
 
 def loss_of(out: dict, batch: int, probes: dict[str, torch.Tensor]) -> torch.Tensor:
     """A nonlinear per-position loss (gradients depend on the embeddings), mean over samples."""
-    return sum(torch.tanh(out[f].values() @ probes[f]).sum() for f in features()) / batch
+    return sum(torch.tanh(out[f].values().float() @ probes[f]).sum() for f in features()) / batch
 
 
 class SeqModel(nn.Module):
@@ -128,7 +130,7 @@ def read_tables(dmp: nn.Module) -> dict[str, np.ndarray]:
     with torch.no_grad():
         out = dmp(kjt_of(seqs))
         out = out.wait() if hasattr(out, "wait") else out
-    return {t: out[f].values().numpy().copy() for t, f in first_feature.items()} if rank == 0 else {}
+    return {t: out[f].values().float().numpy().copy() for t, f in first_feature.items()} if rank == 0 else {}
 
 
 def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | None = None,
@@ -139,7 +141,8 @@ def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | Non
     from dlrmtrain.comm.placement import Placement
 
     return shard_sequence_model(SeqModel(), "ec", sharding, Placement(comm, "sequence"),
-                                rowwise_adagrad_fused_params(LR, EPS), torch.device("cpu"), world_size)
+                                rowwise_adagrad_fused_params(LR, EPS, embedding_output_dtype(sc.precision, "cpu")),
+                                torch.device("cpu"), world_size)
 
 
 def source_made(dmp: nn.Module):
@@ -159,7 +162,8 @@ def train(sc: SeqScenario, codec: str, rank: int, world_size: int, dedup_at: str
     for step in range(sc.steps):
         out = dmp(made(sequences_for(sc, step, rank)))
         out = out.wait() if hasattr(out, "wait") else out
-        result["outputs"].append({f: out[f].values().detach().numpy().copy() for f in features()})
+        result["outputs"].append({f: out[f].values().detach().float().numpy().copy() for f in features()})
+        result.setdefault("dtype", str(out[features()[0]].values().dtype))
         loss = loss_of(out, sc.batch_of(rank), probes)
         loss.backward()  # the fused optimizer updates the tables here
         result["losses"].append(loss.item())

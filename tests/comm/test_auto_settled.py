@@ -42,7 +42,7 @@ def _settled_run(rank: int, world_size: int) -> dict:
         dists = counters.of_type(AutoDist)
         stock_calls = {"n": 0}
         for d in dists:  # dedup can never win by 10000%: the decision is none
-            d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0,
+            d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0, close_call_retimes=0,
                                   check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2,
                                   drift=1e9)  # no drift on a noisy machine until DRIFT_FROM
             d.stock_dist.register_forward_pre_hook(lambda *_: stock_calls.__setitem__("n", stock_calls["n"] + 1))
@@ -115,7 +115,7 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
 
     sc = SeqScenario(default_type="row_wise")
     # comm.auto through the run's sharder (build_ec_sharder); dedup 100x faster: never, on these tables
-    auto = AutoConfig(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=0.99,
+    auto = AutoConfig(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=0.99, close_call_retimes=0,
                       check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2, drift=1e9)
     dmp, _, counters = shard(sc, "auto", world_size, auto=auto)
     [d] = counters.of_type(SequenceAutoDist)

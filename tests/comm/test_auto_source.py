@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dlrmtrain.comm.auto.policy import AutoPolicy
-from dlrmtrain.comm.auto.source import SourceAuto, distinct_fraction
+from dlrmtrain.comm.auto.source import SourceAuto, distinct_fraction, rows_of_both_forms
 from dlrmtrain.comm.dedup.source import distinct_bags
 from dlrmtrain.data.loader import block_to_batch
 from dlrmtrain.data.parts import RowBlock
@@ -81,8 +81,9 @@ def test_a_sequence_batch_carries_both_forms_and_each_step_takes_one():
     full = _kjt(SEQS)
     batch = SequenceBatch(full, full, full, SequenceSourceDedup(SHARDINGS)(full)).to(torch.device("cpu"))
     assert isinstance(batch.distinct_sparse, DistinctIdsKJT)
-    # 16 positions; sent: T's 3 distinct, U's 2, d's 2 whole, x none
-    assert distinct_fraction(batch) == pytest.approx(7 / 16)
+    # 16 positions, 14 through a sharding (x has none: sent in neither form); sent: T's 3
+    # distinct, U's 2, d's 2 whole
+    assert rows_of_both_forms(batch) == (14, 7) and distinct_fraction(batch) == pytest.approx(7 / 14)
     auto = SourceAuto(AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1, margin=-100.0),
                       torch.device("cpu"))
     forms = []

@@ -42,7 +42,7 @@ def forced_policy(choice: str):
     from dlrmtrain.comm.auto.policy import AutoPolicy
 
     return AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1,
-                      margin=-100.0 if choice == "dedup" else 100.0, table_keep_fraction=2.0)
+                      margin=-100.0 if choice == "dedup" else 100.0, close_call_retimes=0, table_keep_fraction=2.0)
 
 
 def _record_plans(planner, model, log: dict) -> None:

@@ -128,13 +128,36 @@ def test_missing_config_file_is_named(tmp_path):
     (["sharding.planner=torchrec", "sharding.tables={t_cat_0: row_wise}", "run.device=cpu"], 2,
      r"no row-wise sharding on CPU"),
     (["data.synthetic.num_train_samples=10"], 2, r"data\.synthetic\.num_train_samples"),
+    (["data.workers=0"], 2, r"data\.workers: must be at least 1"),
+    (["data.workers=2"], 2, r"data\.workers: 2 workers, but source 'synthetic' holds its rows in memory"),
+    (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "data.workers=2",
+      "data.yambda.prefetch_batches=0"], 2,
+     r"data\.workers: 2 workers make batches ahead, but data\.yambda\.prefetch_batches is 0"),
     (["checkpoint.resume=true", "run.overwrite=true"], 2,  # was: the overwrite silently dropped
      r"^checkpoint\.resume=true and run\.overwrite=true: .*give one of them$"),
+    # bf16 rows rounded again (precision.py): refused where the lookup emits bf16
+    (["precision.mode=bf16", "comm.codec=dedup+fp16"], 2,
+     r"comm\.codec: 'dedup\+fp16' under precision\.mode=bf16 would round rows twice"),
+    (["precision.mode=bf16", "comm.codec=fp16"], 2, r"comm\.codec: 'fp16' under precision\.mode=bf16"),
+    (["precision.mode=bf16", "comm.codec=dedup", "comm.table_codecs={t_cat_2: dedup+bf16}"], 2,
+     r"comm\.table_codecs\.t_cat_2: 'dedup\+bf16' under precision\.mode=bf16"),
 ])
 def test_validation_errors_name_the_key(overrides, world_size, message):
     cfg = load_config(None, overrides)
     with pytest.raises(ConfigError, match=message):
         validate_config(cfg, world_size)
+
+
+def test_dlrmv4_rows_stay_fp32_under_bf16_so_its_reference_wire_rounds_once():
+    """DLRMv4's tables emit fp32 under bf16 (the reference's): `dedup+fp16` rounds the fp32 sum once."""
+    from dlrmtrain.workloads import workload_of
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "mini_dlrmv4.yaml",
+                      ["precision.mode=bf16", "comm.codec=dedup+fp16"])
+    validate_config(cfg, 2)
+    assert workload_of(cfg).table_precision(cfg) == "fp32"
+    dlrm = load_config(None, ["precision.mode=bf16"])
+    assert workload_of(dlrm).table_precision(dlrm) == "bf16"
 
 
 # Choice fields are Literal types in the schema: the loader refuses other values,

@@ -18,6 +18,7 @@ from dlrmtrain.mlperf_runner import (
     main,
     ratios_to_first,
     speedup,
+    write_summary,
 )
 from tests.common import tiny_config
 from tests.mlperf.test_trainer_mlperf_log import MLPERF_SHAPE, RUN, TARGET
@@ -116,6 +117,53 @@ def test_codec_slash_node_runs_that_codec_over_two_levels(tmp_path):
     with pytest.raises(SystemExit, match="--codecs: 'dedup/rack' is neither"):
         plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o2"),
                                    "--codecs", "none,dedup/rack"]))
+
+
+def test_precisions_run_every_codec_under_each_and_name_them_apart(tmp_path):
+    """`--precisions fp32,bf16`: each codec under each precision.mode, systems named apart;
+    a precision that precision.mode does not take, or one given twice, refused before a launch."""
+    from dlrmtrain.mlperf_runner import parse_args, plan_from_args, run_command, series_plan
+
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    plan = plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "out"),
+                                      "--codecs", "none,dedup", "--precisions", "fp32,bf16"]))
+    assert plan.codecs == ("none@fp32", "dedup@fp32", "none@bf16", "dedup@bf16")
+    assert series_plan(plan)["codecs"] == list(plan.codecs)  # a re-run with other precisions is refused
+    amp = run_command(plan, "dedup@bf16", 0)
+    assert {"comm.codec=dedup", "precision.mode=bf16"} <= set(amp)
+    assert "precision.mode=fp32" in run_command(plan, "none@fp32", 0)
+    assert plan.system("dedup@bf16") == "cpu2_gloo_codec-dedup_bf16"
+    assert len({plan.system(c) for c in plan.codecs}) == 4
+    for bad, match in ((["--precisions", "fp32,fp16"], "--precisions fp32,fp16: each of fp32, bf16"),
+                       (["--precisions", "bf16,bf16"], "at most once"),
+                       (["--codecs", "none@bf16", "--precisions", "fp32"], "not both"),
+                       (["--codecs", "none,dedup@fp8"], "'fp8' after '@' is not a precision")):
+        with pytest.raises(SystemExit, match=match):
+            plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "o2"), *bad]))
+    assert not (tmp_path / "o2").exists()
+
+
+def test_ratios_are_taken_within_each_precision_and_printed_side_by_side(tmp_path):
+    from dlrmtrain.mlperf_runner import parse_args, plan_from_args, render_summary
+
+    config = tmp_path / "tiny.yaml"
+    dump_config(tiny_config(str(tmp_path / "unused"), *MLPERF_SHAPE, *RUN), config)
+    plan = plan_from_args(parse_args(["--config", str(config), "--out", str(tmp_path / "out"),
+                                      "--codecs", "none,dedup,auto", "--precisions", "fp32,bf16",
+                                      "--runs", "5"]))
+    outcomes = [_outcome("none@fp32", *[12.0] * 5), _outcome("dedup@fp32", *[6.0] * 5),
+                _outcome("auto@fp32", *[8.0] * 5), _outcome("none@bf16", *[9.0] * 5),
+                _outcome("dedup@bf16", *[6.0] * 5), _outcome("auto@bf16", None, None, 5.0, 5.0, 5.0)]
+    text = render_summary(plan, outcomes)
+    assert "    codec            fp32     bf16" in text
+    assert "    dedup           2.000    1.500" in text  # 12 / 6 under fp32, 9 / 6 under bf16
+    assert "    auto            1.500        -" in text  # two non-converged bf16 runs: no score
+    assert "fp32 / bf16 time to train per codec (>1: bf16 is faster): none 1.333, dedup 1.000" in text
+    plan.out.mkdir()
+    summary = json.loads(write_summary(plan, outcomes).read_text())
+    assert summary["ratios_by_precision"] == {"fp32": {"dedup": 2.0, "auto": 1.5}, "bf16": {"dedup": 1.5}}
+    assert summary["fp32_over_bf16"] == pytest.approx({"none": 12 / 9, "dedup": 1.0})
 
 
 def _outcome(codec: str, *minutes: float | None) -> CodecOutcome:

@@ -31,6 +31,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.codec import SampleSide
+from dlrmtrain.comm.dedup.unique import DistinctIds
 from dlrmtrain.comm.labels import PLACEMENT_KEY
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "row_wise")
@@ -145,30 +146,27 @@ def _distinct(s: ShardingFeatures, lengths: list[torch.Tensor], values: list[tor
     """Each table's distinct ids over its features in sharding `s`, spread evenly over those
     features' B slots each (feature name → its lengths and ids), and the row of each of the
     sharding's positions among the distinct ids as the sharding's KJT orders them."""
-    tables = list(dict.fromkeys(s.tables))
-    span = max(s.rows.values()) + 1
-    table_of = torch.tensor([tables.index(t) for t in s.tables], dtype=torch.int64)
-    counts = [v.numel() for v in values]
-    ids = torch.cat(values).to(torch.int64) if values else torch.zeros(0, dtype=torch.int64)
-    table = torch.repeat_interleave(table_of, torch.tensor(counts, dtype=torch.int64), output_size=ids.numel())
-    _check_ids(s, tables, ids, table, counts)
-    uniq, inverse = torch.unique(table * span + ids, sorted=True, return_inverse=True)
-    per_table = torch.bincount(uniq // span, minlength=len(tables)).tolist()
-    starts = [sum(per_table[:i]) for i in range(len(tables))]
-    taken = dict.fromkeys(tables, 0)  # of each table's distinct ids, those given to a feature so far
-    slices, out = [], {}
+    try:  # per table its distinct ids (sorted)
+        found = {t: DistinctIds([values[f] for f, table in enumerate(s.tables) if table == t], s.rows[t])
+                 for t in dict.fromkeys(s.tables)}
+    except ValueError:  # an id outside its table (DistinctIds's min / max): name it and its feature
+        _check_ids(s, values)
+        raise
+    taken = dict.fromkeys(found, 0)  # of each table's distinct ids, those given to a feature so far
+    row_of = {t: torch.empty(len(d.values), dtype=torch.int64) for t, d in found.items()}  # → its KJT row
+    out, row = {}, 0
     for f, (feature, t) in enumerate(zip(s.features, s.tables)):
         n_features, j = s.tables.count(t), s.tables[:f].count(t)
-        slot_lengths = _spread(per_table[tables.index(t)], n_features * B)[j * B:(j + 1) * B]
-        n = int(slot_lengths.sum())
-        first = starts[tables.index(t)] + taken[t]
-        taken[t] += n
-        slices.append(torch.arange(first, first + n))
-        out[feature] = (slot_lengths.to(lengths[f].dtype), (uniq[first:first + n] % span).to(values[f].dtype))
-    order = torch.cat(slices) if slices else torch.zeros(0, dtype=torch.int64)
-    row_of = torch.empty_like(order)
-    row_of[order] = torch.arange(order.numel())  # distinct id (sorted) → its row in the KJT's order
-    return out, row_of[inverse]
+        slot_lengths = _spread(len(found[t].values), n_features * B)[j * B:(j + 1) * B]
+        n, first = int(slot_lengths.sum()), taken[t]
+        row_of[t][first:first + n] = torch.arange(row, row + n)
+        out[feature] = (slot_lengths.to(lengths[f].dtype), found[t].values[first:first + n].to(values[f].dtype))
+        taken[t], row = first + n, row + n
+    reverse = torch.empty(sum(v.numel() for v in values), dtype=torch.int64)  # each position's KJT row
+    parts = torch.split(reverse, [v.numel() for v in values])
+    for t, d in found.items():
+        d.inverse(row_of[t], out=[parts[f] for f, table in enumerate(s.tables) if table == t])
+    return out, reverse
 
 
 def _spread(n: int, slots: int) -> torch.Tensor:
@@ -178,17 +176,15 @@ def _spread(n: int, slots: int) -> torch.Tensor:
     return n // slots + (torch.arange(slots) < n % slots).to(torch.int64)
 
 
-def _check_ids(s: ShardingFeatures, tables: list[str], ids: torch.Tensor, table: torch.Tensor,
-               counts: list[int]) -> None:
+def _check_ids(s: ShardingFeatures, values: list[torch.Tensor]) -> None:
     """Raise naming the first id outside its table: it would silently take another table's key."""
-    rows = torch.tensor([s.rows[t] for t in tables], dtype=torch.int64)
-    bad = (ids < 0) | (ids >= rows[table])
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        f = int(torch.searchsorted(torch.tensor(counts).cumsum(0), i, right=True))
-        raise ValueError(f"EmbeddingCollection dedup at the source ({PLACEMENT_KEY}: source): id {int(ids[i])} "
-                         f"of feature {s.features[f]} is outside its table's {s.rows[s.tables[f]]} rows "
-                         f"(negative or too large)")
+    for f, ids in enumerate(values):
+        rows = s.rows[s.tables[f]]
+        bad = ids[(ids < 0) | (ids >= rows)]
+        if bad.numel():
+            raise ValueError(f"EmbeddingCollection dedup at the source ({PLACEMENT_KEY}: source): id {int(bad[0])} "
+                             f"of feature {s.features[f]} is outside its table's {rows} rows "
+                             f"(negative or too large)")
 
 
 def sequence_source_transform(model: torch.nn.Module) -> SequenceSourceDedup:

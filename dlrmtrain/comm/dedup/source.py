@@ -10,8 +10,8 @@ back to the full batch with the inverse (its backward sums the duplicates'
 gradients before they are sent). Lossless: a distinct bag holds the same ids in
 the same order, so its pooled row is the same sum, bitwise.
 
-Bags are compared whole: same length, same ids, same order. Torch ops only
-(CPU and CUDA alike); the counts come to the host here, where the batch is made
+Bags are compared whole: same length, same ids, same order (their distinct ones found by
+comm/dedup/unique.py on the CPU, torch.unique elsewhere); the counts come to the host here, where the batch is made
 (the loader's prefetch thread), so the training step needs no host sync for them.
 """
 
@@ -29,6 +29,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.codec import SampleSide
+from dlrmtrain.comm.dedup.unique import unique_keys, unique_rows
 from dlrmtrain.comm.labels import PLACEMENT_KEY
 from dlrmtrain.comm.torchrec import pooled, pooled_source, sharder, vbe
 
@@ -165,7 +166,8 @@ def _one_hot(lengths: torch.Tensor, values: torch.Tensor, F: int, B: int, lo: in
     code = torch.zeros(F * B, dtype=torch.int64, device=values.device)
     code[present] = values.to(torch.int64) - lo + 1
     feature = torch.arange(F, device=values.device).repeat_interleave(B)
-    uniq, inv = torch.unique(feature * span + code, sorted=True, return_inverse=True)
+    keys = feature * span + code
+    uniq, (inv,) = unique_keys([keys], F * span)
     u_feature, u_code = uniq // span, uniq % span
     counts = torch.bincount(u_feature, minlength=F).tolist()
     offsets = [0]
@@ -200,7 +202,7 @@ def _multi_hot(lengths_2d: torch.Tensor, values: torch.Tensor, longest: int, who
         rows[:, 0] = lens
         valid = pos[:width].unsqueeze(0) < lens.unsqueeze(1)
         rows[:, 1:][valid] = feature_ids[f].to(torch.int64)
-        uniq, inv = torch.unique(rows, dim=0, sorted=True, return_inverse=True)
+        uniq, inv = unique_rows(rows)
         u_lens = uniq[:, 0]
         u_valid = pos[:width].unsqueeze(0) < u_lens.unsqueeze(1)
         out.append((uniq[:, 1:][u_valid], u_lens, inv))
