@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dlrmtrain.comm.auto.source import dedup_at_the_source
+from dlrmtrain.comm.placement import Placement
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
@@ -74,10 +74,11 @@ class Trainer:
         self.records, self.mlperf = life.open_records()
         self.mlperf.cache_clear()
         self.mlperf.init_start()
+        # where the codec runs (comm/placement.py): its sharder, the loader's batch transform
+        self.placement = Placement(cfg.comm, workload_of(cfg).collection_kind)
         self.model, self.plan_text, self.comm_counters = build_sharded_model(
-            cfg, self.data.table_rows, env.device, env.world_size)
-        self.source_auto = dedup_at_the_source(cfg.comm, workload_of(cfg).collection_kind,
-                                               self.model, self.data, env.device, self.comm_counters)
+            cfg, self.data.table_rows, env.device, env.world_size, self.placement)
+        self.source_auto = self.placement.feed(self.model, self.data, env.device)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,

@@ -95,6 +95,7 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
     import torch.nn as nn
     from torchrec import EmbeddingCollection, EmbeddingConfig
 
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.config.schema import CommConfig, ShardingConfig
     from dlrmtrain.distributed.env import shutdown_distributed
@@ -119,7 +120,8 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
 
         torch.manual_seed(1234)
         dmp, _, counters = shard_sequence_model(Model(), "ec", ShardingConfig(default_type=args.sharding),
-                                      CommConfig(codec=codec, dedup_at="owner"), rowwise_adagrad_fused_params(0.01, 1e-8),
+                                      Placement(CommConfig(codec=codec, dedup_at="owner"), "sequence"),
+                                      rowwise_adagrad_fused_params(0.01, 1e-8),
                                       torch.device("cpu"), world)
         times = []
         for step in range(args.warmup + args.steps):

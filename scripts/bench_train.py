@@ -137,15 +137,8 @@ def with_distinct_bags(stepper, trainer, batches: list, kind: str):
 
     from dlrmtrain.comm.auto.source import BOTH_FORMS
 
-    if kind == "sequence":
-        from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
-
-        transform, (full, distinct) = sequence_source_transform(trainer.model), BOTH_FORMS[1]
-    else:
-        from dlrmtrain.comm.dedup.source import source_transform
-
-        transform = source_transform(trainer.model, trainer.cfg.comm.table_codecs)
-        full, distinct = BOTH_FORMS[0]
+    transform = trainer.placement.batch_transform(trainer.model)  # what the loader's thread would run
+    full, distinct = BOTH_FORMS[1 if kind == "sequence" else 0]
     auto = trainer.source_auto  # comm.codec auto: both forms kept, each step picks one as it is taken
     made = {id(b): dataclasses.replace(b, **{distinct if auto else full: transform(getattr(b, full))})
             for b in batches}
@@ -454,8 +447,8 @@ def shared_batches(race: Contenders, args: argparse.Namespace) -> list:
     while len(batches) < needed:
         batches.extend(b.to(env.device) for b in full.train_batches(epoch))
         epoch += 1
-    for name, t in race.trainers.items():  # comm.dedup_at: source takes its batches deduplicated
-        if t.cfg.comm.dedup_at == "source":
+    for name, t in race.trainers.items():  # the sample side (dedup at the source) takes its batches deduplicated
+        if t.placement.side == "sample":
             race.steppers[name] = with_distinct_bags(race.steppers[name], t, batches,
                                                      workload_of(t.cfg).collection_kind)
     assert set(race.trainers) <= set(race.steppers)

@@ -15,8 +15,9 @@ that are TorchRec's qcomms say so through `qcomms_config`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch.distributed as dist
 import torch.nn as nn
@@ -25,8 +26,11 @@ from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout, SequenceLay
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeGroups
 
 if TYPE_CHECKING:
+    import torch
     from torchrec.distributed.fbgemm_qcomm_codec import QCommsConfig
-    from torchrec.distributed.types import QuantizedCommCodecs
+    from torchrec.distributed.types import ModuleSharder, QuantizedCommCodecs
+
+    from dlrmtrain.comm.stats import CommCounters
 
     from dlrmtrain.config.schema import AutoConfig
 
@@ -85,6 +89,33 @@ Side = Literal["owner", "sample"]
 all-to-all) or on the `sample` side (where the batch is made; TorchRec's stock dists carry what
 it made): comm/placement.py"""
 
+class SampleSide(ABC):
+    """What a codec needs to run on one collection kind where the batch is made (`Side` "sample"),
+    asked by comm/placement.py: TorchRec's stock dists carry what `transform` makes of each batch."""
+
+    keeps_tables_whole: bool
+    """whether tables whose codec does not dedup travel whole beside the codec's (pooled: their
+    features keep their bags); else every table of the collection takes the run's codec"""
+
+    @abstractmethod
+    def sharder(self, fused_params: dict[str, Any]) -> ModuleSharder:
+        """TorchRec's sharder whose sharded module takes the transformed batches."""
+
+    def install(self, model: nn.Module) -> None:
+        """What the sharded `model` needs before its first step (default: nothing)."""
+
+    @abstractmethod
+    def transform(self, model: nn.Module, whole_tables: frozenset[str]) -> Callable:
+        """The loader's batch transform (sparse features → what the stock dists carry) for the
+        sharded `model`; `whole_tables` travel whole (where `keeps_tables_whole`)."""
+
+    def picker(self, device: torch.device, counters: CommCounters) -> Any:
+        """None: every batch takes the transform; else the per-batch chooser the trainer asks
+        (`pick(batch)`, `pick_for_eval(batch)`, `step_ended()`), its counters added to `counters`,
+        and the loader keeps the full batch beside the transformed one."""
+        return None
+
+
 DECLARED = ("name", "lossless", "dedups", "sides", "runs_under_two_levels")
 """what every codec declares itself (no defaults: `check_declared`, asked at registration)"""
 
@@ -109,6 +140,11 @@ class EmbeddingCommCodec(ABC):
         """This codec as a run uses it, with the run's `comm.auto` settings (None: the defaults)
         where it takes them; most codecs take none and are their own."""
         return self
+
+    def sample_side(self, kind: CollectionKind) -> SampleSide:
+        """What it needs to run on `kind` embeddings where the batch is made: asked only of a
+        codec that dedups with "sample" in its `sides`."""
+        raise ValueError(f"comm codec {self.name!r} does not run where the batch is made")
 
     def qcomms_config(self) -> QCommsConfig | None:
         """TorchRec's quantized-comms config when this codec is one (applies to the whole sharder), else None."""

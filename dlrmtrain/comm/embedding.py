@@ -11,24 +11,20 @@ dist through the sharder's `qcomm_codecs_registry`) keep the stock dist. Both
 ends' ids are recorded by `IdRecordingShardedEC` (torchrec/sequence.py). Lookups,
 the fused optimizer and the state dict stay TorchRec's.
 
-`comm.dedup_at: source` (`dedup` only) needs no dist of ours: the loader's prefetch thread
-replaces each table's ids by its distinct ones (dedup/sequence_source.py), the stock dists
-send them and TorchRec's expand (the one its index dedup uses) gives the rows back per
-position (`torchrec.sequence.SourceDedupShardedEC`).
+Dedup where the batch is made (comm/placement.py's sample side) needs no dist of ours: the
+loader's prefetch thread replaces each table's ids by its distinct ones
+(dedup/sequence_source.py, with its sharder), the stock dists send them and TorchRec's expand
+(the one its index dedup uses) gives the rows back per position
+(`torchrec.sequence.SourceDedupShardedEC`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import torch
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.types import ModuleSharder, ShardingEnv
-from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm.torchrec import sequence, sharder
 from dlrmtrain.comm.install import CodecSharder, codec_choice
-from dlrmtrain.comm.registry import validate_dedup_at
+from dlrmtrain.comm.torchrec import sequence
 from dlrmtrain.comm.stats import CommCounters
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.config.schema import AutoConfig
@@ -42,40 +38,15 @@ class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
     shardings_of = staticmethod(sequence.ec_shardings)
 
 
-class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
-    """TorchRec's sharder building `SourceDedupShardedEC` (`comm.dedup_at: source`): the stock
-    dists carry the distinct ids the loader made (dedup/sequence_source.py)."""
-
-    def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
-              device: torch.device | None = None, module_fqn: str | None = None):
-        return sharder.build_sharded(sequence.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
-
-    @property
-    def sharded_module_type(self):
-        return sequence.SourceDedupShardedEC
-
-
-def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str],
-                               hierarchy: str) -> None:
-    """`comm.dedup_at: source` on sequence embeddings is the loader's distinct ids: the lossless
-    `dedup`, or `auto` choosing per step between them and the full batch (comm/auto/source.py),
-    on every table of the EC alike, flat. What it does not build is refused, naming the key."""
-    validate_dedup_at(dedup_at, codec, table_codecs, hierarchy, None, "sequence")
-
-
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
-                    dedup_at: str = "owner", auto: AutoConfig | None = None,
-                    counters: CommCounters | None = None) -> ModuleSharder:
-    """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, TorchRec's
-    taking the loader's distinct ids for `dedup` at the source, else ours.
+                    auto: AutoConfig | None = None, counters: CommCounters | None = None) -> ModuleSharder:
+    """The EmbeddingCollection sharder for a run whose codecs run at the owner: TorchRec's own for
+    `none` everywhere, else ours (where the batch is made: comm/placement.py asks the codec).
 
-    Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` included), plus `comm.dedup_at`;
+    Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` and `counters` included);
     `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
     """
-    validate_sequence_dedup_at(dedup_at, codec, table_codecs, hierarchy.kind)
-    if dedup_at == "source":
-        return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)
     choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence", auto)
     if choice is None:
         return EmbeddingCollectionSharder(fused_params=fused_params)

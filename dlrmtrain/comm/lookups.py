@@ -4,7 +4,7 @@ bags (each one pooled row, looked up and sent in the output all-to-all).
 A forward pre-hook on TorchRec's lookup module reads the KJT it is given: its value count and
 its bag count are host integers (the id all-to-all's splits put them there), so counting adds no
 host sync. Every codec alike: `none`, owner-side `dedup` (every id is looked up; only distinct rows
-are sent) and `comm.dedup_at: source` (only distinct bags arrive, variable batch per feature).
+are sent) and dedup at the source (only distinct bags arrive, variable batch per feature).
 Counted in whole rows: a column-wise table's ids and bags reach each of its column shards' owners,
 and count once, on its feature's first shard (`DistLayout.first_shard`), as a table-wise table's.
 """

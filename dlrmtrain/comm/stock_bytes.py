@@ -53,7 +53,7 @@ def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: lis
 
 def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_per_rank_per_feature: list[list[int]],
                          own_sizes: list[int], elem: int) -> None:
-    """Add one variable-batch pass (comm.dedup_at: source) of the stock dist to `stats`: rows per
+    """Add one variable-batch pass (dedup at the source) of the stock dist to `stats`: rows per
     (sample rank, owner feature) in the owner's feature order (TorchRec's `batch_size_per_rank_per_feature`,
     the layout's order), and this rank's rows per feature of the sharding (`batch_size_per_feature_pre_a2a`,
     rank-major: `DistLayout.all_entries`). The full batch is not in the dist's context: the uncompressed figures
@@ -145,7 +145,7 @@ class StockDistCounter:
 
 def count_stock_dists(model: nn.Module, counters: CommCounters, codec: str = "none") -> int:
     """Attach a `StockDistCounter` to every stock output dist left in `model` (codec `none`; under
-    comm.dedup_at: source the stock dists carry `dedup`, and `codec` says so).
+    dedup at the source the stock dists carry `dedup`, and `codec` says so).
 
     Codec dists count themselves; the counters join them in the run's `counters`, which
     `collect_comm_stats` reads. Returns how many were attached.
@@ -282,7 +282,7 @@ def count_sequence_stock_dists(model: nn.Module, counters: CommCounters, codec: 
             return None
         layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
                                     dist.get_rank(env.process_group))
-        # dedup at the source (comm.dedup_at: source) is codec dedup (or auto's two forms) through the stock dist
+        # dedup at the source (the sample side) is codec dedup (or auto's two forms) through the stock dist
         deduped = sequence.dedups_at_source(m) and sharding_type in DEDUPED_SHARDING_TYPES
         return SequenceStockCounter(layout, sharding_type, codec if deduped else "none")
 

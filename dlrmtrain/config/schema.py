@@ -55,8 +55,8 @@ the codecs, their dists and their counters get"""
 CodecName = Literal["none", "dedup", "auto", "fp16", "bf16", "int8", "fp8", "dedup+fp16", "dedup+bf16"]
 """`comm.codec` / `comm.table_codecs` names (comm/registry.py checks it registers exactly these)"""
 DedupAt = Literal["owner", "source"]
-"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/registry.py's
-`validate_dedup_at` refuses `source` where it is not built; unset: resolved by
+"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/placement.py's
+`check` refuses `source` where it is not built; unset: resolved by its `resolve`, called by
 validation.resolve_config)"""
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "

@@ -77,7 +77,7 @@ def check_ids_in_range(block: RowBlock, table_rows: Sequence[int], first_row: in
 class PooledBatch(Batch):
     """TorchRec's `Batch` whose `record_stream` also reaches its KJT's inverse indices, which
     `KeyedJaggedTensor.record_stream` leaves out: a pipeline copies a variable-batch KJT
-    (comm.dedup_at: source) on its copy stream, and the sharded EBC expands the rows with them
+    (dedup at the source, comm/placement.py) on its copy stream, and the sharded EBC expands the rows with them
     on the default one. `to` and `pin_memory` keep the class (TorchRec's build a `Batch`).
 
     `distinct_features`: under `comm.codec: auto` at the source, the variable-batch KJT of the
@@ -190,7 +190,7 @@ class CriteoBatchLoader:
     batch, and CriteoLoaderSpec for its settings.
 
     `sparse_transform`: applied to each batch's KJT where the batch is made (the prefetch
-    thread), e.g. comm.dedup_at: source's distinct bags (set by the trainer once the model
+    thread), e.g. dedup at the source's distinct bags (set by the trainer once the model
     is sharded: `Datasets.set_sparse_transform`); with `keep_full_batch` its KJT goes beside
     the full one (`PooledBatch.distinct_features`: comm.codec auto at the source).
     """

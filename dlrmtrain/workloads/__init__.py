@@ -26,6 +26,7 @@ from dlrmtrain.workloads.registry import register, workload_named, workload_of, 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.data import Datasets
     from dlrmtrain.distributed.sharding import ShardedModel
 
@@ -44,15 +45,17 @@ def build_model(cfg: Config, rows: Optional[Mapping[str, int]], dense_device: to
 
 
 def build_sharded_model(cfg: Config, rows: dict[str, int], device: torch.device,
-                        world_size: int) -> ShardedModel:
+                        world_size: int, placement: Placement | None = None) -> ShardedModel:
     """`model.arch` built with tables on meta, sharded by DistributedModelParallel (with the
-    configured codecs), its tables initialised from `run.seed` the same for any world size.
-    `rows`: table → rows, in the model's table order. Returns the model, its plan text and the
-    run's all-to-all counters."""
+    configured codecs where the run's `placement` puts them; None: the config's), its tables
+    initialised from `run.seed` the same for any world size. `rows`: table → rows, in the
+    model's table order. Returns the model, its plan text and the run's all-to-all counters."""
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.models.embedding_init import init_embeddings
 
     workload = workload_of(cfg)
-    sharded = workload.shard(workload.build_model(cfg, rows, device), cfg, device, world_size)
+    placement = placement or Placement(cfg.comm, workload.collection_kind)
+    sharded = workload.shard(workload.build_model(cfg, rows, device), cfg, device, world_size, placement)
     init_embeddings(sharded.model, rows, cfg.run.seed)
     return sharded
 

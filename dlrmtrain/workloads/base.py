@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from dlrmtrain.comm.codec import CollectionKind
     from dlrmtrain.data import Datasets
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.distributed.sharding import ShardedModel
     from dlrmtrain.models.activation_memory import ActivationMemory
     from dlrmtrain.run.machine import MemoryPart
@@ -189,6 +190,7 @@ class Workload(ABC):
 
     @abstractmethod
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
-              world_size: int) -> ShardedModel:
-        """`model` sharded by DistributedModelParallel with the configured codecs, the plan's text
-        and the run's all-to-all counters."""
+              world_size: int, placement: Placement) -> ShardedModel:
+        """`model` sharded by DistributedModelParallel with the configured codecs where `placement`
+        (the run's, of this family's collection kind) puts them; the plan's text and the run's
+        all-to-all counters."""

@@ -138,7 +138,9 @@ def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | Non
     sharding = ShardingConfig(planner=sc.planner, default_type=sc.default_type, tables=dict(sc.sharding_tables))
     comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}), dedup_at=dedup_at,
                       auto=auto or AutoConfig())
-    return shard_sequence_model(SeqModel(), "ec", sharding, comm,
+    from dlrmtrain.comm.placement import Placement
+
+    return shard_sequence_model(SeqModel(), "ec", sharding, Placement(comm, "sequence"),
                                 rowwise_adagrad_fused_params(LR, EPS, embedding_output_dtype(sc.precision, "cpu")),
                                 torch.device("cpu"), world_size)
 

@@ -97,9 +97,8 @@ def test_a_sequence_batch_carries_both_forms_and_each_step_takes_one():
 
 
 def test_the_trainers_source_auto_takes_the_runs_comm_auto():
-    """`dedup_at_the_source` (what the Trainer calls) builds its policy from comm.auto."""
-    from dlrmtrain.comm.auto.source import dedup_at_the_source
-    from dlrmtrain.comm.stats import CommCounters
+    """The placement's `feed` (what the Trainer calls) builds the picker's policy from comm.auto."""
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.config.schema import AutoConfig, CommConfig
 
     class Loader:  # what the call asks of the run's data: the batch transform
@@ -108,7 +107,7 @@ def test_the_trainers_source_auto_takes_the_runs_comm_auto():
 
     comm = CommConfig(codec="auto", dedup_at="source", auto=AutoConfig(probe_steps=3, margin=0.2, drift_samples=5))
     data = Loader()
-    counters = CommCounters()
-    auto = dedup_at_the_source(comm, "pooled", torch.nn.Linear(1, 1), data, torch.device("cpu"), counters)
+    placement = Placement(comm, "pooled")
+    auto = placement.feed(torch.nn.Linear(1, 1), data, torch.device("cpu"))
     assert data.keep_full and auto.policy == AutoPolicy.of(comm.auto) != AutoPolicy()
-    assert list(counters) == [auto]  # its decisions join the run's comm stats
+    assert list(placement.counters) == [auto]  # its decisions join the run's comm stats

@@ -67,7 +67,7 @@ def _train(sc: Scenario, mode: str, rank: int, world_size: int) -> dict:
     count_lookups(dmp, counters)
     from tests.comm.sync_counter import HostSyncCounter
 
-    transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)
+    transform = source_transform(dmp) if source else (lambda kjt: kjt)
     out = {"pooled": [], "losses": [], "syncs": []}
     for step in range(sc.steps):
         kjt, labels = batch_for(sc, step, rank)

@@ -4,7 +4,9 @@
 - attributes set on TorchRec's modules outside the door: none (the run's counters are one
   registry, `stats.CommCounters`, handed back by the sharding, never found by scanning modules);
 - codec names in comm/registry.py's logic: none (each codec declares what it is: `dedups`,
-  `sides`, `runs_under_two_levels`; the registration table alone names them).
+  `sides`, `runs_under_two_levels`; the registration table alone names them);
+- modules outside config/ that name the placement's key (`dedup_at`): at most 3 (20 before; the
+  placement, comm/placement.py, is asked; labels.py holds the key's name for the run identity).
 """
 
 from __future__ import annotations
@@ -70,15 +72,18 @@ def attributes_set_on_torchrec_modules(comm: Path = COMM) -> list[str]:
 
 def codec_names_in_registry_logic(registry: Path = COMM / "registry.py") -> list[str]:
     """`line: 'name'` of each string constant in `registry` that is a codec's name, outside the
-    registration table (`_CODECS = ...`)."""
+    registration table (`_CODECS = ...`) and comparisons of a precision mode."""
     from dlrmtrain.comm.labels import CODEC_NAMES
 
     tree = ast.parse(registry.read_text())
     table = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
              and ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target).startswith("_CODECS")]
-    in_table = {id(n) for t in table for n in ast.walk(t)}
+    skipped = {id(n) for t in table for n in ast.walk(t)}
+    # a precision mode that shares a codec's spelling (`table_precision != "bf16"`) names no codec
+    skipped |= {id(c) for n in ast.walk(tree) if isinstance(n, ast.Compare) and "precision" in ast.unparse(n.left)
+                for c in n.comparators}
     return [f"{n.lineno}: {n.value!r}" for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and n.value in CODEC_NAMES and id(n) not in in_table]
+            if isinstance(n, ast.Constant) and n.value in CODEC_NAMES and id(n) not in skipped]
 
 
 def test_no_comm_file_is_over_450_lines():
@@ -97,3 +102,15 @@ def test_registry_logic_names_no_codec():
     names = codec_names_in_registry_logic()
     print(f"\ncodec names in comm/registry.py's logic: {len(names)} {names}")
     assert not names
+
+
+def files_naming(word: str, package: Path = PACKAGE) -> list[str]:
+    """Modules of `package` outside config/ whose text names `word`."""
+    return [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+            if "config" not in p.relative_to(package).parts[:1] and word in p.read_text()]
+
+
+def test_few_modules_name_the_placement_key():
+    named = files_naming("dedup_at")
+    print(f"\nmodules outside config/ naming dedup_at: {len(named)} {named}")
+    assert len(named) <= 3

@@ -1,5 +1,6 @@
-"""`comm.codec: auto` with `comm.dedup_at: source`: per training step, the full batch (`none`) or its
-distinct bags or ids (`dedup` at the source), whichever `AutoPolicy` (policy.py) measures faster.
+"""`comm.codec: auto` where the batch is made (comm/placement.py's sample side): per training step,
+the full batch (`none`) or its distinct bags or ids (`dedup` at the source), whichever `AutoPolicy`
+(policy.py) measures faster; `AutoSampleSide` is the codec's sample side, `SourceAuto` the picker.
 
 The choice is made before the batch reaches the sharded module, so it is made per batch, not per
 all-to-all: the loader's prefetch thread builds both forms of every batch (pooled, the row
@@ -28,15 +29,16 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dlrmtrain.comm import timing
 from dlrmtrain.comm.auto.policy import AutoPolicy, Wire, link_bytes_per_s
-from dlrmtrain.comm.dedup.source import source_transform
-from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
+from dlrmtrain.comm.codec import SampleSide
+from dlrmtrain.comm.labels import PLACEMENT_KEY
 from dlrmtrain.comm.stats import CommCounters, DistCommStats
 
 logger = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ class SourceAuto:
     def _form(batch: Any, path: str) -> Any:
         names = _forms_of(batch)
         if names is None or getattr(batch, names[1]) is None:
-            raise ValueError("comm.codec: auto with comm.dedup_at: source needs batches carrying their "
+            raise ValueError(f"comm.codec: auto with {PLACEMENT_KEY}: source needs batches carrying their "
                              "distinct bags or ids (the row or sequence loader's, "
                              "set_sparse_transform(keep_full=True))")
         full, distinct = names
@@ -193,26 +195,30 @@ class SourceAuto:
         return DistCommStats(codec="auto", sharding_type="source", decisions=list(self.decisions))
 
 
-def attach_source_auto(device: torch.device, counters: CommCounters, policy: AutoPolicy | None = None) -> SourceAuto:
-    """A `SourceAuto` for the sharded model (default process group), its decisions added to the
-    run's `counters` (comm_stats.json's `auto_decisions`); it weighs the stock dists' counters,
-    those added before it."""
-    stock = list(counters)  # the stock dists' (before auto joins them)
-    auto = SourceAuto(policy or AutoPolicy(), device, rank=dist.get_rank() if dist.is_initialized() else 0,
-                      counters=lambda: stock)
-    counters.add(auto)
-    return auto
+class AutoSampleSide(SampleSide):
+    """`auto` where the batch is made (codec.SampleSide): dedup's sample side (`inner`: the same
+    sharder, install and transform), the loader keeping the full batch beside, and a `SourceAuto`
+    under `policy` picking the form of each training batch."""
 
+    def __init__(self, inner: SampleSide, policy: AutoPolicy) -> None:
+        self.inner, self.policy = inner, policy
+        self.keeps_tables_whole = inner.keeps_tables_whole
 
-def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module, data: Any,
-                        device: torch.device, counters: CommCounters) -> SourceAuto | None:
-    """`comm.dedup_at: source`: `data`'s loader keeps each feature's distinct bags (pooled) or
-    each table's distinct ids (sequence: dedup/sequence_source.py); under `auto` beside the full
-    batch, and the returned `SourceAuto` picks one per step (policy: comm.auto). None where no `auto`."""
-    if comm.dedup_at != "source":
-        return None
-    auto = comm.codec == "auto"
-    transform = (sequence_source_transform(model) if collection_kind == "sequence"
-                 else source_transform(model, comm.table_codecs))
-    data.set_sparse_transform(transform, keep_full=auto)
-    return attach_source_auto(device, counters, AutoPolicy.of(comm.auto)) if auto else None
+    def sharder(self, fused_params: dict[str, Any]) -> Any:
+        return self.inner.sharder(fused_params)
+
+    def install(self, model: torch.nn.Module) -> None:
+        self.inner.install(model)
+
+    def transform(self, model: torch.nn.Module, whole_tables: frozenset[str]) -> Callable:
+        return self.inner.transform(model, whole_tables)
+
+    def picker(self, device: torch.device, counters: CommCounters) -> SourceAuto:
+        """A `SourceAuto` on the default process group, its decisions added to `counters`
+        (comm_stats.json's `auto_decisions`); it weighs the stock dists' counters, those added
+        before it."""
+        stock = list(counters)  # the stock dists' (before auto joins them)
+        auto = SourceAuto(dataclasses.replace(self.policy), device,
+                          rank=dist.get_rank() if dist.is_initialized() else 0, counters=lambda: stock)
+        counters.add(auto)
+        return auto

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, check_kind_takes_hierarchy
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, SampleSide, check_kind_takes_hierarchy
 from dlrmtrain.comm.dedup.dist import DedupDist
 from dlrmtrain.comm.dedup.plan import Route
 from dlrmtrain.comm.dedup.row_wise import RowWisePlanner
@@ -61,6 +61,19 @@ class DedupCodec(EmbeddingCommCodec):
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return sharding_type in self.SHARDING_TYPES[kind]
+
+    def sample_side(self, kind: CollectionKind) -> SampleSide:
+        """Where the batch is made: each feature's distinct bags (pooled, source.py) or each
+        table's distinct ids (sequence, sequence_source.py)."""
+        if "sample" not in self.sides:
+            return super().sample_side(kind)
+        if kind == "pooled":
+            from dlrmtrain.comm.dedup.source import PooledSourceSide
+
+            return PooledSourceSide()
+        from dlrmtrain.comm.dedup.sequence_source import SequenceSourceSide
+
+        return SequenceSourceSide()
 
     def wire_bytes_per_value(self) -> float:
         return torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype is not None else 4.0

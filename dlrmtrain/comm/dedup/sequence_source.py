@@ -1,4 +1,4 @@
-"""Sequence dedup at the source (`comm.dedup_at: source`, DLRMv4's EmbeddingCollection).
+"""Sequence dedup at the source (the sample side, comm/placement.py; DLRMv4's EmbeddingCollection).
 
 Where the batch is made (the sequence loader's prefetch thread), `SequenceSourceDedup`
 replaces, per sharding of the sharded EC and per table in it, the ids of the
@@ -20,12 +20,19 @@ sync for the codec.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.comm.codec import SampleSide
 from dlrmtrain.comm.dedup.unique import DistinctIds
+from dlrmtrain.comm.labels import PLACEMENT_KEY
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "row_wise")
 """the sharding types whose ids are deduplicated; the others travel whole (identity inverse)"""
@@ -100,9 +107,9 @@ class SequenceSourceDedup:
 
     def __call__(self, kjt: KeyedJaggedTensor) -> DistinctIdsKJT:
         if isinstance(kjt, DistinctIdsKJT):
-            raise ValueError("comm.dedup_at: source: the batch's ids are already distinct")
+            raise ValueError(f"{PLACEMENT_KEY}: source: the batch's ids are already distinct")
         if kjt.weights_or_none() is not None or kjt.variable_stride_per_key():
-            raise ValueError("comm.dedup_at: source: sequence features must be unweighted, one batch size")
+            raise ValueError(f"{PLACEMENT_KEY}: source: sequence features must be unweighted, one batch size")
         B, keys = kjt.stride(), kjt.keys()
         per_key = dict(zip(keys, zip(kjt.lengths().view(len(keys), B).unbind(0),
                                      torch.split(kjt.values(), kjt.length_per_key()))))
@@ -175,20 +182,51 @@ def _check_ids(s: ShardingFeatures, values: list[torch.Tensor]) -> None:
         rows = s.rows[s.tables[f]]
         bad = ids[(ids < 0) | (ids >= rows)]
         if bad.numel():
-            raise ValueError(f"EmbeddingCollection dedup at the source (comm.dedup_at: source): id {int(bad[0])} "
+            raise ValueError(f"EmbeddingCollection dedup at the source ({PLACEMENT_KEY}: source): id {int(bad[0])} "
                              f"of feature {s.features[f]} is outside its table's {rows} rows "
                              f"(negative or too large)")
 
 
 def sequence_source_transform(model: torch.nn.Module) -> SequenceSourceDedup:
     """The loader's transform for sharded `model`'s one EmbeddingCollection taking distinct ids."""
-    from dlrmtrain.comm.torchrec import sequence# the sharded module: only where one is built
+    from dlrmtrain.comm.torchrec import sequence  # the sharded module: only where one is built
 
     ecs = [m for m in model.modules() if isinstance(m, sequence.SourceDedupShardedEC)]
     if len(ecs) != 1:
-        raise ValueError(f"comm.dedup_at: source on sequence tables needs one EmbeddingCollection sharded "
+        raise ValueError(f"{PLACEMENT_KEY}: source on sequence tables needs one EmbeddingCollection sharded "
                          f"for it, the model has {len(ecs)}")
     return SequenceSourceDedup([
         ShardingFeatures(sharding_type, features, [table_of[f][0] for f in features],
                          {t: n for t, n in table_of.values()})
         for sharding_type, features, table_of in sequence.source_shardings(ecs[0])])
+
+
+class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's sharder building `SourceDedupShardedEC` (dedup at the source): the stock dists
+    carry the distinct ids the loader made (`SequenceSourceDedup`)."""
+
+    def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
+              device: torch.device | None = None, module_fqn: str | None = None):
+        from dlrmtrain.comm.torchrec import sequence, sharder
+
+        return sharder.build_sharded(sequence.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
+
+    @property
+    def sharded_module_type(self):
+        from dlrmtrain.comm.torchrec import sequence
+
+        return sequence.SourceDedupShardedEC
+
+
+class SequenceSourceSide(SampleSide):
+    """`dedup` where the batch is made, sequence (codec.SampleSide): each table's distinct ids
+    through TorchRec's stock dists (`SourceDedupEmbeddingCollectionSharder`); every table of the
+    EmbeddingCollection alike."""
+
+    keeps_tables_whole = False
+
+    def sharder(self, fused_params: dict[str, Any]) -> SourceDedupEmbeddingCollectionSharder:
+        return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)
+
+    def transform(self, model: torch.nn.Module, whole_tables: frozenset[str]) -> Callable:
+        return sequence_source_transform(model)

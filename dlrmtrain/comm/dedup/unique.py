@@ -1,4 +1,4 @@
-"""Distinct ids without a full sort, for the source transforms (`comm.dedup_at: source`).
+"""Distinct ids without a full sort, for the source transforms (dedup at the source: comm/placement.py).
 
 `torch.unique(..., sorted=True, return_inverse=True)` sorts every id: at DLRMv4's
 reference shape that is ~8 M ids per batch and most of the loader's time. A table's

@@ -80,7 +80,7 @@ class SequenceBatchLoader:
         self.workers = spec.workers
         self.pin_memory = spec.pin_memory  # set by build_datasets from the device
         self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
-        """applied to each batch's `sparse` KJT where the batch is made (comm.dedup_at: source)"""
+        """applied to each batch's `sparse` KJT where the batch is made (dedup at the source)"""
         self.keep_full_batch = False
         """True: the transform's KJT goes beside the full one (`SequenceBatch.distinct_sparse`:
         comm.codec auto at the source)"""
