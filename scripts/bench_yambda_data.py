@@ -1,7 +1,7 @@
 """DLRMv4 data-path throughput: Yambda preprocessing, the anchor index, and batches per process.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_yambda_data.py [--users 2000] [--events-per-user 10000]
-        [--sections prepared,synthetic,transform,workers] [--rounds 3] [--worker-batches 8]
+        [--sections prepared,synthetic,transform,workers] [--rounds 3] [--worker-batches 8] [--cpu-time]
 
 Writes a generated multi_event.parquet in Yambda's layout (users' events interleaved in
 time order over 302 days, 97 % listens, Yambda's column types) to a temporary folder,
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing
+import os
 import resource
 import shutil
 import statistics
@@ -156,18 +157,19 @@ def transform_section(a: argparse.Namespace) -> None:
         kjt = to_sequence_batch(gen.columns(np.arange((b + 1) * 1024, (b + 2) * 1024))).sparse
         per_feature = kjt.to_dict()
         parts = [([per_feature[f].values() for f in fs], gen.table_rows()[t]) for t, (_r, fs) in TABLES.items()]
-        t0 = time.perf_counter()
+        clock = time.thread_time if a.cpu_time else time.perf_counter
+        t0 = clock()
         for ids, _rows in parts:
             torch.unique(torch.cat(ids), sorted=True, return_inverse=True)
-        t1 = time.perf_counter()
+        t1 = clock()
         for ids, rows in parts:
             unique.DistinctIds(ids, rows).inverse()
-        t2 = time.perf_counter()
+        t2 = clock()
         with full_sort():
             want = transform(kjt)
-        t3 = time.perf_counter()
+        t3 = clock()
         got = transform(kjt)
-        t4 = time.perf_counter()
+        t4 = clock()
         if not (torch.equal(got.values(), want.values()) and all(
                 torch.equal(x, y) for x, y in zip(got.expansion.reverse, want.expansion.reverse))):
             raise AssertionError("the counting pass's transform differs from the full sort's")
@@ -175,7 +177,7 @@ def transform_section(a: argparse.Namespace) -> None:
             times[key].append(dt)
     ids = sum(v.numel() for parts_of_table, _rows in parts for v in parts_of_table)
     print(f"source transform at the reference shape, {ids / 1e6:.2f} M embedded ids per "
-          f"1024-sample batch, {a.batches} batches (median, min, max):")
+          f"1024-sample batch, {a.batches} batches, {'CPU' if a.cpu_time else 'wall'} s (median, min, max):")
     for what in ("ids", "transform"):
         sort, counting = times[f"{what} sort"], times[f"{what} counting"]
         name = "distinct ids, per table" if what == "ids" else "whole transform"
@@ -193,15 +195,22 @@ def _reference_loader(workers: int, prefetch: int) -> SequenceBatchLoader:
     return loader
 
 
-def _per_batch(loader: SequenceBatchLoader, start: int, count: int) -> float:
-    """Seconds per batch as a step that takes them at once gets them, from the loader's start:
-    `count` batches cost ~ceil(count / workers) batch times (a multiple of 4 keeps 1, 2, 4 fair)."""
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _per_batch(loader: SequenceBatchLoader, start: int, count: int) -> tuple[float, float]:
+    """(seconds per batch as a step that takes them at once gets them, from the loader's start:
+    `count` batches cost ~ceil(count / workers) batch times, a multiple of 4 keeps 1, 2, 4 fair;
+    the process's CPU seconds over those seconds: how many threads ran at once, GIL included)."""
     batches = loader.batches_from(start)
     try:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), _cpu_seconds()
         for _ in range(count):
             next(batches)
-        return (time.perf_counter() - t) / count
+        wall = time.perf_counter() - t
+        return wall / count, (_cpu_seconds() - cpu) / wall
     finally:
         batches.close()
 
@@ -247,26 +256,32 @@ def workers_section(a: argparse.Namespace) -> None:
     gen = YambdaLikeGenerator(YambdaLikeProfile(), CROSS_SPECS)
     transform = reference_transform(gen)
     build, apply = [], []
+    clock = time.thread_time if a.cpu_time else time.perf_counter
     for b in range(a.batches):
-        t0 = time.perf_counter()
+        t0 = clock()
         kjt = to_sequence_batch(gen.columns(np.arange((b + 1) * 1024, (b + 2) * 1024))).sparse
-        t1 = time.perf_counter()
+        t1 = clock()
         transform(kjt)
         build.append(t1 - t0)
-        apply.append(time.perf_counter() - t1)
-    print(f"per batch at the reference shape (1024 samples), one thread: build {_spread(build)}, "
-          f"transform {_spread(apply)}")
+        apply.append(clock() - t1)
+    print(f"per batch at the reference shape (1024 samples), one thread, {'CPU' if a.cpu_time else 'wall'} s: "
+          f"build {_spread(build)}, transform {_spread(apply)}")
     counts = (1, 2, 4)
     times: dict[int, list[float]] = {w: [] for w in counts}
+    busy: dict[int, list[float]] = {w: [] for w in counts}
     for r in range(a.rounds):
         for w in counts:  # fresh loaders: no user cached from an earlier count
-            times[w].append(_per_batch(_reference_loader(w, prefetch=2), r * a.worker_batches, a.worker_batches))
+            per, threads = _per_batch(_reference_loader(w, prefetch=2), r * a.worker_batches, a.worker_batches)
+            times[w].append(per)
+            busy[w].append(threads)
     base = statistics.median(times[1])
     print(f"build + transform per batch as the step gets it (prefetch 2), {a.rounds} rounds of "
           f"{a.worker_batches} batches (median, min, max):")
     for w in counts:
         print(f"  {w} worker{'s' if w > 1 else ' '}: {_spread(times[w])}, "
-              f"{base / statistics.median(times[w]):.2f}x the batches/s of 1")
+              f"{base / statistics.median(times[w]):.2f}x the batches/s of 1; CPU s / wall s "
+              f"{statistics.median(busy[w]):.2f}")
+    print(f"  (machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")
     _process_costs(a)
 
 
@@ -281,6 +296,9 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3, help="workers: rounds of each worker count")
     p.add_argument("--worker-batches", type=int, default=8, help="workers: batches per round")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="transform, workers' one-thread figures: the thread's CPU seconds, not the wall's "
+                        "(on a loaded machine: what a quiet core would take)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated, of {', '.join(SECTIONS)}")
     a = p.parse_args()
