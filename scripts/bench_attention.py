@@ -25,16 +25,15 @@ the heap's fragments: 2.1–2.7× the default's at N = 2,048–4,096); with --it
 Processes run one thread (OMP_NUM_THREADS=1), in alternating order (kernels ABC, CBA, ...).
 Printed per cell: the median over --rounds and the spread (min–max); MB = 10^6 bytes.
 
-Kernels by name (`--kernels`, default every one this branch has: padded and blocked, and
-triton where CUDA is): a kernel named but absent from this branch fails at once, naming the
-module it needs. On CPU, triton runs only with --allow-interpreter (Triton's interpreter:
-tiny sizes only; it is no measure of the GPU kernel's speed).
+Kernels by name, as `model.hstu.attention` resolves them (attention/kinds.py; `--kernels`,
+default padded and blocked, and triton where CUDA is); an unknown name is refused naming the
+known ones. On CPU, triton runs only with --allow-interpreter (Triton's interpreter: tiny
+sizes only; it is no measure of the GPU kernel's speed).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -46,36 +45,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-KERNELS = {
-    "padded": ("dlrmtrain.models.hstu.attention.padded", "padded_silu_attention"),
-    "blocked": ("dlrmtrain.models.hstu.attention.blocked", "blocked_silu_attention"),
-    "triton": ("dlrmtrain.models.hstu.attention.triton_kernels", "triton_silu_attention"),
-}
-"""attention kernel name → (module, function), every one with padded_silu_attention's signature"""
 SECOND_FILL = 0.3
 """the `two` case's second sample: this share of N"""
 
 
-class MissingKernel(LookupError):
-    """A kernel named that this branch does not have."""
-
-
-def kernel_module_present(name: str) -> bool:
-    """Whether the kernel's module is on this branch (found without importing it: Triton's
-    interpreter must be chosen before triton is imported)."""
-    if name not in KERNELS:
-        raise MissingKernel(f"unknown attention kernel {name!r} (known: {', '.join(KERNELS)})")
-    return importlib.util.find_spec(KERNELS[name][0]) is not None
+class UnknownKernel(LookupError):
+    """A kernel name that model.hstu.attention's kinds do not have."""
 
 
 def kernel_named(name: str):
-    """The attention function of kernel `name`."""
-    if not kernel_module_present(name):
-        module = KERNELS[name][0]
-        raise MissingKernel(f"attention kernel {name!r}: its module {module} "
-                            f"({module.replace('.', '/')}.py) is not on this branch")
-    module, function = KERNELS[name]
-    return getattr(importlib.import_module(module), function)
+    """The attention function of resolved kind `name` (attention/kinds.py, the map the model
+    uses; triton is imported only when asked for)."""
+    sys.path.insert(0, str(REPO))
+    from dlrmtrain.models.hstu.attention import kinds
+
+    if name not in kinds.KINDS:
+        raise UnknownKernel(f"unknown attention kernel {name!r} (known: {', '.join(kinds.KINDS)})")
+    return kinds.kernel(name)
 
 
 @dataclass(frozen=True)
@@ -227,23 +213,20 @@ def measure(spec: Spec, timeout: float) -> dict:
 
 
 def chosen_kernels(args: argparse.Namespace, device: str) -> list[str]:
-    """--kernels, each checked present; by default every kernel this branch has (triton only
-    on CUDA), with a note naming any that is not here."""
-    if args.kernels:
-        names = [n.strip() for n in args.kernels.split(",") if n.strip()]
-        for name in names:
-            if not kernel_module_present(name):
-                kernel_named(name)  # raises, naming the module
-            if name == "triton" and device == "cpu" and not args.allow_interpreter:
-                raise SystemExit("bench_attention: triton on CPU runs under Triton's interpreter: "
-                                 "pass --allow-interpreter (tiny sizes only)")
-        return names
-    names = [n for n in KERNELS if n != "triton" or device == "cuda"]
-    missing = [n for n in names if not kernel_module_present(n)]
-    for name in missing:
-        print(f"note: attention kernel {name!r} is not on this branch "
-              f"({KERNELS[name][0].replace('.', '/')}.py): not run", flush=True)
-    return [n for n in names if n not in missing]
+    """--kernels, or by default padded and blocked, and triton on CUDA (on CPU only with
+    --allow-interpreter: Triton's interpreter, tiny sizes)."""
+    sys.path.insert(0, str(REPO))
+    from dlrmtrain.models.hstu.attention import kinds
+
+    names = [n.strip() for n in (args.kernels or "").split(",") if n.strip()] or \
+        [n for n in kinds.KINDS if n != "triton" or device == "cuda"]
+    for name in names:
+        if name not in kinds.KINDS:
+            raise UnknownKernel(f"unknown attention kernel {name!r} (known: {', '.join(kinds.KINDS)})")
+        if name == "triton" and device == "cpu" and not args.allow_interpreter:
+            raise UnknownKernel("triton on CPU runs under Triton's interpreter: pass --allow-interpreter "
+                                "(tiny sizes only)")
+    return names
 
 
 def run_all(args: argparse.Namespace, kernels: list[str], cases: list[Case], device: str) -> dict:
@@ -335,7 +318,7 @@ def machine_line() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kernels", default=None, help="comma-separated (default: every one this branch has)")
+    p.add_argument("--kernels", default=None, help="comma-separated (default: padded,blocked, and triton on CUDA)")
     p.add_argument("--sizes", default="512,1024,2048,4096", help="N values, comma-separated")
     p.add_argument("--fixed-tokens", type=int, default=4096)
     p.add_argument("--cases", default="full,two,fixed", help="which case kinds to run")
@@ -363,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         kernels = chosen_kernels(args, device)
-    except MissingKernel as e:
+    except UnknownKernel as e:
         raise SystemExit(f"bench_attention: {e}") from None
     kinds = {k.strip() for k in args.cases.split(",")}
     cases = [c for c in make_cases([int(n) for n in args.sizes.split(",")], args.fixed_tokens) if c.kind in kinds]

@@ -1,5 +1,5 @@
 """The attention benchmark (scripts/bench_attention.py) runs its smallest mode, measures memory
-that a kernel really holds, names a kernel this branch lacks; bench_train's dlrmv4_long shape
+that a kernel really holds, takes the model's kernel names; bench_train's dlrmv4_long shape
 is a valid config of long, unevenly filled sequences."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.scripts import REPO, load_script
 def test_smallest_mode_prints_every_kernel_and_padded_memory_grows_with_its_scores(tmp_path):
     """One sample of 16 and of 512 rows, each kernel in its own process: padded's peak at 512
     rows holds at least one [1, 4, 512, 512] fp32 score tensor, at 16 rows far less (so the
-    peak is the case's, not the process's start-up)."""
+    peak is the case's, not the process's start-up); blocked's is below padded's."""
     out_json = tmp_path / "cells.json"
     out = subprocess.run([sys.executable, "scripts/bench_attention.py", "--sizes", "16,512", "--cases", "full",
                           "--rounds", "1", "--iters", "0", "--device", "cpu", "--json", str(out_json)],
@@ -30,23 +30,27 @@ def test_smallest_mode_prints_every_kernel_and_padded_memory_grows_with_its_scor
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     cells = {(c["max_len"], c["kernel"]): c for c in json.loads(out_json.read_text())}
     kernels = sorted({k for _, k in cells})
-    assert "padded" in kernels and {n for n, _ in cells} == {16, 512}
+    assert kernels == ["blocked", "padded"] and {n for n, _ in cells} == {16, 512}
     scores_bytes = 4 * 512 * 512 * 4
     assert cells[512, "padded"]["peak_mb"] * 1e6 >= scores_bytes, cells[512, "padded"]
     assert cells[16, "padded"]["peak_mb"] * 1e6 < scores_bytes / 4, cells[16, "padded"]
+    # blocked keeps no score matrix: less than padded's whole step
+    assert cells[512, "blocked"]["peak_mb"] < cells[512, "padded"]["peak_mb"], cells
     rows = [line for line in out.stdout.splitlines() if line.startswith("| 1 × ")]
     assert len(rows) == 2 and all(row.count("|") == 3 + 2 * len(kernels) + 2 * (len(kernels) - 1)
                                   for row in rows), out.stdout
 
 
-def test_a_kernel_this_branch_lacks_is_named_with_its_module(monkeypatch):
+def test_kernels_are_the_models_kinds_and_an_unknown_one_is_named():
     script = load_script("bench_attention")
-    monkeypatch.setitem(script.KERNELS, "absent", ("dlrmtrain.models.hstu.attention.absent", "f"))
-    with pytest.raises(script.MissingKernel, match=r"'absent'.*attention/absent\.py\) is not on this branch"):
-        script.kernel_named("absent")
-    with pytest.raises(script.MissingKernel, match="unknown attention kernel 'nope'"):
+    with pytest.raises(script.UnknownKernel, match=r"unknown attention kernel 'nope' \(known: padded, blocked, triton\)"):
         script.kernel_named("nope")
     assert script.kernel_named("padded").__name__ == "padded_silu_attention"
+    assert script.kernel_named("blocked").__name__ == "blocked_silu_attention"
+    args = script.parse_args(["--kernels", "triton"])
+    with pytest.raises(script.UnknownKernel, match="--allow-interpreter"):
+        script.chosen_kernels(args, "cpu")
+    assert script.chosen_kernels(script.parse_args([]), "cpu") == ["padded", "blocked"]
 
 
 def test_cases_fix_what_they_say():
