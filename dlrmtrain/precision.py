@@ -3,7 +3,7 @@
 | mode | dense MLPs & interaction | embedding tables, optimizer state | embedding all-to-all |
 |------|--------------------------|-----------------------------------|----------------------|
 | fp32 | fp32                     | fp32                              | fp32                 |
-| bf16 | bf16 autocast (weights and their grads stay fp32) | fp32     | bf16 on every device: the GPU lookup emits bf16; fbgemm's CPU lookup cannot, so its fp32 output is rounded once to bf16 after the kernel (comm/torchrec/kernels.round_cpu_lookups), the same value |
+| bf16 | bf16 autocast (weights and their grads stay fp32) | fp32     | bf16 on every device: the GPU lookup emits bf16; fbgemm's CPU lookup cannot, so its fp32 output is rounded once to bf16 after the kernel (comm/torchrec/kernels.emit_rows_in), the same value |
 
 Where the bf16 embedding all-to-all rounds (GPU and CPU alike):
 
@@ -67,7 +67,7 @@ def autocast(mode: str, device: torch.device, model_scopes_its_own: bool = False
 def embedding_output_dtype(mode: str, device_type: str) -> SparseType:
     """What the fused lookup emits, hence what the embedding all-to-all carries: bf16 under
     bf16 on every device (on CPU fbgemm computes fp32 and it is rounded once to bf16 after the
-    lookup: comm/torchrec/kernels.round_cpu_lookups)."""
+    lookup: comm/torchrec/kernels.emit_rows_in)."""
     return SparseType.BF16 if mode == "bf16" else SparseType.FP32
 
 

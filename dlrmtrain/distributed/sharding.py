@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.placement import Placement
 from dlrmtrain.comm.stats import CommCounters
-from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
+from dlrmtrain.comm.torchrec.kernels import emit_rows_in
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
 
@@ -58,7 +58,8 @@ def _dmp(model: torch.nn.Module, plan, sharder: ModuleSharder, device: torch.dev
     wrapper = DefaultDataParallelWrapper(bucket_cap_mb=ddp_bucket_mb) if ddp_bucket_mb else None
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder],
                                    data_parallel_wrapper=wrapper)
-    round_cpu_lookups(dmp)  # bf16 rows on CPU as on GPU (precision.py)
+    # the fused params' row dtype from every lookup: bf16 on CPU as on GPU (precision.py)
+    emit_rows_in(dmp, (sharder.fused_params or {}).get("output_dtype", SparseType.FP32))
     return dmp
 
 

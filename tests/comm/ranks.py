@@ -35,7 +35,7 @@ from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.comm.torchrec.contexts import CODEC_ATTRIBUTES
-from dlrmtrain.comm.torchrec.kernels import round_cpu_lookups
+from dlrmtrain.comm.torchrec.kernels import emit_rows_in
 from dlrmtrain.precision import autocast, embedding_output_dtype
 from tests.comm.stream_check import STREAM, observed_records, reachable_tensors, unrecorded
 
@@ -161,7 +161,7 @@ def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT
                                            world_size=world_size, device_type="cpu")
     dmp = DistributedModelParallel(model, plan=ShardingPlan({"ebc": mplan}), sharders=[sharder],
                                    device=torch.device("cpu"))
-    round_cpu_lookups(dmp)  # as distributed/sharding.py's DMP: bf16 rows on CPU under bf16
+    emit_rows_in(dmp, fused["output_dtype"])  # as distributed/sharding.py's DMP: bf16 rows on CPU under bf16
     # identical initial tables in both models: copy each local shard's slice
     for t_i, t in enumerate(sc.tables):
         full = torch.rand(t.rows, t.dim, generator=_gen(500 + t_i)) - 0.5

@@ -14,6 +14,7 @@ receives are checked against brute force without ranks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,7 @@ def _recorded_new_groups():
 
 def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> dict:
     out, made = {}, []
+    bf16 = dataclasses.replace(sc, precision="bf16")  # bf16 rows on the wire (precision.py)
     with _recorded_new_groups() as groups:
         with cuda_like_futures() as checked:  # every callback's value extracted as a CUDA future does
             out["node"] = run_codec(sc, "dedup", rank, world_size, hierarchy=NODE)
@@ -175,7 +177,9 @@ def _compare(rank: int, world_size: int, sc: Scenario, fallback: Scenario) -> di
                           ("fallback_none", lambda: run_codec(fallback, "none", rank, world_size)),
                           ("fallback_node", lambda: run_codec(fallback, "dedup", rank, world_size, hierarchy=NODE)),
                           ("syncs", lambda: count_host_syncs(rank, world_size, sc, "dedup", NODE)),
-                          ("auto", lambda: run_codec(sc, "auto", rank, world_size, hierarchy=NODE))):
+                          ("auto", lambda: run_codec(sc, "auto", rank, world_size, hierarchy=NODE)),
+                          ("bf16_none", lambda: run_codec(bf16, "none", rank, world_size)),
+                          ("bf16_node", lambda: run_codec(bf16, "dedup", rank, world_size, hierarchy=NODE))):
             out[name] = run()
             made.append(len(groups) - sum(made))
     return to_numpy({**out, "callbacks_checked": len(checked), "new_groups": groups, "groups_per_run": made})
@@ -298,6 +302,17 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
         assert np.array_equal(res["fallback_none"]["pooled"], res["fallback_node"]["pooled"])
         np.testing.assert_allclose(res["fallback_node"]["losses"], res["fallback_none"]["losses"], rtol=LOSS_RTOL)
         assert res["fallback_node"]["stats"]["fallback_steps"] == MULTI_ID_ROW_WISE.steps
+        # under bf16: the forward bitwise none's, half the rows' bytes, each level's sums in fp32
+        # rounded once to bf16 (losses within bf16's rounding of none's)
+        bf16_none, bf16_node = res["bf16_none"], res["bf16_node"]
+        assert bf16_node["pooled_dtype"] == "torch.bfloat16"
+        assert np.array_equal(bf16_none["pooled"], bf16_node["pooled"]), f"rank {rank}: bf16 forward differs"
+        np.testing.assert_allclose(bf16_node["losses"], bf16_none["losses"], rtol=2.0 ** -7)
+        for t in SC.tables:
+            fp32_bytes = node["stats"]["tables"][t.name]["payload_fwd_recv_bytes"]
+            assert bf16_node["stats"]["tables"][t.name]["payload_fwd_recv_bytes"] * 2 == fp32_bytes, t.name
+        assert bf16_node["stats"]["inter_node_bytes_per_step"] * 2 == pytest.approx(
+            stats["inter_node_bytes_per_step"], rel=0.2)  # the rows halve; counts and ids do not
     # process groups: made at setup only (install's one call, before any dist), on every rank the
     # same calls in the same order; the intra-node and rail families once per process, then each
     # two-level dist's own callback groups: a rail (the backward rail hop), table-/column-wise
@@ -308,9 +323,10 @@ def test_two_nodes_of_two_ranks_match_none_and_send_node_unique_rows_once():
     nodes, rails = [[0, 1], [2, 3]], [[0, 2], [1, 3]]
     assert [g for g, _, _ in groups[:4]] == nodes + rails
     own = [g for g, _, _ in groups[4:]]
-    assert [own[k:k + 2] for k in range(0, len(own), 2)].count(nodes) == 2 + 1 + 2 + 2  # tw, cw per SC run
-    # SC's run: families + tw and cw (rail + node each) + rw (rail); none: none; the fallback: rw + tw
-    assert results[0]["groups_per_run"] == [4 + 4 + 4 + 2, 0, 0, 2 + 4, 4 + 4 + 2, 4 + 4 + 2]
+    assert [own[k:k + 2] for k in range(0, len(own), 2)].count(nodes) == 2 + 1 + 2 + 2 + 2  # tw, cw per SC run
+    # SC's run: families + tw and cw (rail + node each) + rw (rail); none: none; the fallback: rw + tw;
+    # syncs, auto and bf16's two-level run as SC's
+    assert results[0]["groups_per_run"] == [4 + 4 + 4 + 2, 0, 0, 2 + 4, 4 + 4 + 2, 4 + 4 + 2, 0, 4 + 4 + 2]
     between, rail_sent = _expected_rows(SC)
     everyone = results[0]["node"]["stats_all_ranks"]
     # between nodes: exactly the node-level distinct rows, forward and backward - none twice

@@ -14,7 +14,8 @@ package, one module per concern:
 - `sharder.py`: TorchRec's `shard()` call repeated, with its recorded signatures
 - `pipelines.py`: TorchRec's train pipelines that plan ahead, and the streamless fused one
 - `torch_internals.py`: torch's storage use count
-- `kernels.py`: fbgemm's lookup kernels on CPU emit bf16 rows when asked (one rounding of fp32)
+- `kernels.py`: every lookup emits the row dtype asked for (CPU kernels: fp32 rounded once to bf16;
+  a rank without tables: an empty stand-in of that dtype)
 
 So a TorchRec upgrade is checked against this package alone (comm/README.md, "TorchRec hook
 points"). Importing any of its modules fails with a clear message on any TorchRec version other
