@@ -509,11 +509,23 @@ def render_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> str:
             lines.append(f"    evaluation: {o.eval_share:.1%} of the wall time (mean over runs)")
         if o.rcp is not None:
             lines.append(f"    {o.rcp.line()}")
+        lines += [f"    {line}" for line in auto_choices(plan, o.codec)]
     lines += _ratio_lines(outcomes)
     if outcomes and outcomes[0].checks:
         lines.append(f"  check one yourself: {outcomes[0].checks[0].command}")
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def auto_choices(plan: RunnerPlan, codec: str) -> list[str]:
+    """Per run of an `auto` contender, one line: what auto chose and when (report.auto_line_of);
+    none for other codecs."""
+    from dlrmtrain.report import auto_line_of
+
+    if parse_contender(split_precision(codec)[0])[0] != "auto":
+        return []
+    return [f"auto, seed {plan.base_seed + index}: {auto_line_of(run_paths(plan, codec, index)[0])}"
+            for index in range(plan.runs)]
 
 
 def _ratio_lines(outcomes: list[CodecOutcome]) -> list[str]:
@@ -569,6 +581,7 @@ def write_summary(plan: RunnerPlan, outcomes: list[CodecOutcome]) -> Path:
             "run_minutes": [r.minutes for r in o.score.runs],
             "failed_rules": [sorted(str(k) for k in c.failed_keys) for c in o.checks],
             "eval_share": o.eval_share,
+            "auto_choices": auto_choices(plan, o.codec),
             "rcp": None if o.rcp is None else {"passed": o.rcp.passed, "message": o.rcp.message,
                                                "norm_factor": o.rcp.norm_factor},
         } for o in outcomes},

@@ -11,7 +11,7 @@ and comm_stats.json / step_breakdown.json where present) and writes to --out
     throughput.png  training samples/s against steps
     comm_bytes.png  embedding all-to-all MiB per forward pass per table (runs with comm_stats.json)
     step_time.png   step-time breakdown per run (runs with step_breakdown.json)
-    report.md       one table row per run and the images
+    report.md       one table row per run, a line per `auto` run (what it chose and when), the images
 
 Runs are coloured by codec, so codec on and off read side by side; with many
 runs (e.g. MLPerf's seeded repeats) each codec's runs share its colour.
@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import yaml
 
+from dlrmtrain.comm.auto.timeline import run_line
 from dlrmtrain.comm.labels import contender_label
 from dlrmtrain.mlperf.benchmarks import display_label
 from dlrmtrain.mlperf.contenders import split_precision, with_precision
@@ -397,11 +398,32 @@ def render_markdown(runs: list[RunData], images: list[Path]) -> str:
     if len(families) > 1:
         lines += ["Model families drawn together (--mixed): " + "; ".join(
             f"{f}: {', '.join(r.name for r in members)}" for f, members in families.items()), ""]
+    chose = [f"- {r.name} ({r.codec}): {auto_line(r.comm, r.summary)}" for r in runs
+             if r.comm and r.comm.get("auto_decisions")]
+    if chose:
+        lines += ["What auto chose and when (steps on dedup counted from its first decision):", "", *chose, ""]
     skipped = [note for r in runs for note in r.skipped]
     if skipped:
         lines += ["Not read:", "", *[f"- {note}" for note in skipped], ""]
     lines += [f"![{p.stem}]({p.name})" for p in images]
     return "\n".join(lines) + "\n"
+
+
+def auto_line(comm: dict[str, Any], summary: dict[str, Any]) -> str:
+    """What auto chose and when in one line, from a run's comm_stats.json and summary.json."""
+    return run_line(comm.get("auto_decisions", []), summary.get("steps", 0))
+
+
+def auto_line_of(run_dir: Path) -> str:
+    """`auto_line` of a run directory; what is missing said instead."""
+    comm, summary = run_dir / "comm_stats.json", run_dir / "summary.json"
+    for need in (comm, summary):
+        if not need.is_file():
+            return f"no {need.name} in {run_dir}"
+    try:
+        return auto_line(_read_json(comm), _read_json(summary))
+    except ReportError as e:
+        return str(e)
 
 
 def _by_family(runs: list[RunData]) -> dict[str, list[RunData]]:

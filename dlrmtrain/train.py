@@ -24,7 +24,7 @@ from dlrmtrain.run.errors import EXIT_USER_ERROR, RunAlreadyFinished, RunError, 
 from dlrmtrain.run.lifecycle import end_rank
 from dlrmtrain.run.parent import stop_with_parent
 from dlrmtrain.run.signals import install_stop_handlers
-from dlrmtrain.validation import dedup_at_note, resolve_config, resolved_device_type, \
+from dlrmtrain.validation import placement_note, resolve_config, resolved_device_type, \
     validate_config
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # the same on every rank: no rank waits for another
         print_once(f"config error: {e}")
         return EXIT_USER_ERROR
-    notes = [dedup_at_note(loaded, cfg)]  # an unset comm.dedup_at kept at the owner, and why
+    notes = [placement_note(loaded, cfg)]  # an unset placement kept at the owner, and why
     if os.environ.get("RANK", "0") == "0":  # bf16 a CPU emulates: measured by the rank that says it
         notes.append(emulated_bf16_note(cfg.precision.mode, resolved_device_type(cfg)))
     for note in filter(None, notes):

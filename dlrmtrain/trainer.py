@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dlrmtrain.comm.auto.source import dedup_at_the_source
+from dlrmtrain.comm.placement import Placement
 from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.loader import pins_for
@@ -74,10 +74,11 @@ class Trainer:
         self.records, self.mlperf = life.open_records()
         self.mlperf.cache_clear()
         self.mlperf.init_start()
-        self.model, self.plan_text = build_sharded_model(cfg, self.data.table_rows, env.device,
-                                                         env.world_size)
-        self.source_auto = dedup_at_the_source(cfg.comm, workload_of(cfg).collection_kind,
-                                               self.model, self.data, env.device)
+        # where the codec runs (comm/placement.py): its sharder, the loader's batch transform
+        self.placement = Placement(cfg.comm, workload_of(cfg).collection_kind)
+        self.model, self.plan_text, self.comm_counters = build_sharded_model(
+            cfg, self.data.table_rows, env.device, env.world_size, self.placement)
+        self.source_auto = self.placement.feed(self.model, self.data, env.device)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         o = cfg.optim
         self.schedule = MLPerfLRSchedule(o.lr, o.warmup_steps, o.decay_start_step,
@@ -120,7 +121,8 @@ class Trainer:
         while True:
             self.timer.step_begins(self.step + 1)
             with self.timer.phase("data"), data_errors(DataError):
-                batch = next(it, None)
+                with self.timer.waiting_for_input():  # the loader's workers not ahead of the step
+                    batch = next(it, None)
                 if batch is not None:
                     batch = batch.to(self.env.device, non_blocking=True)
             if batch is None:
@@ -240,7 +242,7 @@ class Trainer:
         run.clock_running = False
         run.bar.close()
         self.timer.close()
-        return collect_comm_stats(self.model, all_ranks=True)
+        return collect_comm_stats(self.comm_counters, all_ranks=True)
 
     def _record_step(self, run: RunProgress, loss: torch.Tensor) -> None:
         """Add the step to the metrics window; every `metrics_every_steps` steps (and at

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import copy
 
+from dlrmtrain.comm import placement
 from dlrmtrain.comm.registry import (
-    available_codecs, dedup_at_default, validate_codec_choice, validate_dedup_at, validate_hierarchy,
-    validate_wire_precision)
+    available_codecs, validate_codec_choice, validate_hierarchy, validate_wire_precision)
 from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_node
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
@@ -59,9 +59,8 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
     try:  # qcomms apply run-wide; fp8 has GPU kernels only (the error names comm.codec)
         validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
         validate_wire_precision(cfg.comm.codec, cfg.comm.table_codecs, workload_of(cfg).table_precision(cfg))
-        if workload_of(cfg).collection_kind == "pooled":  # sequence: its workload's own check
-            validate_dedup_at(cfg.comm.dedup_at, cfg.comm.codec, cfg.comm.table_codecs,
-                              cfg.comm.hierarchy, cfg.optim.name)
+        # where the codec runs: an explicit side the family's path cannot take is refused
+        placement.check(cfg.comm, workload_of(cfg).collection_kind, cfg.optim.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -93,35 +92,33 @@ def _check_pipeline(cfg: Config, device_type: str) -> None:
 def resolve_config(cfg: Config) -> Config:
     """A copy of `cfg` with what comes from the data filled in (DLRM: null table sizes and
     bag sizes from the dataset's metadata, or the synthetic profile's), run.pipeline's
-    `auto` resolved for this machine's device and an unset comm.dedup_at resolved
-    (`default_dedup_at`); raises ConfigError when the data and the
+    `auto` resolved for this machine's device and an unset placement (where the codec runs)
+    resolved (`resolved_placement`); raises ConfigError when the data and the
     config disagree. `cfg` itself is unchanged."""
     resolved = copy.deepcopy(cfg)
     resolved.run.pipeline = resolved_pipeline(cfg, resolved_device_type(cfg))
     workload = workload_of(cfg)
     if cfg.data.source in workload.sources:  # another family's source: validate_config refuses it
         workload.resolve(resolved)
-    if resolved.comm.dedup_at is None:  # after the tables: their plan is part of the choice
-        resolved.comm.dedup_at = default_dedup_at(resolved)[0]
+    if placement.unresolved(resolved.comm):  # after the tables: their plan is part of the choice
+        placement.set_value(resolved.comm, resolved_placement(resolved)[0])
     return resolved
 
 
-def default_dedup_at(cfg: Config) -> tuple[str, str | None]:
-    """What an unset comm.dedup_at becomes on `cfg` (its other keys resolved), and why when it
-    is `owner` for a reason (comm.registry.dedup_at_default; its own value is not read)."""
-    c = cfg.comm
+def resolved_placement(cfg: Config) -> tuple[str, str | None]:
+    """What an unset placement becomes on `cfg` (its other keys resolved), and why when it is
+    the owner for a reason (comm/placement.py's `resolve`; its own value is not read)."""
     workload = workload_of(cfg)
-    return dedup_at_default(c.codec, c.table_codecs, c.hierarchy, cfg.optim.name,
-                            workload.collection_kind, lambda: _row_wise_tables(cfg, workload))
+    return placement.resolve(cfg.comm, workload.collection_kind, cfg.optim.name,
+                             lambda: _row_wise_tables(cfg, workload))
 
 
-def dedup_at_note(loaded: Config, resolved: Config) -> str | None:
-    """The line a run prints when comm.dedup_at was left unset (`loaded`) and resolved to
-    `owner` for a reason, e.g. "comm.dedup_at: owner (optim.name: adagrad: ...)"; else None."""
-    if loaded.comm.dedup_at is not None:
+def placement_note(loaded: Config, resolved: Config) -> str | None:
+    """The line a run prints when its placement was left unset (`loaded`) and resolved to the
+    owner for a reason (comm/placement.py's `note`); else None."""
+    if not placement.unresolved(loaded.comm):
         return None
-    value, reason = default_dedup_at(resolved)
-    return f"comm.dedup_at: {value} ({reason})" if reason else None
+    return placement.note(*resolved_placement(resolved))
 
 
 def _row_wise_tables(cfg: Config, workload: Workload) -> tuple[int, int]:
@@ -138,7 +135,7 @@ def _row_wise_tables(cfg: Config, workload: Workload) -> tuple[int, int]:
 
 def unresolved_keys(cfg: Config) -> list[str]:
     """Keys still null that `resolve_config` fills in (empty for a resolved config)."""
-    return workload_of(cfg).unresolved_keys(cfg) + (["comm.dedup_at"] if cfg.comm.dedup_at is None else [])
+    return workload_of(cfg).unresolved_keys(cfg) + placement.unresolved(cfg.comm)
 
 
 def _check_data(cfg: Config, world_size: int, workload: Workload) -> None:
@@ -160,6 +157,7 @@ def validate_config(cfg: Config, world_size: int) -> None:
     _check_data(cfg, world_size, workload)
     checks.check_model(cfg)
     workload.check_model(cfg)
+    workload.check_device(cfg, device_type)
     workload.check_pipeline(cfg)
     _check_pipeline(cfg, device_type)
     checks.check_table_keys(cfg, workload.table_names(cfg))

@@ -204,6 +204,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
     from dlrmtrain.comm.labels import parse_contender
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.comm.registry import is_qcomms
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.config.schema import CommConfig, ShardingConfig
@@ -211,8 +212,7 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
     from dlrmtrain.distributed.sharding import shard_model
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    B = batches[0].shape[0] // world
-    out = {}
+    B, out = batches[0].shape[0] // world, {}
     reference = None  # none's pooled output of the first timed batch: the lossy codecs' error baseline
     # table t on rank t % world, through the package's own planner and DMP builder
     sharding = ShardingConfig(planner="manual", default_type="table_wise",
@@ -225,11 +225,11 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
         ebc = EmbeddingBagCollection(tables=[
             EmbeddingBagConfig(name=TABLE_NAMES[t], embedding_dim=dim, num_embeddings=vocab[t],
                                feature_names=[CAT_KEYS[t]]) for t in range(NUM_CAT)], device=torch.device("meta"))
-        model, _ = shard_model(ebc, sharding, comm, fused, torch.device("cpu"), world, ebc_path="")
+        model, _, counters = shard_model(ebc, sharding, Placement(comm, "pooled"), fused, torch.device("cpu"), world,
+                                         ebc_path="")
         # stock transfer time: the same split sizes TorchRec's all-to-all uses
         dims = [dim * len(range(r, NUM_CAT, world)) for r in range(world)]
-        a2a_in = torch.randn(B * world * dims[rank])
-        a2a_out = torch.empty(B * sum(dims))
+        a2a_in, a2a_out = torch.randn(B * world * dims[rank]), torch.empty(B * sum(dims))
         step_s = a2a_s = 0.0
         # a fixed random upstream gradient: contiguous, like a real top MLP's
         upstream = torch.randn(B, NUM_CAT * dim, generator=torch.Generator().manual_seed(rank))
@@ -249,11 +249,11 @@ def _time_rank(rank: int, world: int, port: int, batches: list[np.ndarray], voca
                     dist.all_to_all_single(a2a_out, a2a_in, [B * d for d in dims], [B * dims[rank]] * world)
             t2 = time.perf_counter()
             if i == warmup - 1 and codec != "none":
-                warm = collect_comm_stats(model)
+                warm = collect_comm_stats(counters)
             if i >= warmup:
                 step_s += t1 - t0
                 a2a_s += t2 - t1
-        stats = collect_comm_stats(model)
+        stats = collect_comm_stats(counters)
         if codec == "none":
             out[codec] = {"step": step_s / steps, "transfer": a2a_s / steps, "codec": 0.0, **error}
         else:

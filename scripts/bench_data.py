@@ -1,6 +1,7 @@
 """Data-path throughput: raw-text preprocessing (MB/s per process) and the loader (samples/s per process).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_data.py [--text-mb 200] [--rows 4000000]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python scripts/bench_data.py --distinct-bags 8192 [--rounds 3]
 
 Preprocessing input is the real Kaggle sample (criteo_kaggle_sample.tsv.gz in the folder
 $DLRMTRAIN_SHARED_DATA) repeated to --text-mb of text, or synthetic rows when the sample is
@@ -184,12 +185,62 @@ def bench_multi_hot(root: Path, max_batches: int = 30) -> None:
           f"{rate(n / 1e6, clock, 'M samples')}")
 
 
+def bench_distinct_bags(batch: int, rounds: int) -> None:
+    """comm.dedup_at: source's distinct bags (comm/dedup/source.py) on one rank's MLPerf DCNv2
+    multi-hot batch (terabyte tables, power-law ids, MLPerf bag sizes), its per-feature row
+    unique by torch.unique(dim=0) vs comm/dedup/unique.py's lexsort, side by side, checked equal."""
+    import statistics
+
+    import torch
+    from torchrec import KeyedJaggedTensor
+
+    from dlrmtrain.comm.dedup import source
+    from dlrmtrain.data.synthetic.generator import multi_hot_offsets, power_law_ids
+    from dlrmtrain.data.synthetic.profiles import terabyte_profile
+
+    torch.set_num_threads(1)
+    sizes, exponents = terabyte_profile("dcnv2", 1.0)
+    offsets = multi_hot_offsets(sizes, MLPERF_DCNV2_MULTI_HOT_SIZES, seed=0)
+    by_sort = lambda rows: torch.unique(rows, dim=0, sorted=True, return_inverse=True)  # noqa: E731
+    times: dict[str, list[float]] = {"torch.unique(dim=0)": [], "lexsort": []}
+    for r in range(rounds):
+        rng = np.random.default_rng(r)
+        bags = [(power_law_ids(rng, n, e, batch)[:, None] + off) % n for n, e, off in zip(sizes, exponents, offsets)]
+        kjt = KeyedJaggedTensor(
+            keys=[f"cat_{t}" for t in range(len(bags))],
+            values=torch.from_numpy(np.concatenate([b.reshape(-1) for b in bags])),
+            lengths=torch.cat([torch.full((batch,), b.shape[1], dtype=torch.int32) for b in bags]), stride=batch)
+        made = {}
+        for name, unique_rows in (("torch.unique(dim=0)", by_sort), ("lexsort", source.unique_rows)):
+            kept, source.unique_rows = source.unique_rows, unique_rows
+            try:
+                t = time.perf_counter()
+                made[name] = source.distinct_bags(kjt)
+                times[name].append(time.perf_counter() - t)
+            finally:
+                source.unique_rows = kept
+        a, b = made.values()
+        if not (torch.equal(a.values(), b.values()) and torch.equal(a.inverse_indices()[1], b.inverse_indices()[1])):
+            raise AssertionError("lexsort's distinct bags differ from torch.unique's")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"distinct bags of one rank's DCNv2 multi-hot batch ({batch} samples, "
+          f"{sum(MLPERF_DCNV2_MULTI_HOT_SIZES)} ids/sample), {rounds} rounds, median (min-max): " + ", ".join(
+              f"{k} {med[k]:.3f} s ({min(v):.3f}-{max(v):.3f})" for k, v in times.items())
+          + f": {med['torch.unique(dim=0)'] / med['lexsort']:.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text-mb", type=float, default=200.0, help="raw text to preprocess")
     ap.add_argument("--rows", type=int, default=4_000_000, help="rows in the loader's file")
     ap.add_argument("--tmp", default=None, help="scratch directory (default: system temp)")
+    ap.add_argument("--distinct-bags", type=int, default=0, metavar="BATCH",
+                    help="only time comm.dedup_at: source's distinct bags on a DCNv2 multi-hot batch of BATCH")
+    ap.add_argument("--rounds", type=int, default=3, help="--distinct-bags: batches timed")
     args = ap.parse_args()
+    if args.distinct_bags:
+        bench_distinct_bags(args.distinct_bags, args.rounds)
+        return
     print("command: OMP_NUM_THREADS=%s python %s" % (os.environ.get("OMP_NUM_THREADS", "unset"), " ".join(sys.argv)))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:

@@ -95,6 +95,7 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
     import torch.nn as nn
     from torchrec import EmbeddingCollection, EmbeddingConfig
 
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.config.schema import CommConfig, ShardingConfig
     from dlrmtrain.distributed.env import shutdown_distributed
@@ -118,8 +119,9 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
                 return self.ec(features)
 
         torch.manual_seed(1234)
-        dmp, _ = shard_sequence_model(Model(), "ec", ShardingConfig(default_type=args.sharding),
-                                      CommConfig(codec=codec, dedup_at="owner"), rowwise_adagrad_fused_params(0.01, 1e-8),
+        dmp, _, counters = shard_sequence_model(Model(), "ec", ShardingConfig(default_type=args.sharding),
+                                      Placement(CommConfig(codec=codec, dedup_at="owner"), "sequence"),
+                                      rowwise_adagrad_fused_params(0.01, 1e-8),
                                       torch.device("cpu"), world)
         times = []
         for step in range(args.warmup + args.steps):
@@ -130,7 +132,7 @@ def _rank_main(rank: int, world: int, port: int, args, queue) -> None:
             sum(jt.values().sum() for jt in res.values()).backward()
             if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
-        stats = collect_comm_stats(dmp, all_ranks=True)
+        stats = collect_comm_stats(counters, all_ranks=True)
         step_time = torch.tensor([float(np.mean(times))])
         dist.all_reduce(step_time, op=dist.ReduceOp.MAX)  # the slowest rank sets a collective step's pace
         out[codec] = {"stats": stats, "step_s": step_time.item()}

@@ -27,6 +27,11 @@ Shapes (`--shape`, default quickstart; `--config` + overrides for anything else)
               global batch 4096): multi-hot bags, DCN interaction, Adagrad
   dlrmv4      configs/mini_dlrmv4.yaml: HSTU on synthetic Yambda-like users, sequence
               embeddings (TorchRec has no plain HSTU model: no plain contender)
+  dlrmv4_long mini_dlrmv4 at long, unevenly filled sequences: N up to 2,048 rows, each
+              sample 1,028..2,048 rows (uniform: Yambda's histories fill their slots
+              unevenly), 4 samples per rank; the attention kernel dominates its step. Its
+              kernels side by side: `--shape dlrmv4_long --vs model.hstu.attention=blocked
+              model.hstu.attention=padded` (padded first: the ratio is blocked / padded)
 Overrides are dlrmtrain config overrides on top of the shape's config.
 Each `--vs "KEY=VALUE ..."` adds a contender: dlrmtrain again with those extra
 overrides, e.g. `--vs comm.codec=dedup` or `--vs precision.mode=bf16`; with
@@ -68,6 +73,13 @@ SHAPES = {
               ["run.device=cpu", "model.max_table_rows=20000", "run.global_batch_size=4096",
                "data.synthetic.num_train_samples=262144", "mlperf.enabled=false"]),
     "dlrmv4": ("configs/mini_dlrmv4.yaml", []),
+    "dlrmv4_long": ("configs/mini_dlrmv4.yaml", [
+        # 1,028..2,048 rows (8 contextual + 1,019..2,039 history events + 1 candidate), each
+        # sample its own user (one anchor each: a user's anchors share its history length)
+        "data.yambda.max_seq_len=2048", "model.hstu.max_seq_len=2048",
+        "data.yambda.synthetic.history_length=2039", "data.yambda.synthetic.min_history_fraction=0.5",
+        "data.yambda.synthetic.num_users=512", "data.yambda.synthetic.anchors_per_user=1",
+        "data.yambda.synthetic.eval_anchors_per_user=1", "run.global_batch_size=8"]),
 }
 # Archs with a plain TorchRec model to race against (bench_train's `plain` contender).
 PLAIN_ARCHS = ("dlrm_v1", "dlrm_dcnv2")
@@ -125,15 +137,8 @@ def with_distinct_bags(stepper, trainer, batches: list, kind: str):
 
     from dlrmtrain.comm.auto.source import BOTH_FORMS
 
-    if kind == "sequence":
-        from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
-
-        transform, (full, distinct) = sequence_source_transform(trainer.model), BOTH_FORMS[1]
-    else:
-        from dlrmtrain.comm.dedup.source import source_transform
-
-        transform = source_transform(trainer.model, trainer.cfg.comm.table_codecs)
-        full, distinct = BOTH_FORMS[0]
+    transform = trainer.placement.batch_transform(trainer.model)  # what the loader's thread would run
+    full, distinct = BOTH_FORMS[1 if kind == "sequence" else 0]
     auto = trainer.source_auto  # comm.codec auto: both forms kept, each step picks one as it is taken
     made = {id(b): dataclasses.replace(b, **{distinct if auto else full: transform(getattr(b, full))})
             for b in batches}
@@ -207,7 +212,7 @@ def between_nodes(sent: float) -> float:
 def codec_seconds_so_far(trainer) -> float:
     """This rank's codec time so far (all of the model's codec all-to-alls)."""
     from dlrmtrain.comm.stats import collect_comm_stats
-    stats = collect_comm_stats(trainer.model)
+    stats = collect_comm_stats(trainer.comm_counters)
     return stats["codec_seconds_per_step"] * stats["steps"]
 
 
@@ -442,8 +447,8 @@ def shared_batches(race: Contenders, args: argparse.Namespace) -> list:
     while len(batches) < needed:
         batches.extend(b.to(env.device) for b in full.train_batches(epoch))
         epoch += 1
-    for name, t in race.trainers.items():  # comm.dedup_at: source takes its batches deduplicated
-        if t.cfg.comm.dedup_at == "source":
+    for name, t in race.trainers.items():  # the sample side (dedup at the source) takes its batches deduplicated
+        if t.placement.side == "sample":
             race.steppers[name] = with_distinct_bags(race.steppers[name], t, batches,
                                                      workload_of(t.cfg).collection_kind)
     assert set(race.trainers) <= set(race.steppers)

@@ -37,7 +37,6 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
@@ -45,7 +44,7 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 import bench_codec_kernels  # noqa: E402  (scripts/, torch only)
 
 from dlrmtrain.comm.dedup import kernels  # noqa: E402
-from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats, collect_comm_stats  # noqa: E402
+from dlrmtrain.comm.stats import CommCounters, DistCommStats, collect_comm_stats  # noqa: E402
 from dlrmtrain.distributed.env import init_distributed  # noqa: E402
 from dlrmtrain.metrics.auc import roc_auc  # noqa: E402
 
@@ -158,13 +157,11 @@ def check_bf16(device: torch.device, n: int) -> list[Row]:
                 "16-bit accumulator, for comparison")]
 
 
-class _Counted(nn.Module):
-    """A module holding one codec dist's counters, as the trainer's sharded model does."""
+class _Counted:
+    """One codec dist's counters (`stats.CountsCommBytes`), as the run's registry holds them."""
 
     def __init__(self, stats: DistCommStats) -> None:
-        super().__init__()
         self._stats = stats
-        setattr(self, COUNTERS_ATTR, [self])
 
     def counted_bytes(self) -> DistCommStats:
         return self._stats
@@ -186,11 +183,13 @@ def check_collectives(device: torch.device) -> list[Row]:
 
 
 def _stats_sum(device: torch.device) -> str:
-    """The trainer's end of run: `collect_comm_stats(model, all_ranks=True)` (comm/stats.py)."""
+    """The trainer's end of run: `collect_comm_stats(counters, all_ranks=True)` (comm/stats.py)."""
     stats = DistCommStats(codec="dedup", sharding_type="table_wise")
     stats.table("t0").add_rows(128, 4, 4, sent=3, received=5, stock_sent=8, stock_received=8, bags=8)
     stats.steps = 1
-    summary = collect_comm_stats(_Counted(stats), all_ranks=True)
+    counters = CommCounters()
+    counters.add(_Counted(stats))
+    summary = collect_comm_stats(counters, all_ranks=True)
     got = summary["tables"]["t0"]["bags"]
     if got != 8:
         raise AssertionError(f"bags summed to {got}, want 8")

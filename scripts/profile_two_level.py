@@ -155,7 +155,7 @@ def counters(trainer) -> dict[str, float]:
     """The trainer's codec, transfer and per-hop seconds so far (comm stats)."""
     from dlrmtrain.comm.stats import collect_comm_stats
 
-    s = collect_comm_stats(trainer.model)
+    s = collect_comm_stats(trainer.comm_counters)
     n = s["steps"]
     return {"codec": s["codec_seconds_per_step"] * n, "transfer": s["transfer_seconds_per_step"] * n,
             **{f"hop {k}": v * n / 1e3 for k, v in s["hop_ms_per_step"].items()}}

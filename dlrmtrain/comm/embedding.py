@@ -11,84 +11,44 @@ dist through the sharder's `qcomm_codecs_registry`) keep the stock dist. Both
 ends' ids are recorded by `IdRecordingShardedEC` (torchrec/sequence.py). Lookups,
 the fused optimizer and the state dict stay TorchRec's.
 
-`comm.dedup_at: source` (`dedup` only) needs no dist of ours: the loader's prefetch thread
-replaces each table's ids by its distinct ones (dedup/sequence_source.py), the stock dists
-send them and TorchRec's expand (the one its index dedup uses) gives the rows back per
-position (`torchrec.sequence.SourceDedupShardedEC`).
+Dedup where the batch is made (comm/placement.py's sample side) needs no dist of ours: the
+loader's prefetch thread replaces each table's ids by its distinct ones
+(dedup/sequence_source.py, with its sharder), the stock dists send them and TorchRec's expand
+(the one its index dedup uses) gives the rows back per position
+(`torchrec.sequence.SourceDedupShardedEC`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import torch
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.types import ModuleSharder, ShardingEnv
-from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm.torchrec import sequence, sharder
-from dlrmtrain.comm.codec import EmbeddingCommCodec
-from dlrmtrain.comm.install import CodecSharder, codec_choice, install_codec_dists
-from dlrmtrain.comm.registry import check_source_codecs
-from dlrmtrain.comm.stats import CountsCommBytes
+from dlrmtrain.comm.install import CodecSharder, codec_choice
+from dlrmtrain.comm.torchrec import sequence
+from dlrmtrain.comm.stats import CommCounters
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.config.schema import AutoConfig
 
 
-class CodecShardedEmbeddingCollection(sequence.IdRecordingShardedEC):
-    """TorchRec's sharded EC with codec sequence dists where the table codecs ask for them."""
-
-    def __init__(self, *args: Any, table_codecs: Mapping[str, EmbeddingCommCodec],
-                 hierarchy: Hierarchy = FLAT, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # the codec dists (`stats.COUNTERS_ATTR`)
-        self.comm_counters: list[CountsCommBytes] = install_codec_dists(
-            self, sequence.ec_shardings(self), table_codecs, hierarchy, "sequence")
-
-
 class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
-    """`EmbeddingCollectionSharder` whose sharded module carries codec dists."""
+    """`EmbeddingCollectionSharder` whose sharded module (the id-recording EC) carries codec dists."""
 
-    sharded_type = CodecShardedEmbeddingCollection
-
-
-class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
-    """TorchRec's sharder building `SourceDedupShardedEC` (`comm.dedup_at: source`): the stock
-    dists carry the distinct ids the loader made (dedup/sequence_source.py)."""
-
-    def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
-              device: torch.device | None = None, module_fqn: str | None = None):
-        return sharder.build_sharded(sequence.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
-
-    @property
-    def sharded_module_type(self):
-        return sequence.SourceDedupShardedEC
-
-
-def validate_sequence_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str],
-                               hierarchy: str) -> None:
-    """`comm.dedup_at: source` on sequence embeddings is the loader's distinct ids: the lossless
-    `dedup`, or `auto` choosing per step between them and the full batch (comm/auto/source.py),
-    on every table of the EC alike, flat. What it does not build is refused, naming the key."""
-    check_source_codecs(dedup_at, codec, table_codecs, hierarchy, (codec,),
-                        "the run's codec covers every table of the EmbeddingCollection at the source",
-                        ("dedup", "auto"))
+    sharded_type = sequence.IdRecordingShardedEC
+    kind = "sequence"
+    shardings_of = staticmethod(sequence.ec_shardings)
 
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
                     device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
-                    dedup_at: str = "owner", auto: AutoConfig | None = None) -> ModuleSharder:
-    """The EmbeddingCollection sharder for a run: TorchRec's own for `none` everywhere, TorchRec's
-    taking the loader's distinct ids for `dedup` at the source, else ours.
+                    auto: AutoConfig | None = None, counters: CommCounters | None = None) -> ModuleSharder:
+    """The EmbeddingCollection sharder for a run whose codecs run at the owner: TorchRec's own for
+    `none` everywhere, else ours (where the batch is made: comm/placement.py asks the codec).
 
-    Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` included), plus `comm.dedup_at`;
+    Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` and `counters` included);
     `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
     """
-    validate_sequence_dedup_at(dedup_at, codec, table_codecs, hierarchy.kind)
-    if dedup_at == "source":
-        return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)
     choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence", auto)
     if choice is None:
         return EmbeddingCollectionSharder(fused_params=fused_params)
-    return CodecEmbeddingCollectionSharder(choice, fused_params=fused_params)
+    return CodecEmbeddingCollectionSharder(choice, CommCounters() if counters is None else counters,
+                                           fused_params=fused_params)

@@ -31,7 +31,7 @@ from dlrmtrain.comm.registry import (
     validate_hierarchy,
     warn_if_lossy,
 )
-from dlrmtrain.comm.stats import CountsCommBytes
+from dlrmtrain.comm.stats import CommCounters, CountsCommBytes
 from dlrmtrain.comm.topology import Hierarchy, make_node_groups, topology_of
 from dlrmtrain.config.schema import AutoConfig
 
@@ -49,29 +49,38 @@ class CodecChoice:
     codecs: dict[str, EmbeddingCommCodec]
     """this run's codec of each name above (registry.run_codecs: `auto` with the run's comm.auto)"""
 
-    def module_kwargs(self, tables: Iterable[str]) -> dict[str, Any]:
-        """The sharded module's own arguments for a module with `tables`."""
-        return {"table_codecs": {t: self.codecs[name] for t, name in
-                                 codecs_per_table(self.codec, self.table_codecs, tables).items()},
-                "hierarchy": self.hierarchy}
+    def codecs_of(self, tables: Iterable[str]) -> dict[str, EmbeddingCommCodec]:
+        """This run's codec of each of `tables` (a sharded module's)."""
+        return {t: self.codecs[name] for t, name in codecs_per_table(self.codec, self.table_codecs, tables).items()}
 
 
 class CodecSharder:
     """Put before TorchRec's EBC or EC sharder: `shard` builds `sharded_type`, TorchRec's sharded
-    module with the codec dists of `choice` (the sharders of embeddingbag.py and embedding.py)."""
+    module recording the ids of both ends, and puts the codec dists of `choice` on its output
+    dists, adding them to `counters` (the sharders of embeddingbag.py and embedding.py)."""
 
     sharded_type: type
+    kind: CollectionKind
 
-    def __init__(self, choice: CodecChoice, fused_params: dict[str, Any] | None = None) -> None:
+    def __init__(self, choice: CodecChoice, counters: CommCounters,
+                 fused_params: dict[str, Any] | None = None) -> None:
         super().__init__(fused_params=fused_params, qcomm_codecs_registry=choice.qcomm_codecs_registry)
-        self._choice = choice
+        self._choice, self.counters = choice, counters
+
+    @staticmethod
+    def shardings_of(module: nn.Module) -> list[tuple[str, Any]]:
+        """(sharding type, TorchRec sharding) per output dist of the sharded module."""
+        raise NotImplementedError
 
     def shard(self, module: EmbeddingBagCollection | EmbeddingCollection, params, env: ShardingEnv,
               device: torch.device | None = None, module_fqn: str | None = None):
         configs = (module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection)
                    else module.embedding_configs())
-        return sharder.build_sharded(self.sharded_type, self, module, params, env, device, module_fqn,
-                                   **self._choice.module_kwargs(c.name for c in configs))
+        built = sharder.build_sharded(self.sharded_type, self, module, params, env, device, module_fqn)
+        self.counters.add(*install_codec_dists(built, self.shardings_of(built),
+                                               self._choice.codecs_of(c.name for c in configs),
+                                               self._choice.hierarchy, self.kind, device))
+        return built
 
     @property
     def sharded_module_type(self) -> type:

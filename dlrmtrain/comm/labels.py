@@ -1,5 +1,6 @@
 """`<codec>/node`: one run's codec and hierarchy as one label (the MLPerf runner's --codecs,
-bench_comm's --codec, the report's legend). Torch-free, so the report can use it."""
+bench_comm's --codec, the report's legend); the placement's config key. Torch-free, so the
+report and the run identity can use it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from dlrmtrain.config.schema import CodecName, HierarchyKind
 
 CODEC_NAMES: tuple[str, ...] = get_args(CodecName)
 """every name `comm.codec` takes (registry.py registers exactly these)"""
+
+PLACEMENT_KEY = "comm.dedup_at"
+"""the config key naming where a deduping codec runs (comm/placement.py: `owner`, or `source`:
+the sample side); torch-free, for the run identity"""
 
 
 def contender_label(codec: str, hierarchy: HierarchyKind = "flat") -> str:

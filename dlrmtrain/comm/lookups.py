@@ -4,7 +4,7 @@ bags (each one pooled row, looked up and sent in the output all-to-all).
 A forward pre-hook on TorchRec's lookup module reads the KJT it is given: its value count and
 its bag count are host integers (the id all-to-all's splits put them there), so counting adds no
 host sync. Every codec alike: `none`, owner-side `dedup` (every id is looked up; only distinct rows
-are sent) and `comm.dedup_at: source` (only distinct bags arrive, variable batch per feature).
+are sent) and dedup at the source (only distinct bags arrive, variable batch per feature).
 Counted in whole rows: a column-wise table's ids and bags reach each of its column shards' owners,
 and count once, on its feature's first shard (`DistLayout.first_shard`), as a table-wise table's.
 """
@@ -18,7 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.comm.torchrec import pooled, sharded
 from dlrmtrain.comm.layout import DistLayout, layout_for
-from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
+from dlrmtrain.comm.stats import CommCounters, DistCommStats
 
 
 def bags_per_key(features: KeyedJaggedTensor) -> list[int]:
@@ -72,19 +72,16 @@ def _first_shards(ebc: ShardedEmbeddingBagCollection, sharding_type: str, shardi
     return [(e.feature, f) for e, f in zip(layout.entries_per_rank[rank], layout.first_shard[rank], strict=True)]
 
 
-def count_lookups(model: nn.Module) -> int:
-    """Attach a `LookupCounter` to each sharding's lookup of every sharded EBC in `model`
-    (listed in its `comm_counters`); returns how many were attached."""
+def count_lookups(model: nn.Module, counters: CommCounters) -> int:
+    """Attach a `LookupCounter` to each sharding's lookup of every sharded EBC in `model`, added
+    to the run's `counters`; returns how many were attached."""
     attached = 0
     for m in model.modules():
-        listed = getattr(m, COUNTERS_ATTR, [])
-        if not isinstance(m, ShardedEmbeddingBagCollection) or any(isinstance(c, LookupCounter) for c in listed):
+        if not isinstance(m, ShardedEmbeddingBagCollection):
             continue
-        counters = []
         for (sharding_type, sharding), lookup in zip(pooled.shardings(m), pooled.lookups(m)):
             counter = LookupCounter(sharding_type, _first_shards(m, sharding_type, sharding))
             lookup.register_forward_pre_hook(counter)
-            counters.append(counter)
-        setattr(m, COUNTERS_ATTR, [*listed, *counters])
-        attached += len(counters)
+            counters.add(counter)
+            attached += 1
     return attached

@@ -15,7 +15,7 @@ import torch
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 
 from dlrmtrain.comm.auto.codec import AutoCodec
-from dlrmtrain.comm.codec import CollectionKind, EmbeddingCommCodec, check_kind_takes_hierarchy
+from dlrmtrain.comm.codec import CollectionKind, EmbeddingCommCodec, check_declared, check_kind_takes_hierarchy
 from dlrmtrain.comm.codecs.lossy import LossyQCommsCodec
 from dlrmtrain.comm.codecs.none import NoneCodec
 from dlrmtrain.comm.dedup.codec import DedupCodec
@@ -37,6 +37,28 @@ _CODECS: dict[str, EmbeddingCommCodec] = {c.name: c for c in (
     LossyQCommsCodec("fp8", CommType.FP8),
 )}
 assert sorted(_CODECS) == sorted(CODEC_NAMES), "config.schema.CodecName must list the registered codecs"
+for _codec in _CODECS.values():
+    check_declared(_codec)
+
+
+def register_codec(codec: EmbeddingCommCodec) -> None:
+    """Register a codec by its name after checking what it declares (codec.check_declared): what
+    the table above does for the built-in ones (a codec in the package adds itself there, and its
+    name to config.schema.CodecName)."""
+    check_declared(codec)
+    if codec.name in _CODECS:
+        raise ValueError(f"a codec named {codec.name!r} is registered already")
+    _CODECS[codec.name] = codec
+
+
+def find_codec(name: str) -> EmbeddingCommCodec | None:
+    """The codec called `name`, None when none is."""
+    return _CODECS.get(name)
+
+
+def codecs_that(holds: Callable[[EmbeddingCommCodec], bool]) -> list[str]:
+    """The names of the registered codecs for which `holds(codec)`, in registration order."""
+    return [name for name, codec in _CODECS.items() if holds(codec)]
 
 
 def available_codecs() -> list[str]:
@@ -45,9 +67,9 @@ def available_codecs() -> list[str]:
 
 
 def run_codecs(names: Iterable[str], auto: AutoConfig | None = None) -> dict[str, EmbeddingCommCodec]:
-    """The codec a run's all-to-alls use for each of `names`: the registered one, except `auto`,
-    built with the run's `comm.auto` (`auto`; None: the defaults)."""
-    return {n: AutoCodec(auto) if n == "auto" else get_codec(n) for n in names}
+    """The codec a run's all-to-alls use for each of `names`: the registered one as the run uses
+    it (`EmbeddingCommCodec.for_run`: with the run's `comm.auto`; None: the defaults)."""
+    return {n: get_codec(n).for_run(auto) for n in names}
 
 
 def lossy_codecs() -> list[str]:
@@ -66,8 +88,7 @@ def get_codec(name: str, where: str = "comm.codec") -> EmbeddingCommCodec:
 def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[str, str],
                        kind: CollectionKind = "pooled") -> None:
     """`comm.hierarchy: node` carries pooled embeddings (`kind`: codec.check_kind_takes_hierarchy)
-    under the codecs that run under it (`dedup`, `auto`: none or two-level dedup, and per-table
-    `none`; `EmbeddingCommCodec.runs_under_node_hierarchy`). Errors name the key."""
+    under the codecs that run under it (`EmbeddingCommCodec.runs_under_two_levels`). Errors name the key."""
     if hierarchy.kind not in HIERARCHIES:
         raise ValueError(f"comm.hierarchy: {hierarchy.kind!r} is not one of {', '.join(HIERARCHIES)}")
     if hierarchy.ranks_per_node is not None and hierarchy.ranks_per_node < 1:
@@ -76,94 +97,10 @@ def validate_hierarchy(hierarchy: Hierarchy, codec: str, table_codecs: Mapping[s
         return
     check_kind_takes_hierarchy(hierarchy, kind)
     for key, name in [("comm.codec", codec), *((f"comm.table_codecs.{t}", c) for t, c in table_codecs.items())]:
-        if name not in _CODECS or not _CODECS[name].runs_under_node_hierarchy:
-            raise ValueError(f"{key}: {name!r} cannot run under comm.hierarchy: node, which carries the "
-                             f"lossless 'dedup', 'auto' and per-table 'none' only; use comm.codec: dedup or "
-                             f"comm.hierarchy: flat")
-
-
-def check_source_codecs(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                        per_table: tuple[str, ...], per_table_rule: str, codecs: tuple[str, ...] = ("dedup",)
-                        ) -> bool:
-    """The rules every `comm.dedup_at: source` path shares (a lossless codec of `codecs`, only the
-    per-table codecs `per_table`, flat); True when `source` is asked for. Errors name the key."""
-    if dedup_at == "owner":
-        return False
-    if dedup_at != "source":
-        raise ValueError(f"comm.dedup_at: {dedup_at!r} is not one of owner, source")
-    where = "comm.dedup_at: source"
-    if codec not in codecs:
-        raise ValueError(f"{where} needs comm.codec: {' or '.join(codecs)}, got {codec!r} (the lossy "
-                         f"dedup+fp16/bf16{'' if 'auto' in codecs else ' and auto'} are not built at the source "
-                         f"here); use comm.dedup_at: owner")
-    for table, name in table_codecs.items():
-        if name not in per_table:
-            raise ValueError(f"comm.table_codecs.{table}: {name!r} cannot run under {where}: {per_table_rule}")
-    if hierarchy != "flat":
-        raise ValueError(f"{where} runs over comm.hierarchy: flat only; comm.hierarchy: {hierarchy} "
-                         f"takes comm.dedup_at: owner")
-    return True
-
-
-def validate_dedup_at(dedup_at: str, codec: str, table_codecs: Mapping[str, str], hierarchy: str,
-                      optimizer: str) -> None:
-    """`comm.dedup_at: source` on pooled tables (comm/dedup/source.py, through TorchRec's
-    variable-batch EBC) is built for the lossless `dedup` and `auto` (comm/auto/source.py), flat,
-    in the plain loop and every pipeline, with an embedding optimizer fbgemm's variable-batch TBE
-    trains (SGD); per-table `none` is kept whole. Sequence embeddings: embedding.py's
-    `validate_sequence_dedup_at`. Errors name the key."""
-    if not check_source_codecs(dedup_at, codec, table_codecs, hierarchy, ("dedup", "none"),
-                               "it carries 'dedup' and per-table 'none' only", ("dedup", "auto")):
-        return
-    where = "comm.dedup_at: source"
-    if optimizer == "adagrad":  # fbgemm's TBE asserts it in its variable-batch metadata
-        raise ValueError(f"{where}: fbgemm's variable-batch TBE does not train EXACT_ADAGRAD tables "
-                         f"(optim.name: adagrad; it takes SGD, row-wise Adagrad and Adam); use optim.name: "
-                         f"sgd or comm.dedup_at: owner")
-
-
-DEDUPING_CODECS = ("dedup", "auto", "dedup+fp16", "dedup+bf16")
-"""The codecs that find distinct rows (an unset `comm.dedup_at` is resolved only for them)."""
-
-
-def dedup_at_default(codec: str, table_codecs: Mapping[str, str], hierarchy: str, optimizer: str,
-                     kind: CollectionKind, row_wise: Callable[[], tuple[int, int]] = lambda: (0, 0)
-                     ) -> tuple[str, str | None]:
-    """What an unset `comm.dedup_at` becomes, and why when it is `owner` for a reason: `source`
-    where this run's codec dedups and its path carries it (the rules `validate_dedup_at` and
-    `embedding.validate_sequence_dedup_at` enforce on an explicit `source`), else `owner`
-    (reason None when no codec of the run dedups: the key then does nothing). `row_wise()`:
-    (row-wise tables, tables that cross the all-to-all) in the config's plan, asked last."""
-    if not any(n in DEDUPING_CODECS for n in (codec, *table_codecs.values())):
-        return "owner", None
-    reason = _source_blocker(codec, table_codecs, hierarchy, optimizer, kind)
-    if reason is None and kind == "pooled" and 2 * (rows := row_wise())[0] > rows[1]:
-        # Row-wise tables at the source: TorchRec's reduce-scatter sends every owner's (zero)
-        # partial of every distinct bag, world size x the distinct rows, where owner-side dedup
-        # sends the distinct rows once; rows outweigh ids (dim 128 fp32: 512 B against 8 B), so
-        # when most tables are row-wise the output's growth with world size outweighs the ids
-        # and lookups saved. A few row-wise tables among table-wise ones stay at the source.
-        reason = (f"sharding: {rows[0]} of {rows[1]} tables row-wise: at the source their "
-                  f"output sends world size x the distinct rows")
-    return ("owner", reason) if reason else ("source", None)
-
-
-def _source_blocker(codec: str, table_codecs: Mapping[str, str], hierarchy: str, optimizer: str,
-                    kind: CollectionKind) -> str | None:
-    """Why `comm.dedup_at: source` is refused on this run (a short reason naming the key), or None."""
-    if codec in ("dedup+fp16", "dedup+bf16"):
-        return f"comm.codec: {codec}: the lossy stacks dedup at the owner"
-    codecs, per_table = ("dedup", "auto"), (("dedup", "none") if kind == "pooled" else (codec,))
-    if codec not in codecs:
-        return f"comm.codec: {codec}: {kind} tables dedup at the source under {' or '.join(codecs)} only"
-    for table, name in table_codecs.items():
-        if name not in per_table:
-            return f"comm.table_codecs.{table}: {name}: not carried at the source"
-    if hierarchy != "flat":
-        return f"comm.hierarchy: {hierarchy}: two levels dedup at the owner"
-    if kind == "pooled" and optimizer == "adagrad":
-        return "optim.name: adagrad: fbgemm's variable-batch TBE refuses EXACT_ADAGRAD"
-    return None
+        if name not in _CODECS or not _CODECS[name].runs_under_two_levels:
+            able = ", ".join(repr(n) for n in codecs_that(lambda c: c.runs_under_two_levels))
+            raise ValueError(f"{key}: {name!r} cannot run under comm.hierarchy: node, which carries {able} "
+                             f"only; use one of them or comm.hierarchy: flat")
 
 
 def warn_if_lossy(codec: str, table_codecs: Mapping[str, str], what: str) -> None:

@@ -3,7 +3,7 @@
 Codec dists add to a `DistCommStats` each step (host integers only: the counts
 come from the one host sync the all-to-all needs anyway). Every counter of an
 all-to-all (the codec dists, `none`'s stock counters) is a `CountsCommBytes`,
-listed by its sharded module in `comm_counters`; `collect_comm_stats` gathers
+added to the run's `CommCounters` where it is made; `collect_comm_stats` gathers
 them into one JSON-serialisable dict for the run directory (`run/console.py`
 renders it for the console).
 All figures are this rank's: bytes it put into / took out of the collectives
@@ -13,12 +13,12 @@ All figures are this rank's: bytes it put into / took out of the collectives
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from dlrmtrain.comm.timing import DeviceInterval, Elapsed
 from dlrmtrain.comm.topology import FLAT, Hierarchy
@@ -232,17 +232,30 @@ class CountsCommBytes(Protocol):
         ...
 
 
-COUNTERS_ATTR = "comm_counters"
-"""a sharded EBC's list of its all-to-alls' `CountsCommBytes` (codec dists first, then stock counters)"""
+T = TypeVar("T")
 
 
-def comm_counters(module: nn.Module) -> list[CountsCommBytes]:
-    """Every all-to-all counter in `module`.
+class CommCounters:
+    """The run's one registry of all-to-all counters (`CountsCommBytes`): the codec dists the
+    sharders install, `none`'s stock counters, the lookups' counters and `auto`'s decisions at the
+    source are added here as they are made, and `collect_comm_stats` reads it. Handed back by the
+    sharding (distributed/sharding.py's `shard_model`); nothing is left on TorchRec's modules."""
 
-    Codec dists live in a plain list of the sharded module (like TorchRec's own
-    dists, not submodules), so they are found through the module that lists them.
-    """
-    return [c for m in module.modules() for c in getattr(m, COUNTERS_ATTR, ())]
+    def __init__(self) -> None:
+        self._counters: list[CountsCommBytes] = []
+
+    def add(self, *counters: CountsCommBytes) -> None:
+        self._counters.extend(counters)
+
+    def __iter__(self) -> Iterator[CountsCommBytes]:
+        return iter(list(self._counters))
+
+    def __len__(self) -> int:
+        return len(self._counters)
+
+    def of_type(self, kind: type[T]) -> list[T]:
+        """The counters that are `kind` (e.g. the `AutoDist`s), in the order they were added."""
+        return [c for c in self._counters if isinstance(c, kind)]
 
 
 def _sum_over_ranks(per_table: dict[str, TableCommStats], seconds: list[float],
@@ -325,9 +338,9 @@ class _Gathered:
         return rows
 
 
-def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
+def collect_comm_stats(counters: Iterable[CountsCommBytes], all_ranks: bool = False,
                        group: dist.ProcessGroup | None = None) -> dict:
-    """Per-table counters of every all-to-all in `model` (JSON-ready).
+    """Per-table counters of every all-to-all `counters` hold (JSON-ready; the run's `CommCounters`).
 
     This rank's figures by default; with `all_ranks=True` (a collective: call
     it on every rank) bytes and bags are summed over ranks and times are the
@@ -335,7 +348,7 @@ def collect_comm_stats(model: nn.Module, all_ranks: bool = False,
     around TorchRec's untouched dist); a model without any gives empty `tables`.
     """
     g = _Gathered()
-    for c in comm_counters(model):
+    for c in counters:
         g.add(c.counted_bytes())
     if all_ranks and g.per_table:
         g.sum_over_ranks(group)

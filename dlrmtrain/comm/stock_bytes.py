@@ -23,7 +23,7 @@ from dlrmtrain.comm.torchrec import pooled, sequence, sharded
 from dlrmtrain.comm.dedup.sequence_source import DEDUPED_SHARDING_TYPES
 from dlrmtrain.comm.layout import (
     DistLayout, Layout, RowWiseLayout, SequenceLayout, layout_for, sequence_layout_of)
-from dlrmtrain.comm.stats import COUNTERS_ATTR, CountsCommBytes, DistCommStats
+from dlrmtrain.comm.stats import CommCounters, CountsCommBytes, DistCommStats
 
 
 def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: list[int], elem: int,
@@ -53,7 +53,7 @@ def count_stock_step(stats: DistCommStats, layout: Layout, rank: int, sizes: lis
 
 def count_stock_vbe_step(stats: DistCommStats, layout: Layout, rank: int, sizes_per_rank_per_feature: list[list[int]],
                          own_sizes: list[int], elem: int) -> None:
-    """Add one variable-batch pass (comm.dedup_at: source) of the stock dist to `stats`: rows per
+    """Add one variable-batch pass (dedup at the source) of the stock dist to `stats`: rows per
     (sample rank, owner feature) in the owner's feature order (TorchRec's `batch_size_per_rank_per_feature`,
     the layout's order), and this rank's rows per feature of the sharding (`batch_size_per_feature_pre_a2a`,
     rank-major: `DistLayout.all_entries`). The full batch is not in the dist's context: the uncompressed figures
@@ -143,12 +143,11 @@ class StockDistCounter:
         return self.comm_stats
 
 
-def count_stock_dists(model: nn.Module, codec: str = "none") -> int:
+def count_stock_dists(model: nn.Module, counters: CommCounters, codec: str = "none") -> int:
     """Attach a `StockDistCounter` to every stock output dist left in `model` (codec `none`; under
-    comm.dedup_at: source the stock dists carry `dedup`, and `codec` says so).
+    dedup at the source the stock dists carry `dedup`, and `codec` says so).
 
-    Codec dists count themselves; the counters join the codec dists in each
-    sharded EBC's `comm_counters` (`stats.COUNTERS_ATTR`), which
+    Codec dists count themselves; the counters join them in the run's `counters`, which
     `collect_comm_stats` reads. Returns how many were attached.
     """
     def counter_for(m: nn.Module, env, sharding_type: str, sharding) -> StockDistCounter | None:
@@ -157,31 +156,27 @@ def count_stock_dists(model: nn.Module, codec: str = "none") -> int:
             return None
         return StockDistCounter(layout, dist.get_rank(env.process_group), sharding_type, codec)
 
-    return _attach_stock_counters(model, ShardedEmbeddingBagCollection, StockDistCounter, pooled.shardings,
-                                  counter_for)
+    return _attach_stock_counters(model, counters, ShardedEmbeddingBagCollection, pooled.shardings, counter_for)
 
 
-def _attach_stock_counters(model: nn.Module, module_type: type, counter_type: type,
+def _attach_stock_counters(model: nn.Module, counters: CommCounters, module_type: type,
                            shardings_of: Callable[[nn.Module], list], counter_for: Callable) -> int:
     """Hook `counter_for(module, env, sharding_type, sharding)` (None: not counted) onto each stock output
-    dist of every `module_type` in `model` that no `counter_type` counts yet, and add the counters to the
-    module's `comm_counters`; both collection kinds attach their counters so. Returns how many."""
+    dist of every `module_type` in `model`, and add the counters to the run's `counters`; both
+    collection kinds attach their counters so. Returns how many."""
     attached = 0
     for m in model.modules():
-        listed = getattr(m, COUNTERS_ATTR, [])
-        if not isinstance(m, module_type) or any(isinstance(c, counter_type) for c in listed):
+        if not isinstance(m, module_type):
             continue
         env = sharded.sharding_env(m)
-        counters = []
         for (sharding_type, sharding), out_dist in zip(shardings_of(m), sharded.output_dists(m)):
             if isinstance(out_dist, CountsCommBytes) or sharded.qcomm_codecs(out_dist) is not None:
                 continue  # counted by the codec, or quantized by TorchRec's qcomms
             counter = counter_for(m, env, sharding_type, sharding)
             if counter is not None:
                 out_dist.register_forward_pre_hook(counter)
-                counters.append(counter)
-        setattr(m, COUNTERS_ATTR, [*listed, *counters])
-        attached += len(counters)
+                counters.add(counter)
+                attached += 1
     return attached
 
 
@@ -275,11 +270,10 @@ class SequenceStockCounter:
         return self.flush()
 
 
-def count_sequence_stock_dists(model: nn.Module, codec: str = "none") -> int:
+def count_sequence_stock_dists(model: nn.Module, counters: CommCounters, codec: str = "none") -> int:
     """Attach a `SequenceStockCounter` to every table-, column- and row-wise stock sequence dist in `model`.
 
-    Codec dists count themselves; the counters join them in each sharded EC's
-    `comm_counters`. TorchRec's qcomms are not counted. At the source (`codec`
+    Codec dists count themselves; the counters join them in the run's `counters`. TorchRec's qcomms are not counted. At the source (`codec`
     given) only table- and row-wise ids are deduplicated: column-wise tables travel
     whole and are counted as `none`. Returns how many were attached.
     """
@@ -288,9 +282,8 @@ def count_sequence_stock_dists(model: nn.Module, codec: str = "none") -> int:
             return None
         layout = sequence_layout_of(layout_for(sharding_type, sharding, env.world_size),
                                     dist.get_rank(env.process_group))
-        # dedup at the source (comm.dedup_at: source) is codec dedup (or auto's two forms) through the stock dist
+        # dedup at the source (the sample side) is codec dedup (or auto's two forms) through the stock dist
         deduped = sequence.dedups_at_source(m) and sharding_type in DEDUPED_SHARDING_TYPES
         return SequenceStockCounter(layout, sharding_type, codec if deduped else "none")
 
-    return _attach_stock_counters(model, ShardedEmbeddingCollection, SequenceStockCounter, sequence.ec_shardings,
-                                  counter_for)
+    return _attach_stock_counters(model, counters, ShardedEmbeddingCollection, sequence.ec_shardings, counter_for)

@@ -8,8 +8,10 @@ loader checks (schema.py).
 
 from __future__ import annotations
 
+import os
+
 from dlrmtrain.config.loader import ConfigError
-from dlrmtrain.config.schema import Config
+from dlrmtrain.config.schema import Config, HSTUAttention, choices
 
 
 def check_run(cfg: Config, world_size: int) -> None:
@@ -101,6 +103,18 @@ def check_hstu_model(cfg: Config) -> None:
         raise ConfigError(f"model.hstu.max_seq_len: {h.max_seq_len} leaves no room for a history "
                           f"(the {len(CONTEXTUAL_FEATURES)} contextual tokens and the candidate "
                           f"take {least - 1}); at least {least}")
+
+
+def check_hstu_attention(cfg: Config, device_type: str) -> None:
+    """model.hstu.attention: a kernel's name, one that runs on `device_type` (triton: CUDA, or
+    CPU under Triton's interpreter, which a process must have set before Triton is imported)."""
+    kind = cfg.model.hstu.attention
+    if kind not in choices(HSTUAttention):
+        raise ConfigError(f"model.hstu.attention: {kind!r} is not one of {', '.join(choices(HSTUAttention))}")
+    if kind == "triton" and device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError(f"model.hstu.attention: triton runs on CUDA, not on this {device_type} run (on CPU "
+                          f"only under Triton's interpreter, for tests, slow: set TRITON_INTERPRET=1 before "
+                          f"the run starts); use blocked or auto")
 
 
 def check_table_keys(cfg: Config, names: list[str]) -> None:

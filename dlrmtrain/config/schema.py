@@ -43,6 +43,9 @@ SyntheticProfile = Literal["custom", "kaggle", "terabyte"]
 TerabyteTables = Literal["v1", "dcnv2"]
 ModelArch = Literal["dlrm_v1", "dlrm_dcnv2", "dlrmv4_hstu"]
 HSTUPostprocessor = Literal["timestamp_layer_norm", "layer_norm", "l2_norm"]
+HSTUAttention = Literal["auto", "padded", "blocked", "triton"]
+"""`model.hstu.attention`: the STU layers' attention kernel (models/hstu/attention/kinds.py maps
+each name to its kernel and resolves `auto`)"""
 Planner = Literal["manual", "torchrec"]
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
 OptimizerName = Literal["sgd", "adagrad", "adam"]
@@ -52,8 +55,8 @@ the codecs, their dists and their counters get"""
 CodecName = Literal["none", "dedup", "auto", "fp16", "bf16", "int8", "fp8", "dedup+fp16", "dedup+bf16"]
 """`comm.codec` / `comm.table_codecs` names (comm/registry.py checks it registers exactly these)"""
 DedupAt = Literal["owner", "source"]
-"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/registry.py's
-`validate_dedup_at` refuses `source` where it is not built; unset: resolved by
+"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/placement.py's
+`check` refuses `source` where it is not built; unset: resolved by its `resolve`, called by
 validation.resolve_config)"""
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(
     "fp16", "it needs loss scaling, which TorchRec's in-backward embedding optimizers "
@@ -266,6 +269,11 @@ class DataConfig:
     checked unless this is raised."""
     yambda: YambdaDataConfig = field(default_factory=YambdaDataConfig)
     """Sources `yambda` / `synthetic_yambda` (DLRMv4 sequences)."""
+    workers: Optional[int] = None
+    """Threads per rank making the batches read ahead (sources `criteo`, `yambda`,
+    `synthetic_yambda`, with their prefetch_batches > 0): each makes whole batches with their
+    source transform (comm.dedup_at: source); the step gets them in order, the same batches
+    for any count. null: half this rank's share of the machine's cores, at least 1, at most 4."""
 
 
 @dataclass
@@ -306,6 +314,12 @@ class HSTUConfig:
     """Last step of the user embedding: `timestamp_layer_norm` (reference yambda), `layer_norm`, `l2_norm`."""
     loss_weight: float = 0.2
     """The listen_plus BCE is multiplied by this (reference causal_multitask_weights)."""
+    attention: HSTUAttention = "auto"
+    """The attention kernel, one function of the same numbers (up to fp32 summation order):
+    `padded` ([B, H, N, N] scores kept for the backward: the parity reference), `blocked`
+    (jagged row tiles in PyTorch, scores recomputed in the backward; any device), `triton`
+    (jagged Triton kernels; CUDA, or CPU under TRITON_INTERPRET=1) or `auto` (triton on CUDA;
+    on CPU padded up to 128-row sequences, blocked above)."""
 
 
 @dataclass
@@ -381,6 +395,11 @@ class AutoConfig:
     """Relative move of the step time or distinct fraction that starts a new probe (above 0)."""
     drift_samples: int = 8
     """Recent step times a drift check needs (timed steps before each check point; at least 1)."""
+    close_call_retimes: int = 2
+    """A close call (a measured gap within `margin`, or within the probe's own spread of step
+    times, or against what the bytes say) stays open: the cheaper-looking path runs and both are
+    timed again at the next check point, with twice the steps each time, at most this many times
+    (0: settled at once, as the cheaper-looking path; negative refused)."""
     table_keep_fraction: float = 0.9
     """A table whose distinct fraction is at least this keeps the stock path (dedup saves
     little); in (0, 1]. Owner-side auto on pooled embeddings only (the per-table choice):

@@ -48,7 +48,7 @@ class Datasets:
     """Embedding table → rows, in the model's table order (ids of the data are below them)."""
     set_sparse_transform: Optional[Callable[..., None]] = None
     """Where the source has one (the row and sequence loaders): sets a KJT → KJT transform that every
-    train and eval batch takes where it is made (comm.dedup_at: source), before its first batch;
+    train and eval batch takes where it is made (dedup at the source: comm/placement.py), before its first batch;
     `keep_full=True` keeps the full KJT too (the transform's goes to `distinct_features`, on a
     sequence batch `distinct_sparse`: comm.codec auto at the source)."""
 

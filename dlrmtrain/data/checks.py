@@ -20,9 +20,29 @@ def _check_criteo_source(data: DataConfig) -> None:
         raise ConfigError(f"data.num_dense_features: Criteo files have {NUM_DENSE} dense features")
 
 
+def check_workers(data: DataConfig) -> None:
+    """data.workers: at least one, and more only where batches are made ahead."""
+    if data.workers is None:
+        return
+    if data.workers < 1:
+        raise ConfigError(f"data.workers: must be at least 1 (or null: sized from the cores), got {data.workers}")
+    if data.workers == 1:
+        return
+    if data.source == "synthetic":
+        raise ConfigError(f"data.workers: {data.workers} workers, but source 'synthetic' holds its rows "
+                          "in memory and makes no batch ahead; leave it null or 1")
+    sequences = data.source in ("yambda", "synthetic_yambda")
+    key = "data.yambda.prefetch_batches" if sequences else "data.prefetch_batches"
+    prefetch = data.yambda.prefetch_batches if sequences else data.prefetch_batches
+    if prefetch < 1:
+        raise ConfigError(f"data.workers: {data.workers} workers make batches ahead, but {key} is "
+                          f"{prefetch} (batches made where they are read); raise it or leave data.workers null")
+
+
 def check_config(cfg: Config) -> None:
     """A row source's data section: raise ConfigError naming the key for any impossible combination."""
     data = cfg.data
+    check_workers(data)
     if len(data.table_sizes) != NUM_SPARSE:
         raise ConfigError(f"data.table_sizes: {len(data.table_sizes)} tables given, but Criteo "
                           f"data has {NUM_SPARSE} categorical features")
@@ -51,6 +71,7 @@ def check_config(cfg: Config) -> None:
 
 def check_sequence_model_fits(cfg: Config) -> None:
     """A sequence source against the model: sequences fit, tables are sized by the data."""
+    check_workers(cfg.data)
     data_len, model_len = cfg.data.yambda.max_seq_len, cfg.model.hstu.max_seq_len
     if data_len > model_len:
         raise ConfigError(f"data.yambda.max_seq_len: {data_len} exceeds model.hstu.max_seq_len "

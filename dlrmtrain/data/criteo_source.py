@@ -18,6 +18,7 @@ from dlrmtrain.data.formats.binary import read_manifest, verify_dataset_checksum
 from dlrmtrain.data.loader import CriteoBatchLoader, CriteoLoaderSpec
 from dlrmtrain.data.preprocess.multi_hot import MultiHotLookup, MultiHotPart
 from dlrmtrain.data.parts import Part
+from dlrmtrain.data.prefetch import workers_for
 from dlrmtrain.data.sources import detect_format, open_parts
 from dlrmtrain.data.splits import fraction_split, mlperf_split, names_split
 
@@ -73,7 +74,7 @@ def build_criteo_loaders(
     # or a smaller model gets `id % rows`, as the MLPerf DCNv2 reference applies `% num_embeddings`.
     fold = None if _format(data) == "dlrmtrain" and model_rows == list(data.table_sizes) else model_rows
     common = dict(rank=rank, world_size=world_size, prefetch=data.prefetch_batches, fold_to_rows=fold,
-                  table_rows=model_rows)
+                  table_rows=model_rows, workers=workers_for(data.workers, data.prefetch_batches))
     train = CriteoBatchLoader(_with_multi_hot(train_parts, data, lookup), CriteoLoaderSpec(
         cfg.run.global_batch_size, shuffle=data.shuffle_batches, seed=cfg.run.seed, last_batch="drop",
         **common))

@@ -77,7 +77,7 @@ def check_ids_in_range(block: RowBlock, table_rows: Sequence[int], first_row: in
 class PooledBatch(Batch):
     """TorchRec's `Batch` whose `record_stream` also reaches its KJT's inverse indices, which
     `KeyedJaggedTensor.record_stream` leaves out: a pipeline copies a variable-batch KJT
-    (comm.dedup_at: source) on its copy stream, and the sharded EBC expands the rows with them
+    (dedup at the source, comm/placement.py) on its copy stream, and the sharded EBC expands the rows with them
     on the default one. `to` and `pin_memory` keep the class (TorchRec's build a `Batch`).
 
     `distinct_features`: under `comm.codec: auto` at the source, the variable-batch KJT of the
@@ -173,7 +173,9 @@ class CriteoLoaderSpec:
     last_batch: str = "drop"
     """One of LAST_BATCH_POLICIES (see the module docstring)."""
     prefetch: int = 2
-    """Batches made ahead on a background thread (0: made where they are read)."""
+    """Batches made ahead on background threads (0: made where they are read)."""
+    workers: int = 1
+    """Threads making those batches, each a whole batch at a time (data.workers)."""
     fold_to_rows: Sequence[int] | None = None
     """Per-table row counts to fold ids into (`id % rows`) when the model's tables are
     smaller than the data's vocabulary (scaled-down runs); None = ids as stored, checked
@@ -188,7 +190,7 @@ class CriteoBatchLoader:
     batch, and CriteoLoaderSpec for its settings.
 
     `sparse_transform`: applied to each batch's KJT where the batch is made (the prefetch
-    thread), e.g. comm.dedup_at: source's distinct bags (set by the trainer once the model
+    thread), e.g. dedup at the source's distinct bags (set by the trainer once the model
     is sharded: `Datasets.set_sparse_transform`); with `keep_full_batch` its KJT goes beside
     the full one (`PooledBatch.distinct_features`: comm.codec auto at the source).
     """
@@ -205,7 +207,7 @@ class CriteoBatchLoader:
         self.global_batch_size, self.rank, self.world_size = global_batch_size, rank, world_size
         self.local_batch_size = global_batch_size // world_size
         self.shuffle, self.seed, self.epoch = spec.shuffle, spec.seed, 0
-        self.last_batch, self.prefetch = spec.last_batch, spec.prefetch
+        self.last_batch, self.prefetch, self.workers = spec.last_batch, spec.prefetch, spec.workers
         self.pin_memory = spec.pin_memory  # set by build_datasets from the device (pins_for)
         self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
         self.keep_full_batch = False  # True: the transform's KJT goes beside the full one (distinct_features)
@@ -272,7 +274,7 @@ class CriteoBatchLoader:
         if self.prefetch <= 0:
             yield from map(self._make, specs)
         else:
-            with Prefetcher(self._make, specs, self.prefetch, name="batch-prefetch") as made:
+            with Prefetcher(self._make, specs, self.prefetch, name="batch-prefetch", workers=self.workers) as made:
                 yield from made
 
     def batches_from(self, start: int) -> Iterator[Batch]:

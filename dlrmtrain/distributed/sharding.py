@@ -2,65 +2,55 @@
 
 DLRM's EmbeddingBagCollection (`shard_model`) and DLRMv4's sequence
 EmbeddingCollection (`shard_sequence_model`) go through the same planner, and both
-take the config sections they need (sharding, comm) and the fused parameters.
+take the config sections they need (sharding), the run's placement (comm/placement.py:
+where its codec runs, which hands back the sharder, what to install after sharding and
+the run's counters) and the fused parameters.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm.dedup.source import SourceDedupEBCSharder, row_wise_dists_for_source
-from dlrmtrain.comm.embedding import make_ec_sharder
-from dlrmtrain.comm.stock_bytes import count_sequence_stock_dists
-from dlrmtrain.comm.embeddingbag import make_ebc_sharder
-from dlrmtrain.comm.lookups import count_lookups
-from dlrmtrain.comm.stock_bytes import count_stock_dists
-from dlrmtrain.comm.topology import Hierarchy
+from dlrmtrain.comm.placement import Placement
+from dlrmtrain.comm.stats import CommCounters
 from dlrmtrain.comm.torchrec.kernels import emit_rows_in
 from dlrmtrain.config.schema import CommConfig, ShardingConfig
 from dlrmtrain.distributed.planner import EBC_PATH, build_sharding_plan, describe_plan
 
 
-def check_dedup_at_resolved(comm: CommConfig) -> None:
-    """Refuse a `comm.dedup_at` still unset: both sharders need to know where dedup happens,
-    and an unset key means "what this run's path carries", which only the resolved config knows."""
-    if comm.dedup_at is None:
-        raise ValueError("comm.dedup_at is unset: resolve the config first (validation.resolve_config), "
-                         "or give comm.dedup_at: owner or source")
+class ShardedModel(NamedTuple):
+    """What sharding hands back: the model, its plan and the run's all-to-all counters."""
+
+    model: DistributedModelParallel
+    plan: str
+    """the sharding plan, printable"""
+    counters: CommCounters
+    """every counter of the model's all-to-alls (codec dists, stock dists, lookups), one registry"""
 
 
 def build_ebc_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
-    """The EmbeddingBagCollection sharder: TorchRec's own when every table's codec is
-    `none`, else the codec sharder that swaps the output dists (dlrmtrain/comm); the
-    device type picks TorchRec's quantized-comms kernels for the lossy codecs. Under
-    comm.dedup_at: source the batch comes deduplicated and TorchRec's own dists carry it."""
-    check_dedup_at_resolved(comm)
-    if comm.dedup_at == "source":
-        return SourceDedupEBCSharder(fused_params=fused_params)
-    return make_ebc_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm),
-                            comm.auto)
+    """The EmbeddingBagCollection sharder the run's placement gives (comm/placement.py): TorchRec's
+    own when every table's codec is `none`, the codec sharder that swaps the output dists, or the
+    sample side's; the device type picks TorchRec's quantized-comms kernels for the lossy codecs."""
+    return Placement(comm, "pooled").sharder(fused_params, device_type)
 
 
-def shard_model(model: torch.nn.Module, sharding: ShardingConfig, comm: CommConfig, fused_params: dict[str, Any],
+def shard_model(model: torch.nn.Module, sharding: ShardingConfig, placement: Placement, fused_params: dict[str, Any],
                 device: torch.device, world_size: int, ddp_bucket_mb: float | None = None,
-                ebc_path: str = EBC_PATH) -> tuple[DistributedModelParallel, str]:
+                ebc_path: str = EBC_PATH) -> ShardedModel:
     """Wrap the single-device model, whose EmbeddingBagCollection is at `ebc_path` (DLRM's by
-    default; "" for a bare EBC), in DMP with the configured plan; returns the sharded model and
-    a printable description of the plan."""
-    sharder = build_ebc_sharder(comm, fused_params, device.type)
+    default; "" for a bare EBC), in DMP with the configured plan and the sharder `placement`
+    gives (a pooled one); returns the sharded model, a printable description of the plan and
+    the run's counters."""
+    sharder = placement.sharder(fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ebc_path)
     dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
-    if comm.dedup_at == "source":  # row-wise tables take the distinct bags over Gloo too
-        row_wise_dists_for_source(dmp)
-    # bytes of the all-to-alls left to TorchRec's stock dist (codec none; dedup at the source)
-    count_stock_dists(dmp, comm.codec if comm.dedup_at == "source" else "none")  # dedup, or auto's two forms
-    count_lookups(dmp)  # ids and rows each lookup takes, every codec alike
-    return dmp, describe_plan(plan)
+    return ShardedModel(dmp, describe_plan(plan), placement.after_sharding(dmp))
 
 
 def _dmp(model: torch.nn.Module, plan, sharder: ModuleSharder, device: torch.device,
@@ -84,24 +74,21 @@ def rowwise_adagrad_fused_params(lr: float, eps: float, output_dtype=None) -> di
 
 
 def build_ec_sharder(comm: CommConfig, fused_params: dict[str, Any], device_type: str = "cpu") -> ModuleSharder:
-    """The EmbeddingCollection sharder: TorchRec's own when every table's codec is `none`, else
-    the codec sharder whose `dedup` dists carry the sequence all-to-all (comm/embedding.py)."""
-    check_dedup_at_resolved(comm)
-    return make_ec_sharder(comm.codec, dict(comm.table_codecs), fused_params, device_type, Hierarchy.of(comm),
-                           comm.dedup_at, comm.auto)
+    """The EmbeddingCollection sharder the run's placement gives: TorchRec's own when every table's
+    codec is `none`, the codec sharder whose dists carry the sequence all-to-all, or the sample side's."""
+    return Placement(comm, "sequence").sharder(fused_params, device_type)
 
 
-def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: ShardingConfig, comm: CommConfig,
+def shard_sequence_model(model: torch.nn.Module, ec_path: str, sharding: ShardingConfig, placement: Placement,
                          fused_params: dict[str, Any], device: torch.device, world_size: int,
-                         ddp_bucket_mb: float | None = None) -> tuple[DistributedModelParallel, str]:
-    """`shard_model` for a model whose sequence tables are the EmbeddingCollection at `ec_path`.
+                         ddp_bucket_mb: float | None = None) -> ShardedModel:
+    """`shard_model` for a model whose sequence tables are the EmbeddingCollection at `ec_path`
+    (`placement` a sequence one).
 
     `sharding.default_type` row_wise is the reference's layout; table-/column-wise per
-    table by config. Returns the sharded model and a printable plan.
+    table by config. Returns the sharded model, a printable plan and the run's counters.
     """
-    sharder = build_ec_sharder(comm, fused_params, device.type)
+    sharder = placement.sharder(fused_params, device.type)
     plan = build_sharding_plan(model, sharding, world_size, device.type, sharder, module_path=ec_path)
     dmp = _dmp(model, plan, sharder, device, ddp_bucket_mb)
-    # bytes of the sequence all-to-alls left to TorchRec (codec none; dedup or auto at the source)
-    count_sequence_stock_dists(dmp, comm.codec if comm.dedup_at == "source" else "none")
-    return dmp, describe_plan(plan)
+    return ShardedModel(dmp, describe_plan(plan), placement.after_sharding(dmp))

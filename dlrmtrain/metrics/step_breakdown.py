@@ -1,5 +1,6 @@
-"""Where a training step's time goes: data, forward, backward, optimizer, and the
-collectives inside them (embedding all-to-alls, gradient all-reduce).
+"""Where a training step's time goes: data (and inside it the wait for the loader's next
+batch), forward, backward, optimizer, and the collectives inside them (embedding
+all-to-alls, gradient all-reduce).
 
 Phases are timed with the wall clock, synchronising the GPU at each boundary
 (which is why this runs only on request: `logging.step_breakdown=true`).
@@ -47,6 +48,8 @@ class StepBreakdown:
         self.num_steps = num_steps
         self.phase_seconds: dict[str, float] = defaultdict(float)
         self.comm_seconds: dict[str, float] = defaultdict(float)
+        self.input_wait_seconds = 0.0
+        """inside `data`: the time the step waited for the loader's next batch"""
         self.steps_measured = 0
         self._profiler: profile | None = None
         self._active = False
@@ -82,6 +85,17 @@ class StepBreakdown:
         self._sync()
         self.phase_seconds[name] += time.perf_counter() - t0
 
+    @contextlib.contextmanager
+    def waiting_for_input(self) -> Iterator[None]:
+        """Around taking the loader's next batch (no device sync: the host waits for the
+        loader's workers, or makes the batch itself without them)."""
+        if not self._active:
+            yield
+            return
+        t0 = time.perf_counter()
+        yield
+        self.input_wait_seconds += time.perf_counter() - t0
+
     def _finish(self) -> None:
         self._active = False
         prof, self._profiler = self._profiler, None
@@ -104,6 +118,7 @@ class StepBreakdown:
             "phase_ms_per_step": {p: 1000 * self.phase_seconds[p] / n for p in PHASES
                                   if p in self.phase_seconds},
             "collective_ms_per_step": {k: 1000 * v / n for k, v in sorted(self.comm_seconds.items())},
+            "input_wait_ms_per_step": 1000 * self.input_wait_seconds / n,
         }
 
     def render(self) -> str:
@@ -112,6 +127,8 @@ class StepBreakdown:
         lines = [f"step-time breakdown (rank 0, mean of {r['steps_measured']} steps):"]
         for p, ms in r["phase_ms_per_step"].items():
             lines.append(f"  {p:<28} {ms:8.2f} ms  {100 * ms / total:5.1f}%")
+            if p == "data":
+                lines.append(f"    {'waiting for input':<26} {r['input_wait_ms_per_step']:8.2f} ms")
         lines.append("  collectives (inside forward/backward):")
         for k, ms in r["collective_ms_per_step"].items():
             lines.append(f"    {k:<26} {ms:8.2f} ms")
@@ -131,6 +148,10 @@ class NoStepBreakdown:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        yield
+
+    @contextlib.contextmanager
+    def waiting_for_input(self) -> Iterator[None]:
         yield
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ def load(args: argparse.Namespace) -> tuple[Config, Cluster]:
     workload = workload_of(cfg)
     checks.check_model(cfg)
     workload.check_model(cfg)
+    workload.check_device(cfg, "cuda")
     checks.check_table_keys(cfg, workload.table_names(cfg))
     check_sharding_config(cfg, args.gpus, "cuda")
     workload.check_sharding(cfg)

@@ -15,8 +15,6 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from dlrmtrain.run.stop import job_store_address, new_store_client
-
 FINISHED_FILE_ENV = "DLRMTRAIN_FINISHED_FILE"
 """The file rank 0 creates when the run's records are complete (set by launch.py)."""
 
@@ -30,6 +28,8 @@ def _key() -> str:
 
 def announce_finished() -> None:
     """Say that the run's records are complete (rank 0, best effort)."""
+    from dlrmtrain.run.stop import job_store_address, new_store_client
+
     marker = os.environ.get(FINISHED_FILE_ENV)
     if marker:
         try:
@@ -46,6 +46,8 @@ def announce_finished() -> None:
 
 def finished_announced() -> bool:
     """Whether rank 0 said the run's records are complete (asked of the job's store)."""
+    from dlrmtrain.run.stop import job_store_address, new_store_client
+
     address = job_store_address()
     if address is None:
         return False
@@ -56,5 +58,8 @@ def finished_announced() -> bool:
 
 
 def finished_file_exists(path: Optional[str]) -> bool:
-    """For the launcher: whether rank 0 created its `path` (FINISHED_FILE_ENV)."""
+    """For the launcher: whether rank 0 created its `path` (FINISHED_FILE_ENV). The launcher
+    imports this module before it checks its options and the config: the ranks' functions
+    above import run/stop.py (torch.distributed) when they run, so that `dlrmtrain train`
+    refuses bad options in a fraction of a second instead of after importing torch."""
     return bool(path) and Path(path).is_file()

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+from dlrmtrain.comm.labels import PLACEMENT_KEY
 from dlrmtrain.config.schema import Config
 
 # Config entries that do NOT change what a step computes: how long to train,
@@ -22,7 +23,7 @@ _NOT_MATH = {
     "run.name", "run.output_dir", "run.device", "run.epochs", "run.max_steps", "run.pipeline",
     "run.overwrite", "run.collective_timeout_s", "run.stall_warn_s", "run.ddp_bucket_mb",
     "data.path", "data.prefetch_batches", "data.multi_hot_cache_dir", "data.verify",
-    "data.verify_max_gb",
+    "data.verify_max_gb", "data.workers",
 }
 _NOT_MATH_SECTIONS = {"eval", "checkpoint", "logging", "mlperf"}
 _NOT_MATH_PREFIXES = ("comm.auto.", "sharding.uvm_caching.")
@@ -72,9 +73,10 @@ def _changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, 
             if saved.get(k, "<absent>") != current.get(k, "<absent>")]
 
 
-CODEC_KEYS = ("comm.codec", "comm.table_codecs", "comm.dedup_at")
-"""The math entries that only choose how the embedding all-to-all is carried (`comm.dedup_at`:
-where lossless `dedup` finds the distinct bags; the tables and their optimizer state are the same)."""
+CODEC_KEYS = ("comm.codec", "comm.table_codecs", PLACEMENT_KEY)
+"""The math entries that only choose how the embedding all-to-all is carried (the placement:
+where lossless `dedup` finds the distinct bags, comm/placement.py; the tables and their
+optimizer state are the same)."""
 
 
 def lossless_codec_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from dlrmtrain.comm.auto.policy import LINK_RATE_ENV
 from dlrmtrain.testbed.options import add_rate_options
 
 MAX_LOOPBACK_PACKET = 65536
@@ -144,6 +145,7 @@ def run_inside(link: LinkSpec, cmd: list[str]) -> int:
     # Gloo would otherwise pick the interface that the hostname resolves to.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ[LINK_RATE_ENV] = repr(link.gbit)  # codec auto weighs its bytes at this rate
     try:
         os.execvp(cmd[0], cmd)
     except OSError as e:

@@ -26,9 +26,9 @@ from dlrmtrain.workloads.registry import register, workload_named, workload_of, 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.data import Datasets
+    from dlrmtrain.distributed.sharding import ShardedModel
 
 
 def build_datasets(cfg: Config, rank: int, world_size: int, pin_memory: bool = False) -> Datasets:
@@ -45,16 +45,19 @@ def build_model(cfg: Config, rows: Optional[Mapping[str, int]], dense_device: to
 
 
 def build_sharded_model(cfg: Config, rows: dict[str, int], device: torch.device,
-                        world_size: int) -> tuple[DistributedModelParallel, str]:
+                        world_size: int, placement: Placement | None = None) -> ShardedModel:
     """`model.arch` built with tables on meta, sharded by DistributedModelParallel (with the
-    configured codecs), its tables initialised from `run.seed` the same for any world size.
-    `rows`: table → rows, in the model's table order. Returns the model and its plan text."""
+    configured codecs where the run's `placement` puts them; None: the config's), its tables
+    initialised from `run.seed` the same for any world size. `rows`: table → rows, in the
+    model's table order. Returns the model, its plan text and the run's all-to-all counters."""
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.models.embedding_init import init_embeddings
 
     workload = workload_of(cfg)
-    dmp, plan_text = workload.shard(workload.build_model(cfg, rows, device), cfg, device, world_size)
-    init_embeddings(dmp, rows, cfg.run.seed)
-    return dmp, plan_text
+    placement = placement or Placement(cfg.comm, workload.collection_kind)
+    sharded = workload.shard(workload.build_model(cfg, rows, device), cfg, device, world_size, placement)
+    init_embeddings(sharded.model, rows, cfg.run.seed)
+    return sharded
 
 
 __all__ = ["Workload", "build_datasets", "build_model", "build_sharded_model", "register",

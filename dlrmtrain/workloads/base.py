@@ -22,11 +22,12 @@ from dlrmtrain.config.schema import Config
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.comm.codec import CollectionKind
     from dlrmtrain.data import Datasets
+    from dlrmtrain.comm.placement import Placement
+    from dlrmtrain.distributed.sharding import ShardedModel
     from dlrmtrain.models.activation_memory import ActivationMemory
     from dlrmtrain.run.machine import MemoryPart
 
@@ -75,6 +76,9 @@ class Workload(ABC):
     @abstractmethod
     def check_model(self, cfg: Config) -> None:
         """The model section's family-specific sizes (config/checks.py holds the shared ones)."""
+
+    def check_device(self, cfg: Config, device_type: str) -> None:
+        """Refuse a model setting whose kernel cannot run on `device_type`; default: none."""
 
     def check_pipeline(self, cfg: Config) -> None:
         """Refuse a `run.pipeline` this family's model cannot train under; default: none."""
@@ -186,5 +190,7 @@ class Workload(ABC):
 
     @abstractmethod
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
-              world_size: int) -> tuple[DistributedModelParallel, str]:
-        """`model` sharded by DistributedModelParallel with the configured codecs; and the plan's text."""
+              world_size: int, placement: Placement) -> ShardedModel:
+        """`model` sharded by DistributedModelParallel with the configured codecs where `placement`
+        (the run's, of this family's collection kind) puts them; the plan's text and the run's
+        all-to-all counters."""

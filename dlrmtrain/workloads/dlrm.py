@@ -18,7 +18,8 @@ from dlrmtrain.workloads.base import Workload
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from dlrmtrain.comm.placement import Placement
+    from dlrmtrain.distributed.sharding import ShardedModel
     from torchrec.distributed.types import ModuleSharder
     from torchrec.models.dlrm import DLRMTrain
 
@@ -101,11 +102,11 @@ class DlrmWorkload(Workload):
         return build_dlrm_model(cfg, rows, dense_device, cross_net=self.cross_net)
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
-              world_size: int) -> tuple[DistributedModelParallel, str]:
+              world_size: int, placement: Placement) -> ShardedModel:
         from dlrmtrain.distributed.sharding import shard_model
         from dlrmtrain.optim.fused import fused_params
 
-        return shard_model(model, cfg.sharding, cfg.comm,
+        return shard_model(model, cfg.sharding, placement,
                            fused_params(cfg.optim, self.table_precision(cfg), device.type), device, world_size,
                            ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 

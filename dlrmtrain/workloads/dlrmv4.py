@@ -14,7 +14,8 @@ from dlrmtrain.workloads.base import Workload
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from dlrmtrain.comm.placement import Placement
+    from dlrmtrain.distributed.sharding import ShardedModel
     from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.data import Datasets
@@ -59,15 +60,9 @@ class Dlrmv4Workload(Workload):
         checks.check_unused_keys(cfg, self.arch, self.unused_keys,
                                  {"model": "model.hstu", "data": "data.yambda"})
         checks.check_hstu_model(cfg)
-        from dlrmtrain.comm.embedding import validate_sequence_dedup_at  # torch: only when checked
 
-        c = cfg.comm
-        if c.dedup_at is None:  # unset: resolve_config picks a value this path takes
-            return
-        try:  # comm.dedup_at: source is the loader's distinct ids for the EmbeddingCollection
-            validate_sequence_dedup_at(c.dedup_at, c.codec, c.table_codecs, c.hierarchy)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    def check_device(self, cfg: Config, device_type: str) -> None:
+        checks.check_hstu_attention(cfg, device_type)
 
     def table_names(self, cfg: Config) -> list[str]:
         from dlrmtrain.sequence_features import TABLES
@@ -155,12 +150,12 @@ class Dlrmv4Workload(Workload):
         return build_hstu_model(cfg, dense_device, rows)
 
     def shard(self, model: nn.Module, cfg: Config, device: torch.device,
-              world_size: int) -> tuple[DistributedModelParallel, str]:
+              world_size: int, placement: Placement) -> ShardedModel:
         from dlrmtrain.distributed.sharding import shard_sequence_model
         from dlrmtrain.models.hstu.model import EMBEDDING_COLLECTION
         from dlrmtrain.optim.fused import fused_params
 
-        return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, cfg.comm,
+        return shard_sequence_model(model, EMBEDDING_COLLECTION, cfg.sharding, placement,
                                     fused_params(cfg.optim, self.table_precision(cfg), device.type), device,
                                     world_size, ddp_bucket_mb=cfg.run.ddp_bucket_mb)
 

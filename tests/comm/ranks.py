@@ -30,7 +30,7 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrmtrain.comm.embeddingbag import make_ebc_sharder
-from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+from dlrmtrain.comm.stats import CommCounters, collect_comm_stats
 from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
 from dlrmtrain.comm.topology import FLAT, Hierarchy
@@ -141,18 +141,20 @@ def _placement(t: Table):
 
 
 def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT, source: bool = False):
-    """The sharded TinyModel and its dense optimizer; `source`: the `comm.dedup_at: source` sharder."""
+    """The sharded TinyModel, its dense optimizer and its counters (the codec dists); `source`: the
+    `comm.dedup_at: source` sharder."""
     opt = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ADAGRAD}[sc.optimizer]
     fused = {"optimizer": opt, "learning_rate": sc.lr,
              "output_dtype": embedding_output_dtype(sc.precision, "cpu")}
     if sc.optimizer == "adagrad":
         fused["eps"] = 1e-8
+    counters = CommCounters()
     if source:
         from dlrmtrain.comm.dedup.source import SourceDedupEBCSharder
         sharder = SourceDedupEBCSharder(fused_params=fused)
     else:
         sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused,
-                                   hierarchy=hierarchy if codec != "none" else FLAT)
+                                   hierarchy=hierarchy if codec != "none" else FLAT, counters=counters)
     model = TinyModel(sc)
     per_param = {t.name: _placement(t) for t in sc.tables}
     mplan = construct_module_sharding_plan(model.ebc, per_param, sharder=sharder, local_size=world_size,
@@ -171,7 +173,7 @@ def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT
     dense_opt_cls = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[sc.optimizer]
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                       lambda p: dense_opt_cls(p, lr=sc.lr))
-    return dmp, dense_opt
+    return dmp, dense_opt, counters
 
 
 def local_weights(dmp: nn.Module) -> dict[str, torch.Tensor]:
@@ -202,10 +204,10 @@ def table_row_grads(features: KeyedJaggedTensor, embs_grad: torch.Tensor, dims: 
 def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock: bool = False,
               hierarchy: Hierarchy = FLAT) -> dict:
     """Train sc.steps steps under `codec`; `count_stock` attaches none's byte counters to stock dists."""
-    dmp, dense_opt = build(sc, codec, world_size, hierarchy)
+    dmp, dense_opt, counters = build(sc, codec, world_size, hierarchy)
     sebc = _sharded_ebc(dmp)
     if count_stock:
-        count_stock_dists(dmp)
+        count_stock_dists(dmp, counters)
     captured: list = []
     dims_per_sharding = [list(s._emb_dim_per_rank_per_feature()[rank]) if hasattr(s, "_emb_dim_per_rank_per_feature")
                          else list(s.embedding_dims())  # row-wise: every feature, full width, on every rank
@@ -225,7 +227,7 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
         dist_input = sebc.input_dist(ctx, kjt0).wait().wait()
         split = sebc.output_dist(ctx, sebc.compute(ctx, dist_input)).wait().to_dict()
     split_path_pooled = torch.cat([split[f] for f in dmp.module.features], dim=1)
-    for d in comm_counters(sebc):  # training steps only
+    for d in counters:  # training steps only
         d.comm_stats = dataclasses.replace(d.comm_stats, tables={}, steps=0, codec_seconds=0.0, fallback_steps=0,
                                            transfer_seconds=0.0, messages=0, inter_node_messages=0,
                                            inter_node_bytes=0, intra_node_bytes=0, id_exchange_bytes=0)
@@ -250,8 +252,8 @@ def run_codec(sc: Scenario, codec: str, rank: int, world_size: int, count_stock:
             result["weights_after_1"] = local_weights(dmp)
         result["losses"].append(loss.item())
     result["split_path_pooled"] = split_path_pooled
-    result["stats"] = collect_comm_stats(dmp)
-    result["stats_all_ranks"] = collect_comm_stats(dmp, all_ranks=True)
+    result["stats"] = collect_comm_stats(counters)
+    result["stats_all_ranks"] = collect_comm_stats(counters, all_ranks=True)
     result["summary"] = comm_summary(result["stats"])
     del dmp, dense_opt, sebc
     return result
@@ -261,7 +263,7 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hiera
     """Train sc.steps steps under HostSyncCounter; the codec's syncs per step and its dists' types."""
     from tests.comm.sync_counter import HostSyncCounter
 
-    dmp, dense_opt = build(sc, codec, world_size, hierarchy)
+    dmp, dense_opt, counters = build(sc, codec, world_size, hierarchy)
     sebc = _sharded_ebc(dmp)
     per_step = []
     for step in range(sc.steps):
@@ -273,7 +275,7 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hiera
             loss.backward()
             dense_opt.step()
         per_step.append(counter.syncs)
-    counted = collect_comm_stats(dmp)["host_syncs_per_step"]  # what the comm stats say
+    counted = collect_comm_stats(counters)["host_syncs_per_step"]  # what the comm stats say
     # the dist itself hands back an awaitable with the transfer in flight
     with torch.no_grad():
         ctx = sebc.create_context()
@@ -296,7 +298,7 @@ def count_host_syncs(rank: int, world_size: int, sc: Scenario, codec: str, hiera
     result = {"per_step": per_step, "awaitables": kinds, "works": works, "counted_per_step": counted,
               "plans_unrecorded": plans_unrecorded, "ctx_unrecorded": ctx_unrecorded,
               "awaited_recorded": awaited_recorded, "request_unrecorded": request_unrecorded,
-              "dists": len(comm_counters(sebc))}  # codec dists only: no stock counters attached here
+              "dists": len(counters)}  # codec dists only: no stock counters attached here
     del dmp, dense_opt, sebc
     return result
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
 from dlrmtrain.comm.stock_bytes import SequenceStockCounter
-from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+from dlrmtrain.comm.stats import collect_comm_stats
 from dlrmtrain.config.schema import AutoConfig, CommConfig, ShardingConfig
 from dlrmtrain.distributed.sharding import rowwise_adagrad_fused_params, shard_sequence_model
 from dlrmtrain.precision import embedding_output_dtype
@@ -138,11 +138,11 @@ def shard(sc: SeqScenario, codec: str, world_size: int, table_codecs: dict | Non
     sharding = ShardingConfig(planner=sc.planner, default_type=sc.default_type, tables=dict(sc.sharding_tables))
     comm = CommConfig(codec=codec, table_codecs=dict(table_codecs or {}), dedup_at=dedup_at,
                       auto=auto or AutoConfig())
-    dmp, plan_text = shard_sequence_model(SeqModel(), "ec", sharding, comm,
-                                          rowwise_adagrad_fused_params(LR, EPS, embedding_output_dtype(sc.precision, "cpu")),
-                                          torch.device("cpu"),
-                                          world_size)
-    return dmp, plan_text
+    from dlrmtrain.comm.placement import Placement
+
+    return shard_sequence_model(SeqModel(), "ec", sharding, Placement(comm, "sequence"),
+                                rowwise_adagrad_fused_params(LR, EPS, embedding_output_dtype(sc.precision, "cpu")),
+                                torch.device("cpu"), world_size)
 
 
 def source_made(dmp: nn.Module):
@@ -155,7 +155,7 @@ def source_made(dmp: nn.Module):
 
 def train(sc: SeqScenario, codec: str, rank: int, world_size: int, dedup_at: str = "owner") -> dict:
     """sc.steps fused-RowWiseAdagrad steps; outputs per step, losses, tables after, comm stats."""
-    dmp, plan_text = shard(sc, codec, world_size, dedup_at=dedup_at)
+    dmp, plan_text, counters = shard(sc, codec, world_size, dedup_at=dedup_at)
     made = source_made(dmp) if dedup_at == "source" else kjt_of
     probes = probe_vectors()
     result: dict = {"outputs": [], "losses": [], "plan": plan_text}
@@ -167,9 +167,9 @@ def train(sc: SeqScenario, codec: str, rank: int, world_size: int, dedup_at: str
         loss = loss_of(out, sc.batch_of(rank), probes)
         loss.backward()  # the fused optimizer updates the tables here
         result["losses"].append(loss.item())
-    result["stats"] = collect_comm_stats(dmp)
+    result["stats"] = collect_comm_stats(counters)
     result["tables"] = read_tables(dmp)
-    result["codec_dists"] = sum(not isinstance(c, SequenceStockCounter) for c in comm_counters(dmp))
+    result["codec_dists"] = sum(not isinstance(c, SequenceStockCounter) for c in counters)
     # one more step, counting the codec's host syncs (what would stall a GPU)
     from tests.comm.sync_counter import HostSyncCounter
 

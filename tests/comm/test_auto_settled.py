@@ -23,7 +23,7 @@ def _settled_run(rank: int, world_size: int) -> dict:
 
     from dlrmtrain.comm.auto.dist import AutoDist
     from dlrmtrain.comm.auto.policy import AutoPolicy
-    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
     entered = {"n": 0}
@@ -36,13 +36,13 @@ def _settled_run(rank: int, world_size: int) -> dict:
     AutoDist.forward = counting_forward  # class level: a settled AutoDist shadows it per instance
     out = {}
     for codec in ("none", "auto"):
-        dmp, dense_opt = build(SC, codec, world_size)
+        dmp, dense_opt, counters = build(SC, codec, world_size)
         if codec == "none":
-            count_stock_dists(dmp)
-        dists = [c for c in comm_counters(dmp) if isinstance(c, AutoDist)]
+            count_stock_dists(dmp, counters)
+        dists = counters.of_type(AutoDist)
         stock_calls = {"n": 0}
         for d in dists:  # dedup can never win by 10000%: the decision is none
-            d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0,
+            d.policy = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=100.0, close_call_retimes=0,
                                   check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2,
                                   drift=1e9)  # no drift on a noisy machine until DRIFT_FROM
             d.stock_dist.register_forward_pre_hook(lambda *_: stock_calls.__setitem__("n", stock_calls["n"] + 1))
@@ -61,7 +61,7 @@ def _settled_run(rank: int, world_size: int) -> dict:
             trace.append({"entered": entered["n"] - before[0], "stock": stock_calls["n"] - before[1],
                           "settled": [d.settled for d in dists],
                           "phase": [d.policy.phase for d in dists]})
-        out[codec] = {"losses": losses, "trace": trace, "stats": collect_comm_stats(dmp),
+        out[codec] = {"losses": losses, "trace": trace, "stats": collect_comm_stats(counters),
                       "decisions": [[(x.step, x.choice) for x in d.policy.decisions] for d in dists],
                       "n_dists": len(dists)}
         del dmp, dense_opt
@@ -109,16 +109,16 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
     import torch
 
     from dlrmtrain.comm.auto.sequence import SequenceAutoDist
-    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.config.schema import AutoConfig
     from tests.comm.sequence_ranks import SeqScenario, kjt_of, loss_of, probe_vectors, sequences_for, shard
 
     sc = SeqScenario(default_type="row_wise")
     # comm.auto through the run's sharder (build_ec_sharder); dedup 100x faster: never, on these tables
-    auto = AutoConfig(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=0.99,
+    auto = AutoConfig(warmup_steps=1, probe_steps=2, min_probe_steps=2, margin=0.99, close_call_retimes=0,
                       check_every=CHECK_EVERY, min_dwell=CHECK_EVERY, drift_samples=2, drift=1e9)
-    dmp, _ = shard(sc, "auto", world_size, auto=auto)
-    [d] = [c for c in comm_counters(dmp) if isinstance(c, SequenceAutoDist)]
+    dmp, _, counters = shard(sc, "auto", world_size, auto=auto)
+    [d] = counters.of_type(SequenceAutoDist)
     assert all(getattr(d.policy, k) == v for k, v in vars(auto).items()), (d.policy, auto)
     probes, settled, positions = probe_vectors(), [], 0
     steps = 12
@@ -129,7 +129,7 @@ def _sequence_settled_run(rank: int, world_size: int) -> dict:
         out = out.wait() if hasattr(out, "wait") else out
         loss_of(out, sc.batch_of(rank), probes).backward()
         settled.append(d.settled)
-    stats = collect_comm_stats(dmp)
+    stats = collect_comm_stats(counters)
     torch.distributed.barrier()
     del dmp
     gc.collect()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dlrmtrain.comm.auto.policy import AutoPolicy
-from dlrmtrain.comm.auto.source import SourceAuto, distinct_fraction
+from dlrmtrain.comm.auto.source import SourceAuto, distinct_fraction, rows_of_both_forms
 from dlrmtrain.comm.dedup.source import distinct_bags
 from dlrmtrain.data.loader import block_to_batch
 from dlrmtrain.data.parts import RowBlock
@@ -81,8 +81,9 @@ def test_a_sequence_batch_carries_both_forms_and_each_step_takes_one():
     full = _kjt(SEQS)
     batch = SequenceBatch(full, full, full, SequenceSourceDedup(SHARDINGS)(full)).to(torch.device("cpu"))
     assert isinstance(batch.distinct_sparse, DistinctIdsKJT)
-    # 16 positions; sent: T's 3 distinct, U's 2, d's 2 whole, x none
-    assert distinct_fraction(batch) == pytest.approx(7 / 16)
+    # 16 positions, 14 through a sharding (x has none: sent in neither form); sent: T's 3
+    # distinct, U's 2, d's 2 whole
+    assert rows_of_both_forms(batch) == (14, 7) and distinct_fraction(batch) == pytest.approx(7 / 14)
     auto = SourceAuto(AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1, margin=-100.0),
                       torch.device("cpu"))
     forms = []
@@ -96,8 +97,8 @@ def test_a_sequence_batch_carries_both_forms_and_each_step_takes_one():
 
 
 def test_the_trainers_source_auto_takes_the_runs_comm_auto():
-    """`dedup_at_the_source` (what the Trainer calls) builds its policy from comm.auto."""
-    from dlrmtrain.comm.auto.source import dedup_at_the_source
+    """The placement's `feed` (what the Trainer calls) builds the picker's policy from comm.auto."""
+    from dlrmtrain.comm.placement import Placement
     from dlrmtrain.config.schema import AutoConfig, CommConfig
 
     class Loader:  # what the call asks of the run's data: the batch transform
@@ -106,5 +107,7 @@ def test_the_trainers_source_auto_takes_the_runs_comm_auto():
 
     comm = CommConfig(codec="auto", dedup_at="source", auto=AutoConfig(probe_steps=3, margin=0.2, drift_samples=5))
     data = Loader()
-    auto = dedup_at_the_source(comm, "pooled", torch.nn.Linear(1, 1), data, torch.device("cpu"))
+    placement = Placement(comm, "pooled")
+    auto = placement.feed(torch.nn.Linear(1, 1), data, torch.device("cpu"))
     assert data.keep_full and auto.policy == AutoPolicy.of(comm.auto) != AutoPolicy()
+    assert list(placement.counters) == [auto]  # its decisions join the run's comm stats

@@ -60,14 +60,14 @@ def _train(sc: Scenario, mode: str, rank: int, world_size: int) -> dict:
     from dlrmtrain.comm.stock_bytes import count_stock_dists
 
     source = mode == "source"
-    dmp, dense_opt = build(sc, "none" if source else mode, world_size, source=source)  # SourceDedupEBCSharder
+    dmp, dense_opt, counters = build(sc, "none" if source else mode, world_size, source=source)  # SourceDedupEBCSharder
     if source:
         row_wise_dists_for_source(dmp)
-    count_stock_dists(dmp, "dedup" if source else "none")
-    count_lookups(dmp)
+    count_stock_dists(dmp, counters, "dedup" if source else "none")
+    count_lookups(dmp, counters)
     from tests.comm.sync_counter import HostSyncCounter
 
-    transform = source_transform(dmp, {}) if source else (lambda kjt: kjt)
+    transform = source_transform(dmp) if source else (lambda kjt: kjt)
     out = {"pooled": [], "losses": [], "syncs": []}
     for step in range(sc.steps):
         kjt, labels = batch_for(sc, step, rank)
@@ -86,7 +86,7 @@ def _train(sc: Scenario, mode: str, rank: int, world_size: int) -> dict:
         out["pooled"].append(pooled)
         out["losses"].append(loss.item())
         out["keys"] = list(dmp.module.last_keys)
-    out["stats"] = collect_comm_stats(dmp)
+    out["stats"] = collect_comm_stats(counters)
     return out
 
 

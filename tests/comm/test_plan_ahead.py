@@ -42,7 +42,7 @@ def forced_policy(choice: str):
     from dlrmtrain.comm.auto.policy import AutoPolicy
 
     return AutoPolicy(warmup_steps=1, probe_steps=1, min_probe_steps=1,
-                      margin=-100.0 if choice == "dedup" else 100.0, table_keep_fraction=2.0)
+                      margin=-100.0 if choice == "dedup" else 100.0, close_call_retimes=0, table_keep_fraction=2.0)
 
 
 def _record_plans(planner, model, log: dict) -> None:
@@ -115,7 +115,7 @@ def _wrap_steps(trainer, wrap) -> None:
 def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
     """`auto` under the plain loop, then the pipeline (see the module's docstring)."""
     from dlrmtrain.comm.auto.dist import AutoDist
-    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.comm.torchrec.contexts import PLAN_AHEAD
 
     results = {}
@@ -123,7 +123,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
         trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=auto", "comm.dedup_at=owner", f"run.max_steps={AUTO_STEPS}",
                            "eval.evals_per_epoch=4", f"run.name=auto_{mode}",
                            *(f"comm.auto.{k}={v}" for k, v in AUTO_SET.items()))
-        dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
+        dists = trainer.comm_counters.of_type(AutoDist)
         built_with = {d.sharding_type: {k: getattr(d.policy, k) for k in AUTO_SET} for d in dists}
         stale = []  # per training pass the stock dist ran: a plan still in its context?
 
@@ -137,7 +137,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
         syncs: list = []
         _wrap_steps(trainer, lambda step_fn: syncs_per_call(step_fn, syncs))
         summary = trainer.train()
-        stats = collect_comm_stats(trainer.model)
+        stats = collect_comm_stats(trainer.comm_counters)
         results[mode] = {
             "losses": summary.losses, "syncs": syncs, "stale": stale,
             "dists": {d.sharding_type: {
@@ -153,7 +153,7 @@ def _auto_plain_then_pipelined(env, world_size: int, out_dir: str) -> dict:
 
 def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
     from dlrmtrain.comm.dedup.dist import DedupDist
-    from dlrmtrain.comm.stats import collect_comm_stats, comm_counters
+    from dlrmtrain.comm.stats import collect_comm_stats
     from dlrmtrain.distributed.env import init_distributed
     from tests.comm.ranks import to_numpy
 
@@ -162,7 +162,7 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
     for mode in ("plain", "pipelined"):
         trainer = _trainer(env, world_size, out_dir, mode, "comm.codec=dedup", "comm.dedup_at=owner", f"run.max_steps={STEPS}",
                            "eval.evals_per_epoch=8", f"run.name={mode}")
-        dists = [d for d in comm_counters(trainer.model) if isinstance(d, DedupDist)]
+        dists = trainer.comm_counters.of_type(DedupDist)
         plans = [{"train": [], "eval": []} for _ in dists]
         for d, log in zip(dists, plans):
             _record_plans(d.planner, trainer.model, log)
@@ -170,7 +170,7 @@ def _plain_then_pipelined(rank: int, world_size: int, out_dir: str) -> dict:
         splits: list = []
         _wrap_steps(trainer, lambda step_fn: _split_exchanges(syncs_per_call(step_fn, syncs), splits))
         summary = trainer.train()
-        stats = collect_comm_stats(trainer.model)
+        stats = collect_comm_stats(trainer.comm_counters)
         results[mode] = to_numpy({
             "losses": summary.losses, "plans": plans, "syncs": syncs, "dists": len(dists), "splits": splits,
             "sharding_types": sorted(d.comm_stats.sharding_type for d in dists),

@@ -73,3 +73,28 @@ def test_the_builders_refuse_what_the_hierarchy_cannot_carry() -> None:
     with pytest.raises(ValueError, match=r"comm\.codec: 'fp16' cannot run under comm\.hierarchy: node"):
         make_ebc_sharder("fp16", {}, FUSED, hierarchy=node)
     assert isinstance(make_ebc_sharder("dedup", {}, FUSED, hierarchy=node), CodecEmbeddingBagCollectionSharder)
+
+
+def test_a_codec_declares_where_it_runs_nothing_is_derived_from_lossless():
+    """A lossless codec that leaves `dedups`, `sides` or `runs_under_two_levels` unsaid is refused
+    at registration (it was once accepted under two levels because it was lossless)."""
+    import torch.nn as nn
+
+    from dlrmtrain.comm.codec import EmbeddingCommCodec
+    from dlrmtrain.comm.registry import available_codecs, register_codec
+
+    class Undeclared(EmbeddingCommCodec):
+        name, lossless = "undeclared", True
+
+        def supports(self, sharding_type, kind="pooled") -> bool:
+            return True
+
+        def make_output_dist(self, spec) -> nn.Module:
+            return spec.stock_dist
+
+    with pytest.raises(TypeError, match="must declare dedups, sides, runs_under_two_levels"):
+        register_codec(Undeclared())
+    assert "undeclared" not in available_codecs()
+    Undeclared.dedups, Undeclared.sides, Undeclared.runs_under_two_levels = False, frozenset({"middle"}), False
+    with pytest.raises(TypeError, match="sides must be a non-empty set of 'owner' and 'sample'"):
+        register_codec(Undeclared())

@@ -58,7 +58,7 @@ def _train(name: str, codec: str, rank: int, world_size: int) -> dict:
 
 
 def _bad_input(sc: SeqScenario, rank: int, world_size: int, bad: int) -> str:
-    dmp, _ = shard(sc, "dedup", world_size, dedup_at="source")
+    dmp, _, _ = shard(sc, "dedup", world_size, dedup_at="source")
     seqs = sequences_for(sc, 0, rank)
     seqs["artist_id"][0][0] = bad  # on every rank: each refuses it before the id all-to-all
     try:  # where the loader makes the batch, before the id all-to-all
@@ -307,8 +307,10 @@ def test_source_dedup_refuses_an_id_outside_its_table_on_each_rank(runs):
     ("none", {}, "flat", "comm.codec: dedup"), ("dedup", {"uid": "none"}, "flat", "comm.table_codecs.uid"),
     ("dedup", {}, "node", "comm.hierarchy: flat")])
 def test_source_dedup_refuses_what_it_does_not_build_naming_the_key(codec, table_codecs, hierarchy, key):
-    from dlrmtrain.comm.topology import Hierarchy
+    from dlrmtrain.comm.placement import Placement
+    from dlrmtrain.config.schema import CommConfig
 
     with pytest.raises(ValueError, match="comm.dedup_at: source") as e:
-        make_ec_sharder(codec, table_codecs, {}, hierarchy=Hierarchy(hierarchy), dedup_at="source")
+        Placement(CommConfig(codec=codec, table_codecs=table_codecs, hierarchy=hierarchy, dedup_at="source"),
+                  "sequence")
     assert key in str(e.value)

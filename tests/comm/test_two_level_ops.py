@@ -87,7 +87,7 @@ def _plan_ops(rank: int, world_size: int) -> dict[int, int]:
     with _ranges():
         for tables in (2, 8):
             sc = _scenario(tables)
-            dmp, dense_opt = build(sc, "dedup", world_size, NODE)
+            dmp, dense_opt, _ = build(sc, "dedup", world_size, NODE)
             for step in range(sc.steps):  # the last one counted: key widths learned by then
                 kjt, labels = batch_for(sc, step, rank)
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

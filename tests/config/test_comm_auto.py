@@ -70,6 +70,7 @@ def test_values_auto_cannot_honour_are_refused_naming_the_key(overrides, message
 
 @pytest.mark.parametrize("override, message", [
     ("comm.auto.margin=-0.1", r"comm\.auto\.margin: must not be negative"),
+    ("comm.auto.close_call_retimes=-1", r"comm\.auto\.close_call_retimes: must not be negative"),
     ("comm.auto.probe_step=3", r"unknown key comm\.auto\.probe_step \(known in comm\.auto: check_every"),
 ])
 def test_the_loader_refuses_negatives_and_unknown_keys(override, message):

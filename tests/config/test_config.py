@@ -128,6 +128,11 @@ def test_missing_config_file_is_named(tmp_path):
     (["sharding.planner=torchrec", "sharding.tables={t_cat_0: row_wise}", "run.device=cpu"], 2,
      r"no row-wise sharding on CPU"),
     (["data.synthetic.num_train_samples=10"], 2, r"data\.synthetic\.num_train_samples"),
+    (["data.workers=0"], 2, r"data\.workers: must be at least 1"),
+    (["data.workers=2"], 2, r"data\.workers: 2 workers, but source 'synthetic' holds its rows in memory"),
+    (["model.arch=dlrmv4_hstu", "data.source=synthetic_yambda", "data.workers=2",
+      "data.yambda.prefetch_batches=0"], 2,
+     r"data\.workers: 2 workers make batches ahead, but data\.yambda\.prefetch_batches is 0"),
     (["checkpoint.resume=true", "run.overwrite=true"], 2,  # was: the overwrite silently dropped
      r"^checkpoint\.resume=true and run\.overwrite=true: .*give one of them$"),
     # bf16 rows rounded again (precision.py): refused where the lookup emits bf16

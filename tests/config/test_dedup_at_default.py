@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlrmtrain.config.loader import ConfigError, load_config
-from dlrmtrain.validation import dedup_at_note, resolve_config, unresolved_keys, validate_config
+from dlrmtrain.validation import placement_note, resolve_config, unresolved_keys, validate_config
 
 MINI_V4 = str(Path(__file__).resolve().parents[2] / "configs" / "mini_dlrmv4.yaml")
 
@@ -48,7 +48,7 @@ def test_unset_resolves_to_owner_and_says_why(name):
     loaded, cfg = _resolved(path, overrides)
     assert loaded.comm.dedup_at is None and "comm.dedup_at" in unresolved_keys(loaded)
     assert cfg.comm.dedup_at == "owner" and unresolved_keys(cfg) == []
-    note = dedup_at_note(loaded, cfg)
+    note = placement_note(loaded, cfg)
     assert note.startswith("comm.dedup_at: owner (") and why in note, note
     # the same run asked explicitly for source is refused, naming the key
     with pytest.raises(ConfigError, match="comm.dedup_at: source|comm.table_codecs"):
@@ -58,7 +58,7 @@ def test_unset_resolves_to_owner_and_says_why(name):
 @pytest.mark.parametrize("name", list(SOURCE))
 def test_unset_resolves_to_source_where_the_path_carries_it(name):
     loaded, cfg = _resolved(*SOURCE[name])
-    assert cfg.comm.dedup_at == "source" and dedup_at_note(loaded, cfg) is None
+    assert cfg.comm.dedup_at == "source" and placement_note(loaded, cfg) is None
     validate_config(cfg, 2)
 
 
@@ -68,7 +68,7 @@ def test_mostly_row_wise_tables_resolve_to_owner_yet_take_an_explicit_source():
     overrides = ["comm.codec=dedup", "sharding.default_type=row_wise", "sharding.tables={t_cat_1: table_wise}"]
     loaded, cfg = _resolved(None, overrides)
     assert cfg.comm.dedup_at == "owner"
-    assert dedup_at_note(loaded, cfg) == ("comm.dedup_at: owner (sharding: 25 of 26 tables row-wise: at the "
+    assert placement_note(loaded, cfg) == ("comm.dedup_at: owner (sharding: 25 of 26 tables row-wise: at the "
                                           "source their output sends world size x the distinct rows)")
     validate_config(load_config(None, [*overrides, "comm.dedup_at=source"]), 2)
     # data-parallel tables never cross: a half that is row-wise among those that do is no majority
@@ -79,13 +79,13 @@ def test_mostly_row_wise_tables_resolve_to_owner_yet_take_an_explicit_source():
 
 def test_unset_without_a_deduping_codec_is_owner_and_prints_nothing():
     loaded, cfg = _resolved(None, ["comm.codec=fp16"])
-    assert cfg.comm.dedup_at == "owner" and dedup_at_note(loaded, cfg) is None
+    assert cfg.comm.dedup_at == "owner" and placement_note(loaded, cfg) is None
 
 
 @pytest.mark.parametrize("value", ["owner", "source"])
 def test_an_explicit_value_is_kept_and_prints_nothing(value):
     loaded, cfg = _resolved(None, ["comm.codec=dedup", f"comm.dedup_at={value}"])
-    assert cfg.comm.dedup_at == value and dedup_at_note(loaded, cfg) is None
+    assert cfg.comm.dedup_at == value and placement_note(loaded, cfg) is None
     validate_config(cfg, 2)
 
 

@@ -93,6 +93,9 @@ def test_order_is_deterministic_per_seed_and_epoch(tmp_path):
         return rows_seen(loader)
 
     assert order(1, 0) == order(1, 0) == order(1, 0, prefetch=0)
+    for workers in (2, 3):  # several threads making batches: the same batches, the same order
+        loader = CriteoBatchLoader(open_parts(tmp_path), CriteoLoaderSpec(12, shuffle=True, seed=1, workers=workers))
+        assert rows_seen(loader) == order(1, 0)
     assert order(1, 0) != order(2, 0)
     assert order(1, 0) != order(1, 1)
     assert sorted(order(1, 0)) == sorted(order(2, 0))

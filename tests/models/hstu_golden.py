@@ -35,6 +35,8 @@ GOLDEN_HSTU = [
     "model.hstu.action_embedding_dim=8", "model.hstu.num_position_buckets=8192",
     "model.hstu.num_time_buckets=2048",
     "model.hstu.input_dropout=0", "model.hstu.linear_dropout=0",
+    # the reference's PyTorch kernel, whatever `auto` picks: the bitwise claims are padded's
+    "model.hstu.attention=padded",
 ]
 QUERY_TIMES = {"t1e7": 10_000_000, "t1p7e9": 1_700_000_000}
 """Batch name → about when its candidates are scored (seconds)."""

@@ -13,7 +13,6 @@ shapes that is under 2.5 %; a formula missing one per-token tensor would be off 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from dlrmtrain.features import TABLE_NAMES
 from dlrmtrain.models.dlrm_activations import dlrm_activation_memory
 from dlrmtrain.models.hstu import build_hstu_model, jagged
 from dlrmtrain.models.hstu.activations import (
-    attention_kind, attention_part, hstu_activation_memory, stu_projection_part)
+    attention_kind, attention_part, hstu_activation_memory, stu_projection_part, with_attention)
 from dlrmtrain.models.hstu.stu import STULayer
 from dlrmtrain.workloads import workload_of
 from tests.models.hstu_batches import random_batch, tiny_hstu_config
@@ -53,14 +52,16 @@ def assert_within(estimate: int, measured: int) -> None:
     assert measured > 0 and 1 / WITHIN <= estimate / measured <= WITHIN, (estimate, measured)
 
 
-@pytest.mark.parametrize("precision, dropout", [("fp32", 0.1), ("bf16", 0.1), ("fp32", 0.0)])
-def test_one_padded_stu_layer_saves_what_the_model_says(precision, dropout):
+@pytest.mark.parametrize("precision, dropout, kind", [("fp32", 0.1, "padded"), ("bf16", 0.1, "padded"),
+                                                     ("fp32", 0.0, "padded"), ("fp32", 0.1, "blocked"),
+                                                     ("bf16", 0.1, "blocked")])
+def test_one_stu_layer_saves_what_the_model_says(precision, dropout, kind):
     cfg = load_config(None, ["model.hstu.dim=64", "model.hstu.num_heads=2", "model.hstu.attn_qk_dim=16",
                              "model.hstu.attn_linear_dim=24", f"model.hstu.linear_dropout={dropout}"])
     h = cfg.model.hstu
     batch, rows, bf16 = 3, 96, precision == "bf16"
     torch.manual_seed(0)
-    layer = STULayer(h.dim, h.num_heads, h.attn_qk_dim, h.attn_linear_dim, h.linear_dropout)
+    layer = STULayer(h.dim, h.num_heads, h.attn_qk_dim, h.attn_linear_dim, h.linear_dropout, kind)
     lengths = torch.full((batch,), rows, dtype=torch.int64)
     # the layer's input is what the previous one returns: bf16 under bf16 autocast
     x = torch.randn(batch * rows, h.dim, dtype=torch.bfloat16 if bf16 else torch.float32, requires_grad=True)
@@ -70,23 +71,23 @@ def test_one_padded_stu_layer_saves_what_the_model_says(precision, dropout):
             layer(x, jagged.offsets_of(lengths), lengths, torch.ones(batch, dtype=torch.int64), rows)
 
     a = 2 if bf16 else 4
-    estimate = (stu_projection_part(h, batch * rows, a).saved + attention_part(h, batch, rows, a, "padded").saved
+    estimate = (stu_projection_part(h, batch * rows, a).saved + attention_part(h, batch, rows, a, kind).saved
                 + (2 * (h.dim * h.num_heads * (2 * h.attn_qk_dim + 2 * h.attn_linear_dim)
                         + 3 * h.num_heads * h.attn_linear_dim * h.dim) if bf16 else 0))  # the two weight copies
     assert_within(estimate, saved_bytes(forward, layer.parameters()))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_whole_hstu_model_saves_what_the_model_says(precision):
+@pytest.mark.parametrize("precision, kind", [("fp32", "padded"), ("bf16", "padded"), ("bf16", "blocked")])
+def test_the_whole_hstu_model_saves_what_the_model_says(precision, kind):
     history = 55
     cfg = tiny_hstu_config(f"model.hstu.max_seq_len={history + 9}", "model.hstu.dim=64", "model.embedding_dim=32",
                            "model.hstu.num_heads=2", "model.hstu.attn_qk_dim=16", "model.hstu.attn_linear_dim=16",
                            "model.hstu.preprocessor_hidden_dim=48", "model.hstu.num_position_buckets=128",
-                           f"precision.mode={precision}")
+                           f"precision.mode={precision}", f"model.hstu.attention={kind}")
     model = build_hstu_model(cfg, CPU, table_device=CPU)
     batch = random_batch(torch.Generator().manual_seed(0), batch_size=4, max_history=history, min_history=history)
     emb = dict(model.embedding_collection(batch.sparse).items())  # the looked-up rows: the forward's input
-    estimate = hstu_activation_memory(cfg.model.hstu, cfg.model.embedding_dim, 4, history + 9, precision, "padded")
+    estimate = hstu_activation_memory(cfg.model.hstu, cfg.model.embedding_dim, 4, history + 9, precision, kind)
     assert_within(estimate.saved, saved_bytes(lambda: model.loss_and_outputs(batch, emb), model.parameters()))
 
 
@@ -117,20 +118,34 @@ def test_a_small_dlrm_forward_saves_what_the_model_says(arch, precision):
 
 def test_padded_attention_grows_with_the_padded_length_the_jagged_kernels_with_the_tokens():
     """At a fixed token count, padded's scores double with N (B·N²; its per-token q, k, v
-    copies do not) while the jagged kernels' bytes stay put (q, k, v and the output per token)."""
+    copies do not) while the jagged kernels' bytes stay put: triton's copy of q, k and v per
+    token, nothing of blocked's own (it keeps the views of the layer's q, k, v it is given)."""
     h = load_config(REPO / "configs/mlperf_dlrmv4.yaml").model.hstu
-    for kind in ("blocked", "triton"):
+    for kind, per_token in (("blocked", 0), ("triton", 2 * h.num_heads * (2 * h.attn_qk_dim + h.attn_linear_dim))):
         short, long = attention_part(h, 8, 512, 2, kind), attention_part(h, 4, 1024, 2, kind)
-        assert short.saved == long.saved > 0 and short.transient == long.transient
+        assert short.saved == long.saved == per_token * 8 * 512
     short, long = attention_part(h, 8, 512, 2, "padded"), attention_part(h, 4, 1024, 2, "padded")
     assert 1.7 < long.saved / short.saved < 2.0 and long.transient == 2 * short.transient
 
 
-def test_the_attention_kind_is_padded_without_the_key_and_auto_picks_by_device():
-    assert attention_kind(SimpleNamespace(), "cuda") == "padded"  # a config from before model.hstu.attention
-    h = load_config(None).model.hstu
+def test_blocked_scratch_is_one_chunk_whatever_the_batch_and_grows_with_n_only_past_the_budget():
+    h = load_config(REPO / "configs/mlperf_dlrmv4.yaml").model.hstu
+    small, large = attention_part(h, 2, 512, 2, "blocked"), attention_part(h, 1024, 512, 2, "blocked")
+    assert small.transient == large.transient > 0
+    assert attention_part(h, 1, 1024, 2, "blocked").transient == small.transient  # one tile ≤ the chunk budget
+    assert attention_part(h, 1, 8192, 2, "blocked").transient > 2 * small.transient  # one tile alone exceeds it
+    assert attention_part(h, 1, 4096, 2, "triton").transient == 0  # its tiles live on the chip
+
+
+def test_the_attention_kind_is_the_models_own_rule_auto_by_device_and_length():
+    """activations.attention_kind asks attention/kinds.py, the rule the model is built with."""
+    cfg = load_config(None)
+    h = cfg.model.hstu
     for kind in ("padded", "blocked", "triton"):
         h.attention = kind
         assert attention_kind(h, "cuda") == attention_kind(h, "cpu") == kind
     h.attention = "auto"
-    assert (attention_kind(h, "cuda"), attention_kind(h, "cpu")) == ("triton", "blocked")
+    assert (attention_kind(h, "cuda"), attention_kind(h, "cpu")) == ("triton", "blocked")  # 4,096 rows
+    h.max_seq_len = 64
+    assert (attention_kind(h, "cuda"), attention_kind(h, "cpu")) == ("triton", "padded")
+    assert with_attention(cfg, "blocked").model.hstu.attention == "blocked" and h.attention == "auto"

@@ -52,7 +52,7 @@ def test_unknown_hstu_keys_and_postprocessors_are_refused_by_the_loader():
 
 USED_BY_DLRMV4 = (
     "run.", "model.arch", "model.embedding_dim", "model.max_table_rows", "model.hstu.",
-    "data.source", "data.yambda.", "sharding.", "comm.", "optim.", "precision.", "eval.",
+    "data.source", "data.workers", "data.yambda.", "sharding.", "comm.", "optim.", "precision.", "eval.",
     "checkpoint.", "logging.", "mlperf.",
 )
 """Key prefixes the DLRMv4 path acts on (one with a refused value: comm.hierarchy node,

@@ -4,8 +4,8 @@ configs/mini_dlrmv4.yaml at a tiny size (64 users, global batch 32, dropout off 
 ranks draw no random masks, every history equally long): the row-wise sharded
 EmbeddingCollection on 2 ranks trains as a single process does on the same global
 batches; the `dedup` sequence all-to-all gives the same loss as `none` (bitwise at
-step 1: same weights, lossless forward); a table read once per sample trained data-parallel
-gives the sharded run's losses; a checkpoint of the sharded tables and both
+step 1: same weights, lossless forward), under the config's attention and under
+`blocked`; a table read once per sample trained data-parallel gives the sharded run's losses; a checkpoint of the sharded tables and both
 optimizers (Adam, RowWiseAdagrad) resumes the same trajectory; TorchRec's sparse_dist and
 fused_sparse_dist pipelines train the plain loop's numbers bitwise under the warmup's changing
 rate, evaluations in between; `auto` settled on dedup plans its sequence all-to-all ahead
@@ -39,6 +39,12 @@ NO_EVAL = ["eval.enabled=false", f"run.max_steps={STEPS}"]
 SGD = ["optim.name=sgd", "optim.lr=0.5", "optim.grad_clip_norm=null"]
 
 
+ATTENTION_KINDS_ALSO = ("blocked",)
+"""model.hstu.attention kinds run beside the config's own (`auto`: padded at 64 rows on CPU)."""
+KIND_STEPS = 2
+"""Steps of those runs: the first is the bitwise claim, the second trains on its update."""
+
+
 def _losses(summary: dict) -> list[float]:
     return [loss for _step, loss in summary["losses"]]
 
@@ -51,7 +57,6 @@ def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str, dedup_a
     policy), each step's codec host syncs counted; at the owner (its dists) or the source (the
     loader's two forms, `SourceAuto`)."""
     from dlrmtrain.comm.auto.dist import AutoDist
-    from dlrmtrain.comm.stats import comm_counters
     from dlrmtrain.config import load_config
     from dlrmtrain.distributed.env import init_distributed
     from dlrmtrain.trainer import Trainer
@@ -64,7 +69,7 @@ def _train_auto(rank: int, world_size: int, out_dir: str, pipeline: str, dedup_a
         f"run.pipeline={pipeline}"]))
     validate_config(cfg, world_size)
     trainer = Trainer(cfg, init_distributed("cpu"))
-    dists = [d for d in comm_counters(trainer.model) if isinstance(d, AutoDist)]
+    dists = trainer.comm_counters.of_type(AutoDist)
     for d in dists:
         d.policy = forced_policy("dedup")
     if trainer.source_auto is not None:
@@ -110,6 +115,11 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
         runs["pipeline dedup"]["comm_stats"] = json.loads(
             (Path(out_dir) / "pipe_dedup" / "comm_stats.json").read_text())
     runs["dedup"] = train("dedup", "comm.codec=dedup", "comm.dedup_at=owner")
+    for kind in ATTENTION_KINDS_ALSO:  # the same comparison under the other CPU attention
+        steps = f"run.max_steps={KIND_STEPS}"
+        runs[f"none {kind}"] = train(f"none_{kind}", "comm.codec=none", f"model.hstu.attention={kind}", steps)
+        runs[f"dedup {kind}"] = train(f"dedup_{kind}", "comm.codec=dedup", "comm.dedup_at=owner",
+                                      f"model.hstu.attention={kind}", steps)
     # dedup at the source (the loader's distinct ids): only they cross, through TorchRec's own dists
     runs["source"] = train("source", "comm.codec=dedup", "comm.dedup_at=source")
     runs["source sparse_dist"] = train("source_pipe", "comm.codec=dedup", "comm.dedup_at=source",
@@ -131,7 +141,7 @@ def _scenarios(rank: int, world_size: int, out_dir: str) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    return run_ranks(_scenarios, 2, str(tmp_path_factory.mktemp("two")), timeout=300)
+    return run_ranks(_scenarios, 2, str(tmp_path_factory.mktemp("two")), timeout=360)
 
 
 def test_two_sharded_ranks_train_as_one_process(two_ranks, tmp_path):
@@ -161,6 +171,16 @@ def test_dedup_sequence_all_to_all_gives_the_loss_of_none(two_ranks):
     # afterwards the embedding gradients' sums come in another order: fp32 rounding
     assert dedup == pytest.approx(none, rel=1e-5, abs=1e-6)
     assert two_ranks[0]["dedup"]["codec"] == "dedup"
+
+
+@pytest.mark.parametrize("kind", ATTENTION_KINDS_ALSO)
+def test_dedup_gives_the_loss_of_none_under_each_attention(two_ranks, kind):
+    none, dedup = _losses(two_ranks[0][f"none {kind}"]), _losses(two_ranks[0][f"dedup {kind}"])
+    assert len(none) == KIND_STEPS and dedup[0] == none[0]  # lossless forward, same weights: bitwise
+    assert dedup == pytest.approx(none, rel=1e-5, abs=1e-6)
+    # the same model as padded's up to fp32 summation order over the keys (here, one chunk of
+    # 16-wide products, the same bits; which kernel a config builds: test_hstu_attention_blocked.py)
+    assert none == pytest.approx(_losses(two_ranks[0]["none"])[:KIND_STEPS], rel=1e-4, abs=1e-5)
 
 
 def test_source_dedup_of_the_loaders_distinct_ids_gives_the_loss_of_none(two_ranks):

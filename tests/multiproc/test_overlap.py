@@ -34,7 +34,7 @@ def _train_both_orders(rank: int, world_size: int, out_dir: str) -> dict:
                                                  f"comm.codec={codec}", "comm.dedup_at=owner"))
                 validate_config(cfg, world_size)
                 data = build_datasets(cfg, rank, world_size)
-                model, _ = build_sharded_model(cfg, data.table_rows, env.device, world_size)
+                model, _, _ = build_sharded_model(cfg, data.table_rows, env.device, world_size)
                 assert set_sparse_first(model, sparse_first) == 1
                 optimizer = build_optimizer(model, cfg.optim)
                 order: list[str] = []

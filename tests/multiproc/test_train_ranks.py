@@ -65,6 +65,7 @@ def test_step_breakdown_on_request(two_ranks):
     report = json.loads((two_ranks[1] / "breakdown" / "bd" / "step_breakdown.json").read_text())
     assert report["steps_measured"] == 10
     assert all(ms > 0 for ms in report["phase_ms_per_step"].values())
+    assert 0 < report["input_wait_ms_per_step"] <= report["phase_ms_per_step"]["data"]
     # Table-wise embeddings cross ranks by all-to-all; dense grads by all-reduce.
     assert report["collective_ms_per_step"]["all_to_all (embeddings)"] > 0
     assert report["collective_ms_per_step"]["all_reduce (dense grads)"] > 0

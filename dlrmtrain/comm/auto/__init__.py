@@ -1,5 +1,5 @@
 """The lossless `auto` codec: per all-to-all (and per table) `none` or `dedup`, whichever measures faster.
 
 policy.py decides (no torch); dist.py (`AutoDist`) applies the decisions; codec.py (`AutoCodec`) builds it;
-source.py (`SourceAuto`) applies them per batch under `comm.dedup_at: source`.
+source.py (`SourceAuto`, `AutoSampleSide`) applies them per batch where the batch is made (comm/placement.py).
 """

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
-from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, SampleSide
 from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.auto.sequence import SequenceAutoDist
 from dlrmtrain.config.schema import AutoConfig
@@ -23,11 +23,23 @@ class AutoCodec(EmbeddingCommCodec):
     name = "auto"
     lossless = True
     needs_ids = True  # its dedup path reads both ends' ids
+    dedups = True
+    sides = frozenset({"owner", "sample"})  # per all-to-all at the owner, per batch at the sample side
+    runs_under_two_levels = True  # none or two-level dedup
 
     def __init__(self, settings: AutoConfig | None = None) -> None:
         """`settings`: the run's `comm.auto` (registry.run_codecs); None: the defaults."""
         self._dedup = DedupCodec()
         self._policy = AutoPolicy.of(settings or AutoConfig())
+
+    def for_run(self, auto: AutoConfig | None) -> AutoCodec:
+        return AutoCodec(auto)
+
+    def sample_side(self, kind: CollectionKind) -> SampleSide:
+        """Dedup's sample side, a `SourceAuto` picking each batch's form (auto/source.py)."""
+        from dlrmtrain.comm.auto.source import AutoSampleSide
+
+        return AutoSampleSide(self._dedup.sample_side(kind), self._policy)
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return self._dedup.supports(sharding_type, kind)

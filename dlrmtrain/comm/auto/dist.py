@@ -37,7 +37,7 @@ from torchrec.distributed.embedding_sharding import EmbeddingShardingContext
 from torchrec.distributed.types import Awaitable
 
 from dlrmtrain.comm import timing
-from dlrmtrain.comm.auto.policy import AutoPolicy
+from dlrmtrain.comm.auto.policy import AutoPolicy, Wire, link_bytes_per_s
 from dlrmtrain.comm.codec import DistSpec
 from dlrmtrain.comm.stats import DistCommStats, TableCommStats
 from dlrmtrain.comm.stock_bytes import add_tallied_passes, count_stock_step, pass_key
@@ -102,6 +102,9 @@ class AutoDist(nn.Module):
                 self.policy.early_check_due() and self.policy.clear_cut(
                     self._agree(self.policy.local_extremes(), local_embs.device, op=dist.ReduceOp.MAX))):
             self._decide(local_embs.device)
+        elif self.policy.retime_due():
+            self.policy.reprobe()
+            self._note(self.policy.retime_line())
         elif self.policy.check_due():
             self._check_drift(local_embs.device)
         path = self.policy.path()
@@ -191,18 +194,24 @@ class AutoDist(nn.Module):
         W = self.layout.world_size
         names = sorted(self.tables)
         now = self._dedup_tables_snapshot()
-        counts = []
+        counts, wire = [], [0.0, 0.0]  # dedup's probe steps' bytes as sent, and as none would send
         for t in names:
             base = (self._probe_base or {}).get(t, TableCommStats())
             cur = now.get(t, TableCommStats())
             counts += [cur.bags - base.bags, cur.unique_bags - base.unique_bags]
-        agreed = self._agree([*self.policy.local_medians(), *counts], device)
-        none_s, dedup_s = agreed[0] / W, agreed[1] / W
-        fractions = {t: (agreed[3 + 2 * i] / agreed[2 + 2 * i]) if agreed[2 + 2 * i] else 1.0
+            wire[0] += 2 * (cur.uncompressed_fwd_sent_bytes - base.uncompressed_fwd_sent_bytes)
+            wire[1] += (cur.payload_fwd_sent_bytes - base.payload_fwd_sent_bytes
+                        + cur.payload_bwd_sent_bytes - base.payload_bwd_sent_bytes)
+        probed = max(1, self.policy.timed_steps("dedup"))  # dedup's passes in the probe
+        *agreed, none_b, dedup_b = self._agree([*self.policy.local_probe(), *counts,
+                                                wire[0] / probed, wire[1] / probed], device)
+        none_s, dedup_s, spread = agreed[0] / W, agreed[1] / W, max(agreed[2], agreed[3]) / W
+        fractions = {t: (agreed[5 + 2 * i] / agreed[4 + 2 * i]) if agreed[4 + 2 * i] else 1.0
                      for i, t in enumerate(names)}
-        bags = sum(agreed[2::2])
-        overall = sum(agreed[3::2]) / bags if bags else None
-        decision = self.policy.decide(none_s, dedup_s, overall)
+        bags = sum(agreed[4::2])
+        overall = sum(agreed[5::2]) / bags if bags else None
+        decision = self.policy.decide(none_s, dedup_s, overall, spread,
+                                      Wire(none_b, dedup_b, link_bytes_per_s()) if none_b > 0 else None)
         self._probe_base = None
         reason = decision.reason
         if decision.choice == "dedup" and hasattr(self.dedup_dist.planner, "dedup_tables"):
@@ -223,9 +232,7 @@ class AutoDist(nn.Module):
         elif not hasattr(self.dedup_dist.planner, "dedup_tables"):
             self.table_choice = {t: "dedup" for t in names}
         decision.reason = reason
-        line = f"step {decision.step}: {decision.choice} ({reason}; {self._fractions_text(fractions, overall)})"
-        self.none_stats.decisions.append(line)
-        self._say(f"comm auto ({self._what()}): {line}")
+        self._note(f"{decision.head()} ({reason}; {self._fractions_text(fractions, overall)})")
 
     def _what(self) -> str:
         """The all-to-all in words: its sharding type and its tables (named when few)."""
@@ -253,9 +260,13 @@ class AutoDist(nn.Module):
             frac = sum(t.unique_bags for t in tot) / bags if bags else None
         drifted, = self._agree([float(self.policy.local_drift(frac))], device, op=dist.ReduceOp.MAX)
         if drifted:
-            self._say(f"comm auto ({self._what()}): step time or distinct fraction drifted at step "
-                      f"{self.policy.step}; timing both paths again")
             self.policy.reprobe()
+            self._note(self.policy.reprobe_line("the step time or distinct fraction drifted"))
+
+    def _note(self, line: str) -> None:
+        """Print `line` and list it with the decisions (comm_stats.json's `auto_decisions`)."""
+        self.none_stats.decisions.append(line)
+        self._say(f"comm auto ({self._what()}): {line}")
 
     def _dedup_tables_snapshot(self) -> dict[str, TableCommStats]:
         return {t: dataclasses.replace(s) for t, s in self.dedup_dist.comm_stats.tables.items()}

@@ -16,12 +16,24 @@ between two training passes through one all-to-all) under each path:
    by more than `clear_margin`, waiting for more samples only costs steps on
    the slow path (at MLPerf's shape through 1 Gbit/s, `none` steps are ~1.7x
    `dedup`'s, and a short MLPerf run is ~30 steps);
-3. decision: all ranks' medians are averaged by the caller (one small
-   all-reduce, so every rank decides alike: both ends of a block must use the
-   same codec) and `decide()` keeps the current path unless the other is
-   faster by more than `margin` (hysteresis; before the first decision the
-   current path is `none`, so dedup must clearly pay);
-4. steady: every `check_every` steps the caller asks `drifted()` (again
+3. decision: all ranks' medians and spreads (`local_probe`) are averaged by
+   the caller (one small all-reduce, so every rank decides alike: both ends of
+   a block must use the same codec) and `decide()` switches when the other path
+   is faster by more than the band (`margin`, or the probe's own spread of step
+   times where larger: the median absolute deviation of a path's steps, relative,
+   the larger path's), keeps the current one when it is faster by more than the
+   band (hysteresis; before the first decision the current path is `none`);
+   what the caller knows of the bytes (`Wire`: each path's bytes a step and,
+   behind a shaped link, its rate) is weighed and said in the decision line;
+4. a close call stays open: a gap within the band, or a clear gap against what
+   the bytes say (dedup would save more than `margin` of a `none` step on the
+   link), is not a verdict. The cheaper-looking path runs (dedup where the bytes
+   say so, else the current path) and both are timed again at the next check
+   point (`check_every` steps on: `retime_due`) with twice the steps of the last
+   timing, until the gap is clear or `close_call_retimes` re-timings were made;
+   then the last timing's clear winner is kept, or on a gap still within the
+   band the cheaper-looking path, and the line says which and why;
+5. steady: every `check_every` steps the caller asks `local_drift()` (again
    agreed over ranks); after at least `min_dwell` steps on one decision, a
    step time or distinct fraction that moved by more than `drift` from what
    the decision saw starts a new probe. Without drift the decision stays:
@@ -45,19 +57,70 @@ with its state; `AutoPolicy.of` builds one from a run's).
 from __future__ import annotations
 
 import copy
+import math
+import os
 import statistics
 from dataclasses import dataclass, field, fields
 from typing import SupportsFloat
 
 from dlrmtrain.config.schema import AutoConfig
 
+REPROBE = "timing both paths again"
+"""how the line of a new probe (a re-timed close call, or drift) names it, after its step"""
+
 PATHS = ("dedup", "none")
 """alternation order while warming up and probing (dedup first: its key widths are learned early)"""
+
+
+LINK_RATE_ENV = "DLRMTRAIN_LINK_GBIT"
+"""The rate, Gbit/s, of the shaped link the run trains behind (testbed/shaped_link.py sets it for
+the command it runs): one link shared by all ranks and both directions"""
 
 
 def _read(samples: list[SupportsFloat]) -> list[float]:
     """Step times as floats (a device interval is read here; a float stays itself)."""
     return [float(s) for s in samples]
+
+
+def _spread(samples: list[float]) -> float:
+    """The median absolute deviation of `samples` from their median, relative to it (0 for one)."""
+    mid = statistics.median(samples)
+    return statistics.median(abs(s - mid) for s in samples) / mid if mid > 0 else 0.0
+
+
+def link_bytes_per_s() -> float | None:
+    """The shaped link's rate in bytes/s where the run trains behind one (LINK_RATE_ENV), else None."""
+    gbit = os.environ.get(LINK_RATE_ENV)
+    return float(gbit) * 1e9 / 8 if gbit else None
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What a probe knows for certain of the bytes: each path's bytes a training step crossing
+    the link (summed over ranks: the shaped link is one link shared by all), and the link's rate
+    where known (None: the bytes are said, not weighed)."""
+
+    none_bytes: float
+    dedup_bytes: float
+    bytes_per_s: float | None = None
+
+    def saved_share(self, none_seconds: float) -> float | None:
+        """The link time dedup's fewer bytes save, as a share of a `none` step (None: rate unknown)."""
+        if not self.bytes_per_s or none_seconds <= 0:
+            return None
+        return (self.none_bytes - self.dedup_bytes) / self.bytes_per_s / none_seconds
+
+    def describe(self, none_seconds: float) -> str:
+        if self.dedup_bytes <= 0 or self.none_bytes <= 0:
+            return "bytes not counted"
+        ratio = self.none_bytes / self.dedup_bytes
+        sends = f"dedup sends {ratio:.1f}x fewer bytes" if ratio >= 1 else f"dedup sends {1 / ratio:.1f}x more bytes"
+        share = self.saved_share(none_seconds)
+        if share is None:
+            return f"{sends} (link rate unknown: not weighed)"
+        saved = (self.none_bytes - self.dedup_bytes) / self.bytes_per_s
+        return f"{sends}: {saved * 1e3:.1f} ms a step through the {self.bytes_per_s * 8 / 1e9:g} Gbit/s link, " \
+               f"{share:.0%} of a none step"
 
 
 @dataclass
@@ -73,6 +136,12 @@ class AutoDecision:
     none_seconds: float | None = None
     """the probe's step time of each path (agreed over ranks); None where no probe timed it"""
     dedup_seconds: float | None = None
+    settled: bool = True
+    """False: a close call, kept open (both paths are timed again at the next check point)"""
+
+    def head(self) -> str:
+        """How its line begins (comm_stats.json's `auto_decisions`, read back by timeline.py)."""
+        return f"step {self.step}: {self.choice}" + ("" if self.settled else " for now")
 
 
 @dataclass
@@ -91,6 +160,8 @@ class AutoPolicy(AutoConfig):
     _reference: float | None = field(default=None, init=False)
     _reference_fraction: float | None = field(default=None, init=False)
     _recent: list = field(default_factory=list, init=False)
+    _open: int = field(default=0, init=False)
+    """timings of the current question that ended in a close call (0: none open)"""
 
     @classmethod
     def of(cls, settings: AutoConfig) -> AutoPolicy:
@@ -158,15 +229,19 @@ class AutoPolicy(AutoConfig):
 
     # ----------------------------------------------------------- decisions
     def needs_decision(self) -> bool:
-        """Probe complete: the caller agrees `local_medians()` over ranks and calls `decide`."""
-        return self.phase == "probe" and all(len(s) >= self.probe_steps for s in self._samples.values())
+        """Probe complete: the caller agrees `local_probe()` over ranks and calls `decide`."""
+        return self.phase == "probe" and all(len(s) >= self.probe_length() for s in self._samples.values())
 
     def early_check_due(self) -> bool:
         """A probe step where a clear-cut result may end it (the same steps on every rank):
         the caller agrees `local_extremes()` over ranks (MAX) and asks `clear_cut`."""
         n_none, n_dedup = (len(self._samples[p]) for p in ("none", "dedup"))
         return self.phase == "probe" and n_none == n_dedup and \
-            self.min_probe_steps <= n_none < self.probe_steps
+            self.min_probe_steps <= n_none < self.probe_length()
+
+    def probe_length(self) -> int:
+        """Timed steps per path of the running probe: `probe_steps`, doubled per open close call."""
+        return self.probe_steps * 2 ** self._open
 
     def local_extremes(self) -> list[float]:
         """[slowest none, -fastest none, slowest dedup, -fastest dedup]: a MAX over ranks gives the global ones."""
@@ -181,23 +256,47 @@ class AutoPolicy(AutoConfig):
     def local_medians(self) -> tuple[float, float]:
         return statistics.median(_read(self._samples["none"])), statistics.median(_read(self._samples["dedup"]))
 
-    def decide(self, none_seconds: float, dedup_seconds: float, distinct_fraction: float | None = None) -> AutoDecision:
-        """Choose from step times agreed over ranks (identical inputs give identical choices)."""
+    def timed_steps(self, path: str) -> int:
+        """Steps of `path` the running probe has timed."""
+        return len(self._samples[path])
+
+    def local_probe(self) -> list[float]:
+        """[none median, dedup median, none spread, dedup spread] of this rank's probe (a sum over
+        ranks divided by their number gives the agreed ones: `decide(n, d, f, max(spreads))`);
+        a spread: the relative median absolute deviation of the path's steps, times
+        sqrt(probe_steps / its steps)."""
+        none, dedup = _read(self._samples["none"]), _read(self._samples["dedup"])
+        # a median's own noise shrinks as the square root of its steps: a re-timing with 4x the
+        # steps of a first probe has half its band
+        narrower = math.sqrt(self.probe_steps / max(1, min(len(none), len(dedup))))
+        return [statistics.median(none), statistics.median(dedup), _spread(none) * narrower,
+                _spread(dedup) * narrower]
+
+    def decide(self, none_seconds: float, dedup_seconds: float, distinct_fraction: float | None = None,
+               spread: float = 0.0, wire: Wire | None = None) -> AutoDecision:
+        """Choose from step times agreed over ranks (identical inputs give identical choices);
+        `spread`: the probe's relative spread of step times; `wire`: what is known of the bytes."""
         times = {"none": none_seconds, "dedup": dedup_seconds}
         current = self.choice
         other = "dedup" if current == "none" else "none"
         gain = 1.0 - times[other] / times[current] if times[current] > 0 else 0.0
-        measured = f"a {other} step took {times[other] * 1e3:.1f} ms, a {current} step " \
-                   f"{times[current] * 1e3:.1f} ms"
-        if gain > self.margin:
-            choice = other
-            reason = f"{measured}: {other} is {gain:.1%} faster (> the {self.margin:.0%} margin)"
+        band = max(abs(self.margin), spread)
+        switch_at = self.margin if self.margin < 0 else band  # a negative margin (switch even if slower) as set
+        clear = other if gain > switch_at else current if gain < -band else None
+        share = wire.saved_share(none_seconds) if wire else None
+        bytes_say = "dedup" if share is not None and share > self.margin else None
+        if clear is not None and bytes_say in (None, clear):
+            choice, reason = clear, self._clear_reason(times, current, gain, band)
+            self._open = 0
         else:
-            choice = current
-            verdict = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
-            reason = f"{current} kept: {measured}; {other} is {verdict} " \
-                     f"(it must be > {self.margin:.0%} faster to switch)"
-        decision = AutoDecision(choice, reason, self.step, none_seconds, dedup_seconds)
+            # the cheaper-looking path; at the cap, a clear gap stands against the bytes
+            at_cap = self._open >= self.close_call_retimes
+            choice = (clear if at_cap else None) or bytes_say or clear or current
+            timings, self._open = self._open + 1, 0 if at_cap else self._open + 1
+            reason = self._close_reason(times, choice, current, gain, band, clear, share, timings)
+        if wire is not None:
+            reason += f"; weighed: {wire.describe(none_seconds)}"
+        decision = AutoDecision(choice, reason, self.step, none_seconds, dedup_seconds, settled=self._open == 0)
         self.decisions.append(decision)
         self.choice = choice
         self._reference = times[choice]
@@ -205,6 +304,49 @@ class AutoPolicy(AutoConfig):
         self._recent = []
         self._start("steady")
         return decision
+
+    def _measured(self, times: dict[str, float], current: str, other: str) -> str:
+        return f"a {other} step took {times[other] * 1e3:.1f} ms, a {current} step {times[current] * 1e3:.1f} ms"
+
+    def _band(self, band: float) -> str:
+        return f"the {self.margin:.0%} margin" if band <= abs(self.margin) else f"the steps' own spread ({band:.1%})"
+
+    def _clear_reason(self, times: dict[str, float], current: str, gain: float, band: float) -> str:
+        other = "dedup" if current == "none" else "none"
+        measured = self._measured(times, current, other)
+        if gain > 0:
+            return f"{measured}: {other} is {gain:.1%} faster (> {self._band(band)})"
+        return f"{current} kept: {measured}; {other} is {-gain:.1%} slower (beyond {self._band(band)})"
+
+    def _close_reason(self, times: dict[str, float], choice: str, current: str, gain: float, band: float,
+                      clear: str | None, share: float | None, timings: int) -> str:
+        """A close call (or a clear gap against the bytes) after `timings` timings: open, or
+        settled at the cap (`_open` says which, already counted)."""
+        other = "dedup" if current == "none" else "none"
+        verdict = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
+        what = f"{self._measured(times, current, other)}; {other} is {verdict}"
+        if clear is None:
+            what = f"close call: {what}, within {self._band(band)}"
+        else:
+            what = f"against the bytes: {what}, yet dedup's fewer bytes would save {share:.0%} of a none step"
+        why = "the bytes say it saves" if choice == "dedup" and share is not None and share > self.margin \
+            else "measured faster" if choice == clear else "the path it was on"
+        if self._open:
+            return f"{what}; {choice} kept for now ({why}), both timed again at step " \
+                   f"{self.step + self.check_every} with {self.probe_length()} steps each"
+        return f"{what}; {choice} kept after {timings} timings ({why})"
+
+    def retime_due(self) -> bool:
+        """A check point with a close call open: the caller re-probes (`reprobe`) without asking
+        the ranks (the open call and its schedule are the same on every rank)."""
+        return self._open > 0 and self.check_due()
+
+    def retime_line(self) -> str:
+        return self.reprobe_line(f"the close call of step {self.decisions[-1].step}")
+
+    def reprobe_line(self, why: str) -> str:
+        """The line of a new probe starting now (call after `reprobe`; listed with the decisions)."""
+        return f"step {self.step}: {REPROBE} ({self.probe_length()} steps each): {why}"
 
     def check_due(self) -> bool:
         """Whether this step is a drift check point (the same steps on every rank)."""
@@ -228,6 +370,8 @@ class AutoPolicy(AutoConfig):
         the `drift_samples` timed ones that precede the next check point able to see drift."""
         if self.phase != "steady":
             return 0
+        if self._open:  # re-timed at the next check point, whatever the dwell
+            return max(0, self._phase_start + self.check_every - self.step)
         since = self.step - self._phase_start
         checks = max(1, -(-max(self.min_dwell, since + 1) // self.check_every))  # ceil
         next_check = self._phase_start + checks * self.check_every
@@ -240,7 +384,8 @@ class AutoPolicy(AutoConfig):
         self._recent = []
 
     def reprobe(self) -> None:
-        """Some rank saw drift (agreed by the caller): probe both paths again."""
+        """Some rank saw drift (agreed by the caller), or a close call is re-timed: probe both
+        paths again (`probe_length` steps each)."""
         self._start("probe")
 
     def table_choices(self, distinct_fraction: dict[str, float]) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""`comm.codec: auto` with `comm.dedup_at: source`: per training step, the full batch (`none`) or its
-distinct bags or ids (`dedup` at the source), whichever `AutoPolicy` (policy.py) measures faster.
+"""`comm.codec: auto` where the batch is made (comm/placement.py's sample side): per training step,
+the full batch (`none`) or its distinct bags or ids (`dedup` at the source), whichever `AutoPolicy`
+(policy.py) measures faster; `AutoSampleSide` is the codec's sample side, `SourceAuto` the picker.
 
 The choice is made before the batch reaches the sharded module, so it is made per batch, not per
 all-to-all: the loader's prefetch thread builds both forms of every batch (pooled, the row
@@ -28,16 +29,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dlrmtrain.comm import timing
-from dlrmtrain.comm.auto.policy import AutoPolicy
-from dlrmtrain.comm.dedup.source import source_transform
-from dlrmtrain.comm.dedup.sequence_source import sequence_source_transform
-from dlrmtrain.comm.stats import COUNTERS_ATTR, DistCommStats
+from dlrmtrain.comm.auto.policy import AutoPolicy, Wire, link_bytes_per_s
+from dlrmtrain.comm.codec import SampleSide
+from dlrmtrain.comm.labels import PLACEMENT_KEY
+from dlrmtrain.comm.stats import CommCounters, DistCommStats
 
 logger = logging.getLogger(__name__)
 
@@ -51,26 +53,41 @@ def _forms_of(batch: Any) -> tuple[str, str] | None:
     return next(((full, distinct) for full, distinct in BOTH_FORMS if hasattr(batch, distinct)), None)
 
 
-def distinct_fraction(batch: Any) -> float | None:
-    """Distinct bags / bags (pooled: a variable-batch KJT) or distinct ids / positions (sequence)
-    of a batch carrying both forms (host integers), None without them."""
+def rows_of_both_forms(batch: Any) -> tuple[int, int] | None:
+    """(rows the full batch moves, rows its distinct form moves): bags and distinct bags (pooled:
+    a variable-batch KJT) or positions and distinct ids (sequence) of a batch carrying both forms
+    (host integers), None without them."""
     names = _forms_of(batch)
     distinct = None if names is None else getattr(batch, names[1])
     if distinct is None:
         return None
     full = getattr(batch, names[0])
     if not distinct.variable_stride_per_key():
-        return distinct.values().numel() / full.values().numel() if full.values().numel() else None
-    bags = len(distinct.keys()) * full.stride()
-    return sum(s[0] for s in distinct.stride_per_key_per_rank()) / bags if bags else None
+        # the positions the sharded EC takes (its shardings' features: a feature of none is not sent)
+        expansion = getattr(distinct, "expansion", None)
+        positions = (sum(f.values().numel() for f in expansion.features) if expansion is not None
+                     else full.values().numel())
+        return positions, distinct.values().numel()
+    return len(distinct.keys()) * full.stride(), sum(s[0] for s in distinct.stride_per_key_per_rank())
+
+
+def distinct_fraction(batch: Any) -> float | None:
+    """Distinct bags / bags (pooled) or distinct ids / positions (sequence) of a batch carrying
+    both forms (host integers), None without them."""
+    rows = rows_of_both_forms(batch)
+    return rows[1] / rows[0] if rows and rows[0] else None
 
 
 class SourceAuto:
     """Chooses, per training step, the form of the batch the sharded EBC is given."""
 
     def __init__(self, policy: AutoPolicy, device: torch.device, group: dist.ProcessGroup | None = None,
-                 rank: int = 0) -> None:
+                 rank: int = 0, counters: Callable[[], list] | None = None) -> None:
+        """`counters`: the stock dists' byte counters (`stats.CountsCommBytes`), read at a decision
+        for the bytes a row moves (None: the bytes are not weighed)."""
         self.policy, self.device, self.group, self.rank = policy, device, group, rank
+        self._counters = counters
+        self._rows = [0, 0, 0]  # rows of the full and distinct forms, batches, since the last decision
         self._picked: collections.deque[str] = collections.deque()  # paths of batches not yet trained
         self._last_end: timing.Stamp | None = None
         self._untimed = False  # the running period held something else (an evaluation)
@@ -84,6 +101,9 @@ class SourceAuto:
         """The training batch in the form its step's path takes (that step is the first one after
         the batches picked before it)."""
         self._fraction = distinct_fraction(batch)
+        rows = rows_of_both_forms(batch)
+        if rows is not None:
+            self._rows = [self._rows[0] + rows[0], self._rows[1] + rows[1], self._rows[2] + 1]
         path = self.policy.path_ahead(len(self._picked))
         self._picked.append(path)
         return self._form(batch, path)
@@ -98,7 +118,7 @@ class SourceAuto:
     def _form(batch: Any, path: str) -> Any:
         names = _forms_of(batch)
         if names is None or getattr(batch, names[1]) is None:
-            raise ValueError("comm.codec: auto with comm.dedup_at: source needs batches carrying their "
+            raise ValueError(f"comm.codec: auto with {PLACEMENT_KEY}: source needs batches carrying their "
                              "distinct bags or ids (the row or sequence loader's, "
                              "set_sparse_transform(keep_full=True))")
         full, distinct = names
@@ -118,21 +138,45 @@ class SourceAuto:
         if self.policy.needs_decision() or (self.policy.early_check_due() and self.policy.clear_cut(
                 self._agree(self.policy.local_extremes(), dist.ReduceOp.MAX))):
             self._decide()
+        elif self.policy.retime_due():
+            self.policy.reprobe()
+            self._note(self.policy.retime_line())
         elif self.policy.check_due():
             drifted, = self._agree([float(self.policy.local_drift(self._fraction))], dist.ReduceOp.MAX)
             if drifted:
-                self._say(f"comm auto (dedup at the source): step time or distinct fraction drifted at "
-                          f"step {self.policy.step}; timing both paths again")
                 self.policy.reprobe()
+                self._note(self.policy.reprobe_line("the step time or distinct fraction drifted"))
+
+    def _note(self, line: str) -> None:
+        self.decisions.append(line)
+        self._say(f"comm auto (dedup at the source) {line}")
 
     def _decide(self) -> None:
         W = dist.get_world_size(self.group) if dist.is_initialized() else 1
-        none_s, dedup_s, fraction = (v / W for v in self._agree(
-            [*self.policy.local_medians(), self._fraction or 0.0]))
-        decision = self.policy.decide(none_s, dedup_s, fraction if self._fraction is not None else None)
-        line = f"step {decision.step}: {decision.choice} ({decision.reason})"
-        self.decisions.append(line)
-        self._say(f"comm auto (dedup at the source) {line}")
+        full, distinct = self._bytes_per_step(W)
+        *agreed, full, distinct = self._agree([*self.policy.local_probe(), self._fraction or 0.0, full, distinct])
+        none_s, dedup_s, none_spread, dedup_spread, fraction = (v / W for v in agreed)
+        wire = Wire(full, distinct, link_bytes_per_s()) if full > 0 else None
+        decision = self.policy.decide(none_s, dedup_s, fraction if self._fraction is not None else None,
+                                      max(none_spread, dedup_spread), wire)
+        self._rows = [0, 0, 0]
+        self._note(f"{decision.head()} ({decision.reason})")
+
+    def _bytes_per_step(self, world_size: int) -> tuple[float, float]:
+        """This rank's bytes a step of each form sends to other ranks, ids and rows both ways (a row
+        weighs what the counters counted so far; ids are few beside rows): (full, distinct), zeros
+        where nothing is known."""
+        full, distinct, batches = self._rows
+        if self._counters is None or not batches:
+            return 0.0, 0.0
+        sent = rows = 0
+        for counter in self._counters():
+            for t in counter.counted_bytes().tables.values():
+                sent += t.payload_fwd_sent_bytes + t.payload_bwd_sent_bytes + t.id_sent_bytes
+                rows += t.rows_sent
+        # a row crosses the link unless its owner is its sample rank: (W - 1) / W of them
+        per_row = sent / rows * (world_size - 1) / world_size if rows else 0.0
+        return full / batches * per_row, distinct / batches * per_row
 
     def _agree(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -151,25 +195,30 @@ class SourceAuto:
         return DistCommStats(codec="auto", sharding_type="source", decisions=list(self.decisions))
 
 
-def attach_source_auto(model: torch.nn.Module, device: torch.device, policy: AutoPolicy | None = None) -> SourceAuto:
-    """A `SourceAuto` for sharded `model` (default process group), its decisions listed with the
-    first sharded module's comm counters (comm_stats.json's `auto_decisions`)."""
-    auto = SourceAuto(policy or AutoPolicy(), device, rank=dist.get_rank() if dist.is_initialized() else 0)
-    holder = next((m for m in model.modules() if hasattr(m, COUNTERS_ATTR)), None)
-    if holder is not None:
-        setattr(holder, COUNTERS_ATTR, [*getattr(holder, COUNTERS_ATTR), auto])
-    return auto
+class AutoSampleSide(SampleSide):
+    """`auto` where the batch is made (codec.SampleSide): dedup's sample side (`inner`: the same
+    sharder, install and transform), the loader keeping the full batch beside, and a `SourceAuto`
+    under `policy` picking the form of each training batch."""
 
+    def __init__(self, inner: SampleSide, policy: AutoPolicy) -> None:
+        self.inner, self.policy = inner, policy
+        self.keeps_tables_whole = inner.keeps_tables_whole
 
-def dedup_at_the_source(comm: Any, collection_kind: str, model: torch.nn.Module, data: Any,
-                        device: torch.device) -> SourceAuto | None:
-    """`comm.dedup_at: source`: `data`'s loader keeps each feature's distinct bags (pooled) or
-    each table's distinct ids (sequence: dedup/sequence_source.py); under `auto` beside the full
-    batch, and the returned `SourceAuto` picks one per step (policy: comm.auto). None where no `auto`."""
-    if comm.dedup_at != "source":
-        return None
-    auto = comm.codec == "auto"
-    transform = (sequence_source_transform(model) if collection_kind == "sequence"
-                 else source_transform(model, comm.table_codecs))
-    data.set_sparse_transform(transform, keep_full=auto)
-    return attach_source_auto(model, device, AutoPolicy.of(comm.auto)) if auto else None
+    def sharder(self, fused_params: dict[str, Any]) -> Any:
+        return self.inner.sharder(fused_params)
+
+    def install(self, model: torch.nn.Module) -> None:
+        self.inner.install(model)
+
+    def transform(self, model: torch.nn.Module, whole_tables: frozenset[str]) -> Callable:
+        return self.inner.transform(model, whole_tables)
+
+    def picker(self, device: torch.device, counters: CommCounters) -> SourceAuto:
+        """A `SourceAuto` on the default process group, its decisions added to `counters`
+        (comm_stats.json's `auto_decisions`); it weighs the stock dists' counters, those added
+        before it."""
+        stock = list(counters)  # the stock dists' (before auto joins them)
+        auto = SourceAuto(dataclasses.replace(self.policy), device,
+                          rank=dist.get_rank() if dist.is_initialized() else 0, counters=lambda: stock)
+        counters.add(auto)
+        return auto

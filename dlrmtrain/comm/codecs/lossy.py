@@ -53,6 +53,9 @@ class LossyQCommsCodec(EmbeddingCommCodec):
     """Registry entry for one TorchRec qcomms precision (same precision both ways)."""
 
     lossless = False
+    dedups = False
+    sides = frozenset({"owner"})  # TorchRec's qcomms quantize inside the stock output dist
+    runs_under_two_levels = False  # a second level would round again
 
     def __init__(self, name: str, comm_type: CommType) -> None:
         self.name = name

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, check_kind_takes_hierarchy
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, SampleSide, check_kind_takes_hierarchy
 from dlrmtrain.comm.dedup.dist import DedupDist
 from dlrmtrain.comm.dedup.plan import Route
 from dlrmtrain.comm.dedup.row_wise import RowWisePlanner
@@ -47,14 +47,33 @@ class DedupCodec(EmbeddingCommCodec):
                       "sequence": frozenset({"table_wise", "row_wise"})}
     _WIRE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
     needs_ids = True  # both ends' KJTs, recorded by the sharder; per-id weights unsupported
+    dedups = True
 
     def __init__(self, wire_dtype: torch.dtype | None = None) -> None:
         self.wire_dtype = wire_dtype
         self.name = "dedup" if wire_dtype is None else f"dedup+{self._WIRE_NAMES[wire_dtype]}"
-        self.lossless = wire_dtype is None
+        exact = wire_dtype is None
+        self.lossless = exact
+        # the stacks round on the owner's wire: at the owner only, one level (a second level
+        # would round again); plain dedup also runs where the batch is made
+        self.sides = frozenset({"owner", "sample"}) if exact else frozenset({"owner"})
+        self.runs_under_two_levels = exact
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return sharding_type in self.SHARDING_TYPES[kind]
+
+    def sample_side(self, kind: CollectionKind) -> SampleSide:
+        """Where the batch is made: each feature's distinct bags (pooled, source.py) or each
+        table's distinct ids (sequence, sequence_source.py)."""
+        if "sample" not in self.sides:
+            return super().sample_side(kind)
+        if kind == "pooled":
+            from dlrmtrain.comm.dedup.source import PooledSourceSide
+
+            return PooledSourceSide()
+        from dlrmtrain.comm.dedup.sequence_source import SequenceSourceSide
+
+        return SequenceSourceSide()
 
     def wire_bytes_per_value(self) -> float:
         return torch.empty(0, dtype=self.wire_dtype).element_size() if self.wire_dtype is not None else 4.0

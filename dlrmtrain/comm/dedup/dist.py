@@ -122,7 +122,7 @@ class DedupDist(nn.Module):
         if owner_kjt is None or sample_kjt is None:
             raise RuntimeError(
                 "dedup output dist needs the ids of both ends; it is driven by "
-                "CodecShardedEmbeddingBagCollection.compute[_and_output_dist] before output_dist")
+                "IdRecordingShardedEBC.compute[_and_output_dist] before output_dist")
         if sharding_ctx.variable_batch_per_feature:
             raise NotImplementedError("dedup codec: variable batch size per feature is not supported")
         sizes = list(sharding_ctx.batch_size_per_rank) or [sample_kjt.stride()] * self.world_size

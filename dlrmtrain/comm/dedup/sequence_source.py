@@ -1,4 +1,4 @@
-"""Sequence dedup at the source (`comm.dedup_at: source`, DLRMv4's EmbeddingCollection).
+"""Sequence dedup at the source (the sample side, comm/placement.py; DLRMv4's EmbeddingCollection).
 
 Where the batch is made (the sequence loader's prefetch thread), `SequenceSourceDedup`
 replaces, per sharding of the sharded EC and per table in it, the ids of the
@@ -20,10 +20,19 @@ sync for the codec.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrmtrain.comm.codec import SampleSide
+from dlrmtrain.comm.dedup.unique import DistinctIds
+from dlrmtrain.comm.labels import PLACEMENT_KEY
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "row_wise")
 """the sharding types whose ids are deduplicated; the others travel whole (identity inverse)"""
@@ -98,9 +107,9 @@ class SequenceSourceDedup:
 
     def __call__(self, kjt: KeyedJaggedTensor) -> DistinctIdsKJT:
         if isinstance(kjt, DistinctIdsKJT):
-            raise ValueError("comm.dedup_at: source: the batch's ids are already distinct")
+            raise ValueError(f"{PLACEMENT_KEY}: source: the batch's ids are already distinct")
         if kjt.weights_or_none() is not None or kjt.variable_stride_per_key():
-            raise ValueError("comm.dedup_at: source: sequence features must be unweighted, one batch size")
+            raise ValueError(f"{PLACEMENT_KEY}: source: sequence features must be unweighted, one batch size")
         B, keys = kjt.stride(), kjt.keys()
         per_key = dict(zip(keys, zip(kjt.lengths().view(len(keys), B).unbind(0),
                                      torch.split(kjt.values(), kjt.length_per_key()))))
@@ -137,30 +146,27 @@ def _distinct(s: ShardingFeatures, lengths: list[torch.Tensor], values: list[tor
     """Each table's distinct ids over its features in sharding `s`, spread evenly over those
     features' B slots each (feature name → its lengths and ids), and the row of each of the
     sharding's positions among the distinct ids as the sharding's KJT orders them."""
-    tables = list(dict.fromkeys(s.tables))
-    span = max(s.rows.values()) + 1
-    table_of = torch.tensor([tables.index(t) for t in s.tables], dtype=torch.int64)
-    counts = [v.numel() for v in values]
-    ids = torch.cat(values).to(torch.int64) if values else torch.zeros(0, dtype=torch.int64)
-    table = torch.repeat_interleave(table_of, torch.tensor(counts, dtype=torch.int64), output_size=ids.numel())
-    _check_ids(s, tables, ids, table, counts)
-    uniq, inverse = torch.unique(table * span + ids, sorted=True, return_inverse=True)
-    per_table = torch.bincount(uniq // span, minlength=len(tables)).tolist()
-    starts = [sum(per_table[:i]) for i in range(len(tables))]
-    taken = dict.fromkeys(tables, 0)  # of each table's distinct ids, those given to a feature so far
-    slices, out = [], {}
+    try:  # per table its distinct ids (sorted)
+        found = {t: DistinctIds([values[f] for f, table in enumerate(s.tables) if table == t], s.rows[t])
+                 for t in dict.fromkeys(s.tables)}
+    except ValueError:  # an id outside its table (DistinctIds's min / max): name it and its feature
+        _check_ids(s, values)
+        raise
+    taken = dict.fromkeys(found, 0)  # of each table's distinct ids, those given to a feature so far
+    row_of = {t: torch.empty(len(d.values), dtype=torch.int64) for t, d in found.items()}  # → its KJT row
+    out, row = {}, 0
     for f, (feature, t) in enumerate(zip(s.features, s.tables)):
         n_features, j = s.tables.count(t), s.tables[:f].count(t)
-        slot_lengths = _spread(per_table[tables.index(t)], n_features * B)[j * B:(j + 1) * B]
-        n = int(slot_lengths.sum())
-        first = starts[tables.index(t)] + taken[t]
-        taken[t] += n
-        slices.append(torch.arange(first, first + n))
-        out[feature] = (slot_lengths.to(lengths[f].dtype), (uniq[first:first + n] % span).to(values[f].dtype))
-    order = torch.cat(slices) if slices else torch.zeros(0, dtype=torch.int64)
-    row_of = torch.empty_like(order)
-    row_of[order] = torch.arange(order.numel())  # distinct id (sorted) → its row in the KJT's order
-    return out, row_of[inverse]
+        slot_lengths = _spread(len(found[t].values), n_features * B)[j * B:(j + 1) * B]
+        n, first = int(slot_lengths.sum()), taken[t]
+        row_of[t][first:first + n] = torch.arange(row, row + n)
+        out[feature] = (slot_lengths.to(lengths[f].dtype), found[t].values[first:first + n].to(values[f].dtype))
+        taken[t], row = first + n, row + n
+    reverse = torch.empty(sum(v.numel() for v in values), dtype=torch.int64)  # each position's KJT row
+    parts = torch.split(reverse, [v.numel() for v in values])
+    for t, d in found.items():
+        d.inverse(row_of[t], out=[parts[f] for f, table in enumerate(s.tables) if table == t])
+    return out, reverse
 
 
 def _spread(n: int, slots: int) -> torch.Tensor:
@@ -170,28 +176,57 @@ def _spread(n: int, slots: int) -> torch.Tensor:
     return n // slots + (torch.arange(slots) < n % slots).to(torch.int64)
 
 
-def _check_ids(s: ShardingFeatures, tables: list[str], ids: torch.Tensor, table: torch.Tensor,
-               counts: list[int]) -> None:
+def _check_ids(s: ShardingFeatures, values: list[torch.Tensor]) -> None:
     """Raise naming the first id outside its table: it would silently take another table's key."""
-    rows = torch.tensor([s.rows[t] for t in tables], dtype=torch.int64)
-    bad = (ids < 0) | (ids >= rows[table])
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        f = int(torch.searchsorted(torch.tensor(counts).cumsum(0), i, right=True))
-        raise ValueError(f"EmbeddingCollection dedup at the source (comm.dedup_at: source): id {int(ids[i])} "
-                         f"of feature {s.features[f]} is outside its table's {s.rows[s.tables[f]]} rows "
-                         f"(negative or too large)")
+    for f, ids in enumerate(values):
+        rows = s.rows[s.tables[f]]
+        bad = ids[(ids < 0) | (ids >= rows)]
+        if bad.numel():
+            raise ValueError(f"EmbeddingCollection dedup at the source ({PLACEMENT_KEY}: source): id {int(bad[0])} "
+                             f"of feature {s.features[f]} is outside its table's {rows} rows "
+                             f"(negative or too large)")
 
 
 def sequence_source_transform(model: torch.nn.Module) -> SequenceSourceDedup:
     """The loader's transform for sharded `model`'s one EmbeddingCollection taking distinct ids."""
-    from dlrmtrain.comm.torchrec import sequence# the sharded module: only where one is built
+    from dlrmtrain.comm.torchrec import sequence  # the sharded module: only where one is built
 
     ecs = [m for m in model.modules() if isinstance(m, sequence.SourceDedupShardedEC)]
     if len(ecs) != 1:
-        raise ValueError(f"comm.dedup_at: source on sequence tables needs one EmbeddingCollection sharded "
+        raise ValueError(f"{PLACEMENT_KEY}: source on sequence tables needs one EmbeddingCollection sharded "
                          f"for it, the model has {len(ecs)}")
     return SequenceSourceDedup([
         ShardingFeatures(sharding_type, features, [table_of[f][0] for f in features],
                          {t: n for t, n in table_of.values()})
         for sharding_type, features, table_of in sequence.source_shardings(ecs[0])])
+
+
+class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's sharder building `SourceDedupShardedEC` (dedup at the source): the stock dists
+    carry the distinct ids the loader made (`SequenceSourceDedup`)."""
+
+    def shard(self, module: EmbeddingCollection, params, env: ShardingEnv,
+              device: torch.device | None = None, module_fqn: str | None = None):
+        from dlrmtrain.comm.torchrec import sequence, sharder
+
+        return sharder.build_sharded(sequence.SourceDedupShardedEC, self, module, params, env, device, module_fqn)
+
+    @property
+    def sharded_module_type(self):
+        from dlrmtrain.comm.torchrec import sequence
+
+        return sequence.SourceDedupShardedEC
+
+
+class SequenceSourceSide(SampleSide):
+    """`dedup` where the batch is made, sequence (codec.SampleSide): each table's distinct ids
+    through TorchRec's stock dists (`SourceDedupEmbeddingCollectionSharder`); every table of the
+    EmbeddingCollection alike."""
+
+    keeps_tables_whole = False
+
+    def sharder(self, fused_params: dict[str, Any]) -> SourceDedupEmbeddingCollectionSharder:
+        return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)
+
+    def transform(self, model: torch.nn.Module, whole_tables: frozenset[str]) -> Callable:
+        return sequence_source_transform(model)

@@ -1,4 +1,4 @@
-"""Dedup at the source (`comm.dedup_at: source`): a batch's bags replaced by its distinct ones.
+"""Dedup at the source (the sample side, comm/placement.py): a batch's bags replaced by its distinct ones.
 
 `distinct_bags(kjt)` turns a sample rank's `KeyedJaggedTensor` into TorchRec's
 variable-batch form (VBE): per feature, only its distinct bags
@@ -10,15 +10,16 @@ back to the full batch with the inverse (its backward sums the duplicates'
 gradients before they are sent). Lossless: a distinct bag holds the same ids in
 the same order, so its pooled row is the same sum, bitwise.
 
-Bags are compared whole: same length, same ids, same order. Torch ops only
-(CPU and CUDA alike); the counts come to the host here, where the batch is made
+Bags are compared whole: same length, same ids, same order (their distinct ones found by
+comm/dedup/unique.py on the CPU, torch.unique elsewhere); the counts come to the host here, where the batch is made
 (the loader's prefetch thread), so the training step needs no host sync for them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,9 @@ from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.comm.codec import SampleSide
+from dlrmtrain.comm.dedup.unique import unique_keys, unique_rows
+from dlrmtrain.comm.labels import PLACEMENT_KEY
 from dlrmtrain.comm.torchrec import pooled, pooled_source, sharder, vbe
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
@@ -37,7 +41,7 @@ _KEY_LIMIT = 2 ** 62
 
 
 class SourceDedupEBCSharder(EmbeddingBagCollectionSharder):
-    """TorchRec's EBC sharder for `comm.dedup_at: source`: TorchRec's own dists and lookups carry
+    """TorchRec's EBC sharder for dedup at the source: TorchRec's own dists and lookups carry
     the variable batch; its sharded module expands the rows in one gather
     (`torchrec.pooled_source.RowGatherExpandShardedEBC`) and the CPU TBE's per-batch VBE metadata is
     made in whole-tensor ops (`torchrec.vbe.register_cpu_vbe_metadata`)."""
@@ -52,15 +56,16 @@ class SourceDedupEBCSharder(EmbeddingBagCollectionSharder):
         return pooled_source.RowGatherExpandShardedEBC
 
 
-def features_kept_whole(model: nn.Module, table_codecs: Mapping[str, str]) -> frozenset[str]:
+def features_kept_whole(model: nn.Module, whole_tables: Collection[str]) -> frozenset[str]:
     """Features that travel whole under `source`: those of tables sharded other than table-,
-    column- or row-wise (data-parallel: no all-to-all to save) and of per-table `none` tables."""
+    column- or row-wise (data-parallel: no all-to-all to save) and of `whole_tables` (whose
+    codec does not dedup, e.g. per-table `none`)."""
     kept: set[str] = set()
     for m in model.modules():
         if isinstance(m, ShardedEmbeddingBagCollection):
             for sharding_type, tables in pooled.features_per_sharding_type(m).items():
                 for table, features in tables.items():
-                    if sharding_type not in DEDUPED_SHARDING_TYPES or table_codecs.get(table) == "none":
+                    if sharding_type not in DEDUPED_SHARDING_TYPES or table in whole_tables:
                         kept.update(features)
     return frozenset(kept)
 
@@ -76,10 +81,27 @@ def row_wise_dists_for_source(model: nn.Module) -> None:
             pooled_source.row_wise_dists_for_source(m)
 
 
-def source_transform(model: nn.Module, table_codecs: Mapping[str, str]
+def source_transform(model: nn.Module, whole_tables: Collection[str] = ()
                      ) -> Callable[[KeyedJaggedTensor], KeyedJaggedTensor]:
-    """The batch transform of a run under `comm.dedup_at: source` on sharded `model`."""
-    return functools.partial(distinct_bags, keep=features_kept_whole(model, table_codecs))
+    """The batch transform of a run deduplicating at the source on sharded `model`."""
+    return functools.partial(distinct_bags, keep=features_kept_whole(model, whole_tables))
+
+
+class PooledSourceSide(SampleSide):
+    """`dedup` where the batch is made, pooled (codec.SampleSide): each feature's distinct bags
+    through TorchRec's stock, variable-batch EBC (`SourceDedupEBCSharder`); row-wise tables take
+    them too (`row_wise_dists_for_source`); tables whose codec does not dedup travel whole."""
+
+    keeps_tables_whole = True
+
+    def sharder(self, fused_params: dict[str, Any]) -> SourceDedupEBCSharder:
+        return SourceDedupEBCSharder(fused_params=fused_params)
+
+    def install(self, model: nn.Module) -> None:
+        row_wise_dists_for_source(model)
+
+    def transform(self, model: nn.Module, whole_tables: frozenset[str]) -> Callable:
+        return source_transform(model, whole_tables)
 
 
 def distinct_bags(kjt: KeyedJaggedTensor, keep: Collection[str] = ()) -> KeyedJaggedTensor:
@@ -90,9 +112,9 @@ def distinct_bags(kjt: KeyedJaggedTensor, keep: Collection[str] = ()) -> KeyedJa
     variable-batch KJTs.
     """
     if kjt.weights_or_none() is not None:
-        raise ValueError("comm.dedup_at: source: weighted (per-id weight) features are not supported")
+        raise ValueError(f"{PLACEMENT_KEY}: source: weighted (per-id weight) features are not supported")
     if kjt.variable_stride_per_key():
-        raise ValueError("comm.dedup_at: source: the batch is already variable-batch (VBE)")
+        raise ValueError(f"{PLACEMENT_KEY}: source: the batch is already variable-batch (VBE)")
     keys = kjt.keys()
     F, B = len(keys), kjt.stride()
     lengths, values = kjt.lengths(), kjt.values()
@@ -144,7 +166,8 @@ def _one_hot(lengths: torch.Tensor, values: torch.Tensor, F: int, B: int, lo: in
     code = torch.zeros(F * B, dtype=torch.int64, device=values.device)
     code[present] = values.to(torch.int64) - lo + 1
     feature = torch.arange(F, device=values.device).repeat_interleave(B)
-    uniq, inv = torch.unique(feature * span + code, sorted=True, return_inverse=True)
+    keys = feature * span + code
+    uniq, (inv,) = unique_keys([keys], F * span)
     u_feature, u_code = uniq // span, uniq % span
     counts = torch.bincount(u_feature, minlength=F).tolist()
     offsets = [0]
@@ -179,7 +202,7 @@ def _multi_hot(lengths_2d: torch.Tensor, values: torch.Tensor, longest: int, who
         rows[:, 0] = lens
         valid = pos[:width].unsqueeze(0) < lens.unsqueeze(1)
         rows[:, 1:][valid] = feature_ids[f].to(torch.int64)
-        uniq, inv = torch.unique(rows, dim=0, sorted=True, return_inverse=True)
+        uniq, inv = unique_rows(rows)
         u_lens = uniq[:, 0]
         u_valid = pos[:width].unsqueeze(0) < u_lens.unsqueeze(1)
         out.append((uniq[:, 1:][u_valid], u_lens, inv))

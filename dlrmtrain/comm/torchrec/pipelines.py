@@ -48,7 +48,7 @@ class PlanAheadPipeline:
             if isinstance(old, EmbeddingCollectionContext) or getattr(old, "variable_batch_per_feature", False):
                 # the forward consumes the input dist started before the detach, which fills
                 # the old context's sequence splits, or a variable batch's sizes per sample rank
-                # (comm.dedup_at: source): keep it (the fresh one never gets them)
+                # (dedup at the source): keep it (the fresh one never gets them)
                 after[name] = old
                 continue
             for old_sharding, new_sharding in zip(getattr(old, "sharding_contexts", ()),

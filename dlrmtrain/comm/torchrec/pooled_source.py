@@ -192,7 +192,7 @@ class _RowGatherExpand(VariableBatchEmbeddingBagCollectionAwaitable):
 
 class RowGatherExpandShardedEBC(ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC whose variable-batch (VBE) output is expanded by `_RowGatherExpand`
-    (comm.dedup_at: source). Everything else, the non-VBE path included, is TorchRec's."""
+    (dedup at the source). Everything else, the non-VBE path included, is TorchRec's."""
 
     _expand_order: tuple[list[int], torch.Tensor, list[str], list[int]] | None = None
     """output block k: (its uncombined block, its feature's inverse row, the output's names, dims)"""

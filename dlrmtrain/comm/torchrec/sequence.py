@@ -43,7 +43,7 @@ def sequence_lengths_of_both_ends(sharding_ctx) -> tuple[torch.Tensor, torch.Ten
     return sharding_ctx.lengths_after_input_dist, sharding_ctx.features_before_input_dist.lengths()
 
 
-# ====================== sequence dedup at the source (comm.dedup_at: source, distinct ids)
+# ================ sequence dedup at the source (the sample side: comm/placement.py, distinct ids)
 # The sample rank's KJT comes deduplicated from the loader (comm/dedup/sequence_source.py): per
 # sharding, each table's distinct ids over its features' slots, lengths not the samples'.
 # TorchRec's own index dedup (`use_index_dedup`) sends the same kind of KJT through the same

@@ -14,6 +14,7 @@ from dataclasses import dataclass, asdict
 import numpy as np
 
 from dlrmtrain.config.schema import DataConfig
+from dlrmtrain.data.prefetch import workers_for
 from dlrmtrain.data.yambda.calibration import REFERENCE_UNIQUE_RATES, calibrate
 from dlrmtrain.data.yambda.checks import check_yambda_data
 from dlrmtrain.data.yambda.history import HistoryRule
@@ -59,7 +60,8 @@ def _synthetic(data: DataConfig, rank: int, world_size: int, global_batch: int, 
     if data.yambda.synthetic.calibrate:  # same inputs on every rank: same result
         profile = calibrate(profile, crosses, global_batch // world_size, REFERENCE_UNIQUE_RATES).profile
     train_gen, eval_gen = YambdaLikeGenerator(profile, crosses), YambdaLikeGenerator(profile, crosses)
-    common = dict(rank=rank, world_size=world_size, slicing="contiguous", prefetch=prefetch)
+    common = dict(rank=rank, world_size=world_size, slicing="contiguous", prefetch=prefetch,
+                  workers=workers_for(data.workers, prefetch))
     return YambdaLoaders(
         train=SequenceBatchLoader([np.arange(train_gen.num_train_samples)], train_gen.columns,
                                   SequenceLoaderSpec(global_batch_size=global_batch, last_batch="drop", **common)),
@@ -81,7 +83,8 @@ def _prepared(data: DataConfig, rank: int, world_size: int, global_batch: int, e
     windows = Windows(train_samples.train_window_sizes(train_windows),
                       lambda w: train_samples.train_indices(train_windows[w]))
     store = train_samples.store
-    common = dict(rank=rank, world_size=world_size, slicing="round_robin", prefetch=prefetch)
+    common = dict(rank=rank, world_size=world_size, slicing="round_robin", prefetch=prefetch,
+                  workers=workers_for(data.workers, prefetch))
     return YambdaLoaders(
         train=SequenceBatchLoader(windows, train_samples.columns, SequenceLoaderSpec(
             global_batch_size=global_batch, last_batch="drop", **common)),

@@ -58,7 +58,9 @@ class SequenceLoaderSpec:
     slicing: RankSlicing = "round_robin"
     last_batch: LastBatch = "drop"
     prefetch: int = 0
-    """Batches made ahead on a background thread (0: made where they are read)."""
+    """Batches made ahead on background threads (0: made where they are read)."""
+    workers: int = 1
+    """Threads making those batches, each a whole batch and its transform at a time (data.workers)."""
     pin_memory: bool = False
     """Pinned batches for a GPU (data.loader.pins_for), built on the prefetch thread."""
 
@@ -75,9 +77,10 @@ class SequenceBatchLoader:
         self.make_columns, self.rank, self.world = make_columns, rank, world_size
         self.global_batch, self.local_batch = global_batch_size, global_batch_size // world_size
         self.slicing, self.last_batch, self.prefetch = spec.slicing, spec.last_batch, spec.prefetch
+        self.workers = spec.workers
         self.pin_memory = spec.pin_memory  # set by build_datasets from the device
         self.sparse_transform: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None
-        """applied to each batch's `sparse` KJT where the batch is made (comm.dedup_at: source)"""
+        """applied to each batch's `sparse` KJT where the batch is made (dedup at the source)"""
         self.keep_full_batch = False
         """True: the transform's KJT goes beside the full one (`SequenceBatch.distinct_sparse`:
         comm.codec auto at the source)"""
@@ -89,12 +92,14 @@ class SequenceBatchLoader:
         self._cached: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
 
     def _window(self, w: int) -> np.ndarray:
-        if self._cached[0] != w:  # batches walk the windows in order: one window held at a time
-            ids = np.asarray(self.windows.get(w), dtype=np.int64)
-            if len(ids) != self.windows.sizes[w]:
-                raise RuntimeError(f"window {w}: {len(ids)} samples, {self.windows.sizes[w]} announced")
-            self._cached = (w, ids)
-        return self._cached[1]
+        cached = self._cached  # read once: workers may replace it meanwhile
+        if cached[0] == w:  # batches walk the windows in order: one window held at a time
+            return cached[1]
+        ids = np.asarray(self.windows.get(w), dtype=np.int64)
+        if len(ids) != self.windows.sizes[w]:
+            raise RuntimeError(f"window {w}: {len(ids)} samples, {self.windows.sizes[w]} announced")
+        self._cached = (w, ids)
+        return ids
 
     @property
     def num_batches(self) -> int:
@@ -145,8 +150,9 @@ class SequenceBatchLoader:
             for p in positions:
                 yield self._batch(p)
             return
-        # Build batches ahead on one thread (numpy and the KJT build release the GIL for much of it).
-        with Prefetcher(self._batch, positions, self.prefetch, name="yambda-prefetch") as made:
+        # Build batches ahead on `workers` threads (numpy, the KJT build and the transform release
+        # the GIL for most of it), handed over in order.
+        with Prefetcher(self._batch, positions, self.prefetch, name="yambda-prefetch", workers=self.workers) as made:
             yield from made
 
     def batches_from(self, start: int = 0) -> Iterator[SequenceBatch]:

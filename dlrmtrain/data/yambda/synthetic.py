@@ -27,6 +27,7 @@ evaluates the window after the trained ones). Crosses are hashed as the referenc
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -99,6 +100,7 @@ class YambdaLikeGenerator:
         self._track_cdf = _zipf_cdf(p.tracks_per_album, p.track_zipf)
         self._cache: OrderedDict[int, UserEvents] = OrderedDict()
         self._cache_users = cache_users
+        self._cache_lock = threading.Lock()
 
     @property
     def num_train_samples(self) -> int:
@@ -115,14 +117,16 @@ class YambdaLikeGenerator:
                 "uid": p.num_users, **{name: rows for name, _k, rows, _s in self.crosses}}
 
     def user(self, u: int) -> UserEvents:
-        hit = self._cache.get(u)
-        if hit is not None:
-            self._cache.move_to_end(u)
-            return hit
-        ev = self._generate(u)
-        self._cache[u] = ev
-        if len(self._cache) > self._cache_users:
-            self._cache.popitem(last=False)
+        with self._cache_lock:  # the loader's workers share the cache
+            hit = self._cache.get(u)
+            if hit is not None:
+                self._cache.move_to_end(u)
+                return hit
+        ev = self._generate(u)  # outside the lock: two workers may both make u, the same events
+        with self._cache_lock:
+            self._cache[u] = ev
+            if len(self._cache) > self._cache_users:
+                self._cache.popitem(last=False)
         return ev
 
     def _generate(self, u: int) -> UserEvents:

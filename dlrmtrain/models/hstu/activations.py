@@ -5,7 +5,7 @@ autocast keeps for the backward.
 
 Sized at full fill: every sample `rows` long (the longest sequence the data yields), so
 local batch × rows tokens, the worst batch a run can meet. Each term is a tensor autograd
-keeps, named after the code that makes it (stu.py, attention/padded.py, preprocessor.py,
+keeps, named after the code that makes it (stu.py, attention/, preprocessor.py,
 layers.py); `a` is the bytes of what runs under autocast (bf16 or fp32: the user tower,
 precision.py), 4 what the code computes in fp32 whatever the mode (the layer norms'
 inputs, the gate's operands). tests/models/test_activation_memory.py holds the STU layer
@@ -16,53 +16,53 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 
 from dlrmtrain.config.schema import Config, HSTUConfig
 from dlrmtrain.models.activation_memory import (
     BF16, FP32, INT64, ActivationMemory, ActivationPart, activation_bytes)
-
-ATTENTION_KINDS = ("padded", "blocked", "triton")
-"""The kernels a resolved `model.hstu.attention` names (`auto` resolves to one of them)."""
+from dlrmtrain.models.hstu.attention.blocked import chunk_scratch_bytes
+from dlrmtrain.models.hstu.attention.kinds import KINDS, resolve
 
 
 def attention_kind(hstu: HSTUConfig, device_type: str) -> str:
     """The attention kernel a run on `device_type` uses: model.hstu.attention, `auto` resolved
-    (triton on CUDA, blocked on CPU)."""
-    # LEAD: `model.hstu.attention: auto|padded|blocked|triton` lands with the jagged kernels
-    # (issue 42 item 1, another branch); until it does every run is padded. After the merge
-    # read the field itself here (and drop the getattr); this is the one place that reads it.
-    kind = getattr(hstu, "attention", "padded")
-    if kind == "auto":
-        return "triton" if device_type == "cuda" else "blocked"
-    return kind
+    by the rule the model itself follows when it is built (attention/kinds.py)."""
+    return resolve(hstu.attention, device_type, hstu.max_seq_len)
 
 
 def with_attention(cfg: Config, kind: str) -> Config:
     """A copy of `cfg` whose model.hstu.attention is `kind` (`dlrmtrain plan`'s lighter setting)."""
     lighter = copy.deepcopy(cfg)
-    lighter.model.hstu.attention = kind  # LEAD: the field itself once model.hstu.attention lands (see above)
+    lighter.model.hstu.attention = kind
     return lighter
+
+
+def _no_scratch(heads: int, rows: int, dim_qk: int, dim_v: int) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
 class JaggedAttentionCost:
     """What a jagged kernel keeps beyond the STU layer's own projection, and its scratch."""
 
-    qkv_copies: float
+    qkv_copies: int
     """Copies of q, k and v (H·(2·qk + linear) values per token) it saves for the backward
-    (0 where it saves views of the projection's output)."""
-    output_copies: float
+    (0 where it saves the views of the projection's output it was given)."""
+    output_copies: int
     """Copies of its [tokens, H·linear] output it saves."""
-    tile_bytes: int
-    """Its scratch, the same at any batch: one chunk of scores (blocked) or one tile (triton)."""
+    scratch: Callable[[int, int, int, int], int]
+    """Its scratch in bytes at (heads, padded length, qk width, linear width), the same at any
+    batch: one chunk of scores and operands (blocked), none outside the GPU's tiles (triton)."""
 
 
-# LEAD: the blocked and triton kernels are written in parallel (issue 42 item 1). These are
-# their planned costs (q, k, v and the output kept, one tile or chunk of scores at a time);
-# set them from the kernels' save_for_backward and tile sizes once they land.
 JAGGED_ATTENTION_COSTS = {
-    "blocked": JaggedAttentionCost(qkv_copies=1, output_copies=1, tile_bytes=256 * 2**20),
-    "triton": JaggedAttentionCost(qkv_copies=1, output_copies=1, tile_bytes=32 * 2**20),
+    # attention/blocked.py's save_for_backward: the q, k, v it was given (stu.py's views of
+    # uvqk, which SiLU(u) keeps anyway) and its [tiles, 4] int64 table; one chunk at a time
+    "blocked": JaggedAttentionCost(qkv_copies=0, output_copies=0, scratch=chunk_scratch_bytes),
+    # attention/triton_kernels.py saves q, k, v made contiguous (copies of the views) and the
+    # [B] offsets and targets; its tiles live in registers and shared memory
+    "triton": JaggedAttentionCost(qkv_copies=1, output_copies=0, scratch=_no_scratch),
 }
 
 PADDED_INDEX_TENSORS = 8
@@ -102,11 +102,13 @@ def attention_part(h: HSTUConfig, batch: int, rows: int, a: int, kind: str) -> A
                               advice="use model.hstu.attention=blocked (CPU) or triton (GPU), "
                                      "or a smaller run.global_batch_size")
     if kind not in JAGGED_ATTENTION_COSTS:
-        raise ValueError(f"model.hstu.attention: {kind!r} is not one of {', '.join(ATTENTION_KINDS)}")
+        raise ValueError(f"model.hstu.attention: {kind!r} is not one of {', '.join(KINDS)}")
     cost = JAGGED_ATTENTION_COSTS[kind]
     saved = a * tokens * heads * (cost.qkv_copies * qkv + cost.output_copies * h.attn_linear_dim)
-    return ActivationPart(f"the attention ({kind})", saved=int(saved), transient=cost.tile_bytes,
-                          holds="q, k, v and the output per token, one tile of scores at a time",
+    kept = "a copy of q, k and v per token" if cost.qkv_copies else "views of the layer's q, k and v"
+    return ActivationPart(f"the attention ({kind})", saved=saved,
+                          transient=cost.scratch(heads, rows, h.attn_qk_dim, h.attn_linear_dim),
+                          holds=f"{kept}, its scores recomputed in the backward",
                           advice="use a smaller run.global_batch_size")
 
 

@@ -26,6 +26,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from dlrmtrain.config.schema import Config, HSTUConfig
 from dlrmtrain.models.hstu import jagged
+from dlrmtrain.models.hstu.attention import kinds
 from dlrmtrain.models.hstu.head import PredictionHead, item_mlp, weighted_bce
 from dlrmtrain.models.hstu.positional import PositionalEncoder
 from dlrmtrain.models.hstu.postprocessor import build_postprocessor
@@ -72,8 +73,9 @@ class DlrmHSTU(nn.Module):
                 hstu.action_embedding_init_std))
             self.positional = PositionalEncoder(hstu.num_position_buckets, hstu.num_time_buckets,
                                                 hstu.dim, len(CONTEXTUAL_FEATURES))
+            kind = kinds.resolve(hstu.attention, dense_device.type, hstu.max_seq_len)
             self.stu = STUStack([STULayer(hstu.dim, hstu.num_heads, hstu.attn_qk_dim,
-                                          hstu.attn_linear_dim, hstu.linear_dropout)
+                                          hstu.attn_linear_dim, hstu.linear_dropout, kind)
                                  for _ in range(hstu.num_layers)])
             self.postprocessor = build_postprocessor(hstu.postprocessor, hstu.dim)
             self.item_mlp = item_mlp(table_dim, len(ITEM_FEATURES), hstu.item_mlp_hidden_dim,

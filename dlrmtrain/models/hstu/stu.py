@@ -4,7 +4,7 @@ One layer, on jagged rows x [L, D] (the reference's `STULayer` with its PyTorch
 kernels `hstu_compute_uqvk`, `pytorch_hstu_mha`, `pytorch_hstu_compute_output`):
 
     u, v, q, k = split(LayerNorm(x) @ W_uvqk + b_uvqk);  u = SiLU(u)
-    a = SiLUAttention(q, k, v)                      (attention.py)
+    a = SiLUAttention(q, k, v)                      (attention/: the kernel its kind names)
     y = Dropout(concat[u, a, u ⊙ LayerNorm(a)])
     x + y @ W_out
 
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dlrmtrain.models.hstu.attention import padded_silu_attention
+from dlrmtrain.models.hstu.attention import kinds
 from dlrmtrain.models.hstu.layers import at_least_fp32
 
 NORM_EPS = 1e-6
@@ -26,9 +26,11 @@ NORM_EPS = 1e-6
 
 class STULayer(nn.Module):
     def __init__(self, dim: int, num_heads: int, qk_dim: int, linear_dim: int,
-                 dropout: float) -> None:
+                 dropout: float, attention: str = "padded") -> None:
+        """`attention`: a resolved kind (attention/kinds.py), its kernel looked up once here."""
         super().__init__()
         self.num_heads, self.qk_dim, self.linear_dim = num_heads, qk_dim, linear_dim
+        self.attention_kind, self.attention = attention, kinds.kernel(attention)
         self.dropout = dropout
         self.alpha = 1.0 / qk_dim ** 0.5
         uvqk_width = (2 * linear_dim + 2 * qk_dim) * num_heads
@@ -51,8 +53,8 @@ class STULayer(nn.Module):
         uvqk = torch.addmm(self.uvqk_bias.to(x.dtype), normed, self.uvqk_weight.to(x.dtype))
         u, v, q, k = torch.split(uvqk, [h * dv, h * dv, h * dqk, h * dqk], dim=1)
         u = F.silu(u)
-        attn = padded_silu_attention(q.reshape(-1, h, dqk), k.reshape(-1, h, dqk), v.reshape(-1, h, dv),
-                                     offsets, lengths, num_targets, max_len, self.alpha)
+        attn = self.attention(q.reshape(-1, h, dqk), k.reshape(-1, h, dqk), v.reshape(-1, h, dv),
+                              offsets, lengths, num_targets, max_len, self.alpha)
         u32, attn32 = at_least_fp32(u), at_least_fp32(attn)
         gated = u32 * F.layer_norm(attn32, (attn32.shape[-1],),
                                    self.output_norm_weight.to(attn32.dtype),

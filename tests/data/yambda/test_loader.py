@@ -140,3 +140,46 @@ def test_the_mini_data_config_keeps_the_reference_rates_at_its_shape():
     from dlrmtrain.config.loader import ConfigError
     with pytest.raises(ConfigError, match="synthetic.history_length: 128 events do not fit"):
         build_yambda_loaders(cfg.data, 0, 2, 256, 256)
+
+
+def _dedup_transform():
+    """comm.dedup_at: source's transform over the tiny profile's tables (shared by features)."""
+    from dlrmtrain.comm.dedup.sequence_source import SequenceSourceDedup, ShardingFeatures
+    from dlrmtrain.sequence_features import TABLES
+    rows = YambdaLikeGenerator(PROFILE, CROSSES).table_rows()
+    features = [f for _r, fs in TABLES.values() for f in fs]
+    return SequenceSourceDedup([ShardingFeatures("table_wise", features,
+                                                 [t for t, (_r, fs) in TABLES.items() for _f in fs], rows)])
+
+
+def _loader(workers: int, last_batch: str) -> SequenceBatchLoader:
+    gen = YambdaLikeGenerator(PROFILE, CROSSES)
+    windows = [np.arange(0, 50), np.arange(50, 71), np.arange(71, 120)]  # batches cross windows
+    loader = SequenceBatchLoader(windows, gen.columns, SequenceLoaderSpec(
+        1, 2, 8, "round_robin", last_batch, prefetch=2, workers=workers))
+    loader.sparse_transform = _dedup_transform()
+    return loader
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "pad"])
+def test_several_workers_make_the_same_batches_in_the_same_order(last_batch):
+    made = {w: list(_loader(w, last_batch).iter_weighted()) for w in (1, 2, 3)}
+    assert len(made[1]) == _loader(1, last_batch).num_batches
+    for w in (2, 3):
+        assert len(made[w]) == len(made[1])
+        for (a, wa), (b, wb) in zip(made[w], made[1]):
+            assert torch.equal(wa, wb) and kjt_equal(a.uih, b.uih) and kjt_equal(a.candidates, b.candidates)
+            assert kjt_equal(a.sparse, b.sparse)  # the transform's distinct ids ...
+            assert all(torch.equal(x, y) for x, y in zip(a.sparse.expansion.reverse, b.sparse.expansion.reverse))
+
+
+def test_a_loader_with_workers_shuts_down_when_its_reader_stops():
+    import threading
+
+    batches = _loader(3, "drop").batches_from(0)
+    assert next(batches).batch_size == 4
+    closer = threading.Thread(target=batches.close, daemon=True)  # the trainer leaving its loop
+    closer.start()
+    closer.join(timeout=60)  # a hang detector, not a timing check
+    assert not closer.is_alive(), "closing the loader hung"
+    assert not any(t.name == "yambda-prefetch" and t.is_alive() for t in threading.enumerate())

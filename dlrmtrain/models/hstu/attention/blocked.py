@@ -1,0 +1,197 @@
+"""HSTU's pointwise attention in plain PyTorch on the jagged layout, tile by tile:
+SiLU(q·k · alpha) / N under the causal, target-aware mask (mask.py), N the batch's padded
+length, as `padded_silu_attention` computes it, without a [B, H, N, N] score matrix.
+
+A tile is up to ROWS_PER_TILE query rows of one sample with the keys they may see: the
+sample's first min(tile end, length) rows (a history row sees the rows before it, a target
+the history and itself, both inside that prefix). Rows past a sample's length and keys past
+the tile's last row (the upper triangle) are never visited. Tiles are run several at a time,
+in chunks whose fp32 scores fit CHUNK_BYTES (at least one tile), sorted by key count so that a
+chunk pads little: small shapes pay the Python overhead once per chunk, not per tile.
+
+Forward and backward are one autograd function that keeps q, k, v (the caller's tensors:
+views of the STU layer's projection, which it keeps anyway) and the tile table, never the
+scores: the backward recomputes each chunk's scores. Memory: O(tokens × width) plus one
+chunk's scratch (`chunk_scratch_bytes`).
+
+Numerics: every product and sum in fp32 (float64 inputs: float64), bf16 inputs too (autocast
+off inside), results cast back to the inputs' dtype. Each output and dq row is written by
+the one tile that holds it; dk and dv rows are summed over the tiles that see them with
+index_add_ (in tile order on CPU; on CUDA its atomic adds make the backward's last bits vary
+run to run). One host sync per call: the offsets and target counts, read once to plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+ROWS_PER_TILE = 128
+"""Query rows per tile: matrix products wide enough to run at the BLAS's speed on CPU."""
+CHUNK_BYTES = 2 * 2**20
+"""fp32 scores a chunk of tiles may hold ([tiles, H, rows, keys]); a tile larger alone is run alone."""
+LIVE_SCORE_COPIES = 5
+"""fp32 score-sized tensors the backward holds at once per chunk: s (then p), σ(s), SiLU'(s),
+dp (then ds), and the mask with its negation (bool: a quarter each). The forward: s (then
+p) and the masks."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Tiles [first, last) of the call's tile table, run as one batch of products."""
+
+    first: int
+    last: int
+    rows: int
+    """Rows of its longest tile (the others are padded to it, masked)."""
+    keys: int
+    """Keys of its widest tile."""
+
+
+def plan_tiles(offsets: torch.Tensor, num_targets: torch.Tensor, heads: int,
+               rows_per_tile: int = ROWS_PER_TILE, chunk_bytes: int = CHUNK_BYTES
+               ) -> tuple[torch.Tensor, list[Chunk]]:
+    """(tile table [T, 4] int64 on the inputs' device: each tile's (first row of its sample in
+    the jagged tensor, sample length, history length, first row in the sample), sorted by key
+    count; the chunks). Reads offsets and num_targets on the host once (the call's one sync)."""
+    both = torch.cat([offsets.reshape(-1).to(torch.int64), num_targets.reshape(-1).to(torch.int64)]).cpu()
+    starts, ends = both[:offsets.numel() - 1], both[1:offsets.numel()]
+    lengths, history = ends - starts, ends - starts - both[offsets.numel():]
+    per_sample = (lengths + rows_per_tile - 1) // rows_per_tile
+    sample = torch.repeat_interleave(torch.arange(lengths.numel()), per_sample)
+    first_of = torch.cumsum(per_sample, 0) - per_sample
+    row0 = (torch.arange(sample.numel()) - first_of[sample]) * rows_per_tile
+    keys = torch.minimum(row0 + rows_per_tile, lengths[sample])  # the sample's prefix the tile sees
+    order = torch.argsort(keys, stable=True)
+    table = torch.stack([starts[sample], lengths[sample], history[sample], row0], dim=1)[order]
+    keys, rows = keys[order], (keys - row0)[order]
+    return table.to(offsets.device, non_blocking=True), _chunks(rows.tolist(), keys.tolist(), heads, chunk_bytes)
+
+
+def _chunks(rows: list[int], keys: list[int], heads: int, chunk_bytes: int) -> list[Chunk]:
+    """Consecutive tiles (keys ascending) while the chunk's padded fp32 scores fit `chunk_bytes`."""
+    chunks, first, most_rows = [], 0, 0
+    for i, (r, k) in enumerate(zip(rows, keys)):
+        widest = max(most_rows, r)
+        if i > first and (i + 1 - first) * heads * widest * k * 4 > chunk_bytes:
+            chunks.append(Chunk(first, i, most_rows, keys[i - 1]))
+            first, widest = i, r
+        most_rows = widest
+    if rows:
+        chunks.append(Chunk(first, len(rows), most_rows, keys[-1]))
+    return chunks
+
+
+def chunk_scratch_bytes(heads: int, max_len: int, dim_qk: int, dim_v: int,
+                        rows_per_tile: int = ROWS_PER_TILE, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """The most one chunk holds at once in the backward at padded length `max_len` (fp32):
+    LIVE_SCORE_COPIES score-sized tensors, its gathered q, k, v and do, and their gradients.
+    The scores are at most max(CHUNK_BYTES, one tile of max_len keys); the per-key operands
+    follow, a chunk holding keys·rows ≤ scores / (4·H) and rows ≤ ROWS_PER_TILE per tile."""
+    scores = max(chunk_bytes, 4 * heads * rows_per_tile * max_len)
+    elements = scores // (4 * heads * rows_per_tile)     # Σ keys over the chunk's tiles, at full tiles
+    per_key = 2 * (dim_qk + dim_v)                       # k, v and their gradients
+    per_row = 2 * (dim_qk + dim_v)                       # q, do and dq, the output share
+    return LIVE_SCORE_COPIES * scores + 4 * heads * elements * (per_key + per_row)
+
+
+def _positions(tiles: torch.Tensor, chunk: Chunk, total: int) -> tuple[torch.Tensor, ...]:
+    """(query row, key row) gather indices into the jagged tensors ([c, rows], [c, keys]; rows
+    past a sample's end clamped to its last), the same as write indices (past the end: `total`,
+    the scratch row of an L + 1-row buffer), and the mask [c, 1, rows, keys] of mask.py's rule."""
+    start, length, history, row0 = tiles[chunk.first:chunk.last].unbind(1)
+    device = tiles.device
+    rows = row0[:, None] + torch.arange(chunk.rows, device=device)     # position in the sample
+    cols = torch.arange(chunk.keys, device=device).expand(rows.shape[0], -1)
+    last = (length - 1)[:, None]
+    row_at, col_at = start[:, None] + torch.minimum(rows, last), start[:, None] + torch.minimum(cols, last)
+    row_in, col_in = rows <= last, cols <= last
+    h = history[:, None]
+    rows_id, cols_id = torch.minimum(rows, h), torch.minimum(cols, h)
+    attend = (rows[:, :, None] == cols[:, None, :]) | (rows_id[:, :, None] > cols_id[:, None, :])
+    mask = attend & row_in[:, :, None] & col_in[:, None, :]
+    return (row_at, col_at, torch.where(row_in, row_at, total), torch.where(col_in, col_at, total),
+            mask[:, None])
+
+
+def _gather(x: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[L, H, d] rows `at` ([c, n]) → [c, H, n, d] in `dtype`."""
+    return x[at].to(dtype).transpose(1, 2)
+
+
+def _scatter_rows(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row indices, [rows, H, d] values) of a chunk's [c, H, n, d] result, for index_copy_ or
+    index_add_ into an [L + 1, H, d] buffer."""
+    return at.reshape(-1), values.transpose(1, 2).reshape(-1, values.shape[1], values.shape[3])
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s = α·q·kᵀ for one chunk: [c, H, rows, keys]."""
+    return torch.matmul(q, k.transpose(2, 3)).mul_(alpha)
+
+
+def _score_gradients(s: torch.Tensor, dp: torch.Tensor, hidden: torch.Tensor, alpha: float,
+                     inv_n: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p = mask · SiLU(s)/N, α · dL/ds = α · mask · dp · SiLU'(s)/N), SiLU'(s) = σ(s)(1 + s(1 − σ(s))),
+    in place over s and dp (four score-sized tensors live: s, σ(s), SiLU'(s), dp)."""
+    sig = torch.sigmoid(s)
+    silu_grad = (1.0 - sig).mul_(s).add_(1.0).mul_(sig)
+    ds = dp.mul_(silu_grad).mul_(alpha * inv_n).masked_fill_(hidden, 0.0)
+    return s.mul_(sig).mul_(inv_n).masked_fill_(hidden, 0.0), ds
+
+
+class BlockedSiluAttention(torch.autograd.Function):
+    """The tiles' forward and backward as one autograd function (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, num_targets, max_len, alpha, rows_per_tile, chunk_bytes):
+        tiles, chunks = plan_tiles(offsets, num_targets, q.shape[1], rows_per_tile, chunk_bytes)
+        compute = torch.promote_types(q.dtype, torch.float32)
+        total, heads, dim_v = v.shape
+        out = torch.zeros(total + 1, heads, dim_v, dtype=compute, device=q.device)
+        with torch.autocast(q.device.type, enabled=False):
+            for chunk in chunks:
+                row_at, col_at, row_to, _, mask = _positions(tiles, chunk, total)
+                s = _scores(_gather(q, row_at, compute), _gather(k, col_at, compute), alpha)
+                p = F.silu(s, inplace=True).mul_(1.0 / max_len).masked_fill_(~mask, 0.0)
+                out.index_copy_(0, *_scatter_rows(row_to, torch.matmul(p, _gather(v, col_at, compute))))
+        ctx.save_for_backward(q, k, v, tiles)
+        ctx.chunks, ctx.max_len, ctx.alpha = chunks, max_len, alpha
+        return out[:total].to(q.dtype).view(total, heads * dim_v)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, tiles = ctx.saved_tensors
+        compute = torch.promote_types(q.dtype, torch.float32)
+        total = q.shape[0]
+        do = grad_out.reshape(v.shape)
+        dq, dk, dv = (torch.zeros(total + 1, *x.shape[1:], dtype=compute, device=q.device) for x in (q, k, v))
+        with torch.autocast(q.device.type, enabled=False):
+            for chunk in ctx.chunks:
+                row_at, col_at, row_to, col_to, mask = _positions(tiles, chunk, total)
+                qc, kc, vc = _gather(q, row_at, compute), _gather(k, col_at, compute), _gather(v, col_at, compute)
+                doc = _gather(do, row_at, compute)
+                p, ds = _score_gradients(_scores(qc, kc, ctx.alpha), torch.matmul(doc, vc.transpose(2, 3)),
+                                         ~mask, ctx.alpha, 1.0 / ctx.max_len)
+                dv.index_add_(0, *_scatter_rows(col_to, torch.matmul(p.transpose(2, 3), doc)))
+                dq.index_copy_(0, *_scatter_rows(row_to, torch.matmul(ds, kc)))
+                dk.index_add_(0, *_scatter_rows(col_to, torch.matmul(ds.transpose(2, 3), qc)))
+        return (dq[:total].to(q.dtype), dk[:total].to(k.dtype), dv[:total].to(v.dtype),
+                None, None, None, None, None, None)
+
+
+def blocked_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                           lengths: torch.Tensor, num_targets: torch.Tensor, max_len: int,
+                           alpha: float, *, rows_per_tile: int = ROWS_PER_TILE,
+                           chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """q, k: [L, H, dqk]; v: [L, H, dv] jagged → [L, H·dv] jagged, as `padded_silu_attention`
+    (any floating dtype, any device). `lengths` is implied by `offsets` (kept for the common
+    signature); no sample may be longer than `max_len`. `rows_per_tile`, `chunk_bytes`: the
+    module's defaults unless given (tests give small ones to cross many tiles and chunks)."""
+    del lengths
+    if rows_per_tile < 1 or chunk_bytes < 1:
+        raise ValueError(f"blocked attention: rows_per_tile {rows_per_tile} and chunk_bytes {chunk_bytes} "
+                         f"must be positive")
+    return BlockedSiluAttention.apply(q, k, v, offsets, num_targets, max_len, alpha, rows_per_tile, chunk_bytes)
