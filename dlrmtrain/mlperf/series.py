@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlrmtrain.run.checkpoint import verify_checkpoint
 from dlrmtrain.run.errors import SetupError
 from dlrmtrain.run.lock import LOCK_FILE as RUN_LOCK_FILE, RunLock, describe_holder
 
@@ -181,6 +180,10 @@ def prepare_run(result: Path, run_dir: Path, console: Path) -> RunState:
 
 def latest_verified(root: Path) -> Path | None:
     """The newest complete checkpoint (step_<N>, its manifest's checksums hold) in `root`."""
+    # imported here: run/checkpoint.py imports torch (seconds), which the runner, a parent
+    # of launchers, needs only to resume an interrupted run
+    from dlrmtrain.run.checkpoint import verify_checkpoint
+
     if not root.is_dir():
         return None
     steps = sorted(((int(p.name[5:]), p) for p in root.iterdir()

@@ -15,6 +15,8 @@ project's layout instead, see data_prep/make_synthetic.py.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dlrmtrain.config.schema import DataConfig
@@ -49,6 +51,8 @@ class Teacher:
             rng.uniform(0.3, 1.5, (num_tables, 1))
         self.pairs = rng.choice(num_tables, size=(4, 2), replace=False)
         self.pair_w = rng.normal(0.0, 0.8, (len(self.pairs), 64, 64))
+        for weights in (self.dense_w, self.table_w, self.pairs, self.pair_w):
+            weights.flags.writeable = False  # shared by every `generate` of this process
 
     def logits(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         z = (dense - dense.mean(0)) / (dense.std(0) + 1e-6) @ self.dense_w
@@ -57,6 +61,14 @@ class Teacher:
         for (a, b), w in zip(self.pairs, self.pair_w):
             z += w[sparse[:, a] % 64, sparse[:, b] % 64]
         return z
+
+
+@functools.lru_cache(maxsize=2)
+def _teacher(num_tables: int, num_dense: int, seed: int) -> Teacher:
+    """The one Teacher of these arguments in this process: drawing its 1.7 M weights costs
+    ~0.15 s, and a run draws its training and its eval samples with the same teacher (a
+    process that builds several runs, as a test's spawned ranks do, reuses it again)."""
+    return Teacher(num_tables, num_dense, seed)
 
 
 def tables_and_exponents(cfg: DataConfig) -> tuple[list[int], list[float]]:
@@ -76,7 +88,7 @@ def generate(cfg: DataConfig, num_samples: int, seed: int) -> RowBlock:
     dense = np.log1p(np.floor(counts)).astype(np.float32)
     sizes, exponents = tables_and_exponents(cfg)
     sparse = np.stack([power_law_ids(rng, rows, s, num_samples) for rows, s in zip(sizes, exponents)], axis=1)
-    teacher = Teacher(len(sizes), cfg.num_dense_features, syn.teacher_seed)
+    teacher = _teacher(len(sizes), cfg.num_dense_features, syn.teacher_seed)
     z = teacher.logits(dense, sparse)
     z = z - np.quantile(z, 0.75)  # ~25% clicks, like the Kaggle sample
     noise = rng.logistic(0.0, syn.label_noise, num_samples)
