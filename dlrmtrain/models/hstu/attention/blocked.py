@@ -16,7 +16,7 @@ chunk holds pairs of one diagonal offset d = i − j only, so no two of its pair
 tile or a key tile: each index_add_ into the fp32 out, dq, dk, dv buffers touches a row at
 most once (besides the discarded scratch row), so its atomic adds on CUDA race on nothing,
 and every row's pairs are summed in the same order (diagonal offset ascending): the same
-inputs and chunk budget give the same bits on any device.
+inputs and chunk budget give the same bits run to run, on CUDA as on CPU.
 
 Forward and backward are one autograd function that keeps q, k, v (the caller's tensors:
 views of the STU layer's projection, which it keeps anyway) and the pair table, never the
