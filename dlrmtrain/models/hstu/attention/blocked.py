@@ -136,8 +136,9 @@ def _positions(tiles: torch.Tensor, chunk: Chunk, total: int) -> tuple[torch.Ten
 
 
 def _gather(x: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[L, H, d] rows `at` ([c, n]) → [c, H, n, d] in `dtype`."""
-    return x[at].to(dtype).transpose(1, 2)
+    """[L, H, d] rows `at` ([c, n]) → [c, H, n, d] in `dtype`, contiguous: each operand feeds two
+    or three batched products, which would otherwise each copy it."""
+    return x[at].to(dtype).transpose(1, 2).contiguous()
 
 
 def _scatter_rows(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
