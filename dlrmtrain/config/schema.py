@@ -317,7 +317,7 @@ class HSTUConfig:
     attention: HSTUAttention = "auto"
     """The attention kernel, one function of the same numbers (up to fp32 summation order):
     `padded` ([B, H, N, N] scores kept for the backward: the parity reference), `blocked`
-    (jagged row tiles in PyTorch, scores recomputed in the backward; any device), `triton`
+    (jagged square tiles in PyTorch, scores recomputed in the backward; any device), `triton`
     (jagged Triton kernels; CUDA, or CPU under TRITON_INTERPRET=1) or `auto` (triton on CUDA;
     on CPU padded up to 128-row sequences, blocked above)."""
 

@@ -23,6 +23,7 @@ from dlrmtrain.models.dlrm_activations import dlrm_activation_memory
 from dlrmtrain.models.hstu import build_hstu_model, jagged
 from dlrmtrain.models.hstu.activations import (
     attention_kind, attention_part, hstu_activation_memory, stu_projection_part, with_attention)
+from dlrmtrain.models.hstu.attention.blocked import chunk_scratch_bytes
 from dlrmtrain.models.hstu.stu import STULayer
 from dlrmtrain.workloads import workload_of
 from tests.models.hstu_batches import random_batch, tiny_hstu_config
@@ -128,12 +129,17 @@ def test_padded_attention_grows_with_the_padded_length_the_jagged_kernels_with_t
     assert 1.7 < long.saved / short.saved < 2.0 and long.transient == 2 * short.transient
 
 
-def test_blocked_scratch_is_one_chunk_whatever_the_batch_and_grows_with_n_only_past_the_budget():
+def test_blocked_scratch_is_one_chunk_whatever_the_batch_and_the_padded_length():
     h = load_config(REPO / "configs/mlperf_dlrmv4.yaml").model.hstu
     small, large = attention_part(h, 2, 512, 2, "blocked"), attention_part(h, 1024, 512, 2, "blocked")
     assert small.transient == large.transient > 0
-    assert attention_part(h, 1, 1024, 2, "blocked").transient == small.transient  # one tile ≤ the chunk budget
-    assert attention_part(h, 1, 8192, 2, "blocked").transient > 2 * small.transient  # one tile alone exceeds it
+    # its tiles are square (rows × keys), so no pair grows with N
+    assert attention_part(h, 1, 1024, 2, "blocked").transient == small.transient
+    assert attention_part(h, 1, 8192, 2, "blocked").transient == small.transient
+    # a pair larger than the chunk budget runs alone: the scratch is then one pair's
+    tiny_budget = chunk_scratch_bytes(h.num_heads, 8192, h.attn_qk_dim, h.attn_linear_dim, chunk_bytes=1)
+    assert tiny_budget == chunk_scratch_bytes(h.num_heads, 64, h.attn_qk_dim, h.attn_linear_dim, chunk_bytes=1)
+    assert 0 < tiny_budget < small.transient
     assert attention_part(h, 1, 4096, 2, "triton").transient == 0  # its tiles live on the chip
 
 

@@ -20,7 +20,7 @@ from dlrmtrain.config import load_config
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import HSTUAttention, choices
 from dlrmtrain.models.hstu import build_hstu_model, jagged
-from dlrmtrain.models.hstu.attention import blocked, kinds, padded_silu_attention, rounding
+from dlrmtrain.models.hstu.attention import attention_mask, blocked, kinds, padded_silu_attention, rounding
 from dlrmtrain.models.hstu.attention.blocked import blocked_silu_attention
 from dlrmtrain.validation import validate_config
 from tests.models import triton_attention_runs as runs
@@ -35,6 +35,9 @@ SHAPES = {
     "empty": ([0, 9, 33, 0, 2], [0, 1, 4, 0, 2], 48, 2, 8, 8),
     # one sample of targets only, longer than a tile: its tiles see only their own diagonal
     "targets": ([21, 3], [21, 1], 21, 1, 4, 4),
+    # samples over several key tiles even at the default 128-row tiles, their targets spanning
+    # two row tiles in both: pairs below the diagonal only where history is
+    "key_tiles": ([140, 131], [20, 40], 160, 2, 8, 8),
 }
 TILINGS = [(4, 1), (8, 4096), (5, 2000), (blocked.ROWS_PER_TILE, blocked.CHUNK_BYTES)]
 """(rows_per_tile, chunk_bytes): a tile per chunk; several tiles per chunk; tiles that do not
@@ -108,7 +111,7 @@ def test_it_keeps_no_score_sized_tensor_for_the_backward():
 
 
 def test_the_same_inputs_give_the_same_bits():
-    """One tile owns each output and dq row, dk and dv rows are summed in tile order: on CPU every
+    """Each row's terms are summed in diagonal order, no index_add_ touching a row twice: every
     run gives the same bits (what `dedup` stays bitwise `none`'s forward under rests on)."""
     inputs = _inputs("mixed", torch.float32)
     fn = functools.partial(blocked_silu_attention, rows_per_tile=4, chunk_bytes=4096)
@@ -116,21 +119,33 @@ def test_the_same_inputs_give_the_same_bits():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-def test_tiles_cover_each_row_once_and_chunks_keep_to_the_budget():
-    lengths, num_targets = torch.tensor([0, 9, 33, 1]), torch.tensor([0, 1, 4, 1])
-    tiles, chunks = blocked.plan_tiles(jagged.offsets_of(lengths), num_targets, heads=2, rows_per_tile=8,
-                                       chunk_bytes=2 * 8 * 16 * 4 * 3)
-    assert len(tiles) == 2 + 5 + 1 and [c.first for c in chunks] == [0] + [c.last for c in chunks[:-1]]
-    start, length, history, row0 = tiles.T
-    assert sorted(zip(start.tolist(), row0.tolist())) == [(0, 0), (0, 8), (9, 0), (9, 8), (9, 16), (9, 24),
-                                                          (9, 32), (42, 0)]
-    targets_of = {0: 1, 9: 4, 42: 1}  # by the sample's first row
-    assert all(h == n - targets_of[s] for s, n, h in zip(start.tolist(), length.tolist(), history.tolist()))
-    keys = torch.minimum(row0 + 8, length)
-    assert (keys[1:] >= keys[:-1]).all()  # sorted by key count, so chunks pad little
+def test_tile_pairs_cover_each_allowed_row_key_pair_once_and_chunks_keep_to_the_budget():
+    """Every (row, key) the mask allows lies in exactly one pair, no pair lacks one, and a chunk's
+    pairs share no row tile and no key tile (each index_add_ touches a row once) within budget."""
+    lengths, num_targets, r, heads = torch.tensor([0, 9, 33, 1, 30]), torch.tensor([0, 1, 4, 1, 30]), 8, 2
+    budget = heads * r * r * 4 * 3
+    tiles, chunks = blocked.plan_tiles(jagged.offsets_of(lengths), num_targets, heads=heads, rows_per_tile=r,
+                                       chunk_bytes=budget)
+    mask = attention_mask(lengths, num_targets, int(lengths.max()))
+    covered = torch.zeros(mask.shape, dtype=torch.int64)
+    sample_of = {int(s): b for b, s in enumerate(jagged.offsets_of(lengths)[:-1].tolist()) if lengths[b] > 0}
+    for start, length, history, row0, col0 in tiles.tolist():
+        b = sample_of[start]
+        assert length == lengths[b] and history == length - num_targets[b]
+        rows, keys = slice(row0, min(row0 + r, length)), slice(col0, min(col0 + r, length))
+        assert mask[b, rows, keys].any(), (b, row0, col0)
+        covered[b, rows, keys] += 1
+    valid = mask & (torch.arange(mask.shape[1]) < lengths[:, None])[:, :, None] \
+        & (torch.arange(mask.shape[1]) < lengths[:, None])[:, None, :]
+    assert (covered <= 1).all() and (covered[valid] == 1).all()  # no overlap; every allowed entry once
+    # the all-target sample of 30 rows: its 4 diagonal pairs only
+    assert sum(1 for t in tiles.tolist() if sample_of[t[0]] == 4) == 4
+    assert [c.first for c in chunks] == [0] + [c.last for c in chunks[:-1]] and chunks[-1].last == len(tiles)
     for c in chunks:
-        assert c.keys == keys[c.last - 1] and (c.last - c.first == 1 or
-                                               (c.last - c.first) * 2 * c.rows * c.keys * 4 <= 2 * 8 * 16 * 4 * 3)
+        pairs = tiles[c.first:c.last].tolist()
+        assert len({(p[0], p[3]) for p in pairs}) == len({(p[0], p[4]) for p in pairs}) == len(pairs)
+        assert len({p[3] - p[4] for p in pairs}) == 1  # one diagonal offset
+        assert c.last - c.first == 1 or (c.last - c.first) * heads * c.rows * c.keys * 4 <= budget
 
 
 # ---- model.hstu.attention: the switch, its resolution, its refusals ----

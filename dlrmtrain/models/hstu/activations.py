@@ -58,7 +58,7 @@ class JaggedAttentionCost:
 
 JAGGED_ATTENTION_COSTS = {
     # attention/blocked.py's save_for_backward: the q, k, v it was given (stu.py's views of
-    # uvqk, which SiLU(u) keeps anyway) and its [tiles, 4] int64 table; one chunk at a time
+    # uvqk, which SiLU(u) keeps anyway) and its [pairs, 5] int64 table; one chunk at a time
     "blocked": JaggedAttentionCost(qkv_copies=0, output_copies=0, scratch=chunk_scratch_bytes),
     # attention/triton_kernels.py saves q, k, v made contiguous (copies of the views) and the
     # [B] offsets and targets; its tiles live in registers and shared memory

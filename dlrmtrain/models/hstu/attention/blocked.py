@@ -2,23 +2,29 @@
 SiLU(q·k · alpha) / N under the causal, target-aware mask (mask.py), N the batch's padded
 length, as `padded_silu_attention` computes it, without a [B, H, N, N] score matrix.
 
-A tile is up to ROWS_PER_TILE query rows of one sample with the keys they may see: the
-sample's first min(tile end, length) rows (a history row sees the rows before it, a target
-the history and itself, both inside that prefix). Rows past a sample's length and keys past
-the tile's last row (the upper triangle) are never visited. Tiles are run several at a time,
-in chunks whose fp32 scores fit CHUNK_BYTES (at least one tile), sorted by key count so that a
-chunk pads little: small shapes pay the Python overhead once per chunk, not per tile.
+A tile pair is up to ROWS_PER_TILE query rows of one sample against up to as many of its keys
+(square tiles: row tile i of a sample holds its rows [i·R, (i+1)·R), key tile j its keys
+[j·R, (j+1)·R)). Only pairs with at least one (row, key) the mask lets through exist: the
+diagonal (j = i), and below it only key tiles that hold history (j·R < history length: a
+target sees the history and itself, never another target). Rows and keys past a sample's
+length and the upper triangle are never visited. So a pair's scratch is at most R × R scores
+per head, whatever N: memory is O(tokens × width) plus one chunk, flat in N.
+
+SiLU attention has no softmax: a row's output is the plain sum of its pairs' shares. Pairs are
+run several at a time, in chunks whose fp32 scores fit CHUNK_BYTES (at least one pair). A
+chunk holds pairs of one diagonal offset d = i − j only, so no two of its pairs share a row
+tile or a key tile: each index_add_ into the fp32 out, dq, dk, dv buffers touches a row at
+most once (besides the discarded scratch row), so its atomic adds on CUDA race on nothing,
+and every row's pairs are summed in the same order (diagonal offset ascending): the same
+inputs and chunk budget give the same bits run to run, on CUDA as on CPU.
 
 Forward and backward are one autograd function that keeps q, k, v (the caller's tensors:
-views of the STU layer's projection, which it keeps anyway) and the tile table, never the
-scores: the backward recomputes each chunk's scores. Memory: O(tokens × width) plus one
-chunk's scratch (`chunk_scratch_bytes`).
+views of the STU layer's projection, which it keeps anyway) and the pair table, never the
+scores: the backward recomputes each chunk's scores. Scratch: `chunk_scratch_bytes`.
 
 Numerics: every product and sum in fp32 (float64 inputs: float64), bf16 inputs too (autocast
-off inside), results cast back to the inputs' dtype. Each output and dq row is written by
-the one tile that holds it; dk and dv rows are summed over the tiles that see them with
-index_add_ (in tile order on CPU; on CUDA its atomic adds make the backward's last bits vary
-run to run). One host sync per call: the offsets and target counts, read once to plan.
+off inside), results cast back to the inputs' dtype once, at the end. One host sync per call:
+the offsets and target counts, read once to plan.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ import torch
 from torch.nn import functional as F
 
 ROWS_PER_TILE = 128
-"""Query rows per tile: matrix products wide enough to run at the BLAS's speed on CPU."""
+"""Query rows (and keys) per tile: matrix products wide enough to run at the BLAS's speed on CPU."""
 CHUNK_BYTES = 2 * 2**20
-"""fp32 scores a chunk of tiles may hold ([tiles, H, rows, keys]); a tile larger alone is run alone."""
+"""fp32 scores a chunk of tile pairs may hold ([pairs, H, rows, keys]); a pair larger alone is run alone."""
 LIVE_SCORE_COPIES = 5
 """fp32 score-sized tensors the backward holds at once per chunk: s (then p), σ(s), SiLU'(s),
 dp (then ds), and the mask with its negation (bool: a quarter each). The forward: s (then
@@ -40,58 +46,71 @@ p) and the masks."""
 
 @dataclass(frozen=True)
 class Chunk:
-    """Tiles [first, last) of the call's tile table, run as one batch of products."""
+    """Pairs [first, last) of the call's pair table, run as one batch of products."""
 
     first: int
     last: int
     rows: int
-    """Rows of its longest tile (the others are padded to it, masked)."""
+    """Rows of its tallest pair (the others are padded to it, masked)."""
     keys: int
-    """Keys of its widest tile."""
+    """Keys of its widest pair."""
 
 
 def plan_tiles(offsets: torch.Tensor, num_targets: torch.Tensor, heads: int,
                rows_per_tile: int = ROWS_PER_TILE, chunk_bytes: int = CHUNK_BYTES
                ) -> tuple[torch.Tensor, list[Chunk]]:
-    """(tile table [T, 4] int64 on the inputs' device: each tile's (first row of its sample in
-    the jagged tensor, sample length, history length, first row in the sample), sorted by key
-    count; the chunks). Reads offsets and num_targets on the host once (the call's one sync)."""
+    """(pair table [P, 5] int64 on the inputs' device: each pair's (first row of its sample in
+    the jagged tensor, sample length, history length, first row, first key in the sample),
+    sorted by diagonal offset, then by size; the chunks). Reads offsets and num_targets on the
+    host once (the call's one sync)."""
+    r = rows_per_tile
     both = torch.cat([offsets.reshape(-1).to(torch.int64), num_targets.reshape(-1).to(torch.int64)]).cpu()
     starts, ends = both[:offsets.numel() - 1], both[1:offsets.numel()]
     lengths, history = ends - starts, ends - starts - both[offsets.numel():]
-    per_sample = (lengths + rows_per_tile - 1) // rows_per_tile
+    per_sample = (lengths + r - 1) // r                      # row tiles per sample
     sample = torch.repeat_interleave(torch.arange(lengths.numel()), per_sample)
-    first_of = torch.cumsum(per_sample, 0) - per_sample
-    row0 = (torch.arange(sample.numel()) - first_of[sample]) * rows_per_tile
-    keys = torch.minimum(row0 + rows_per_tile, lengths[sample])  # the sample's prefix the tile sees
-    order = torch.argsort(keys, stable=True)
-    table = torch.stack([starts[sample], lengths[sample], history[sample], row0], dim=1)[order]
-    keys, rows = keys[order], (keys - row0)[order]
-    return table.to(offsets.device, non_blocking=True), _chunks(rows.tolist(), keys.tolist(), heads, chunk_bytes)
+    tile = torch.arange(sample.numel()) - (torch.cumsum(per_sample, 0) - per_sample)[sample]
+    history_tiles = (history[sample] + r - 1) // r          # key tiles holding some history
+    # row tile i: its diagonal, then key tiles 0 .. min(i, history_tiles) − 1 below it
+    per_tile = 1 + torch.minimum(tile, history_tiles)
+    owner = torch.repeat_interleave(torch.arange(tile.numel()), per_tile)
+    nth = torch.arange(owner.numel()) - (torch.cumsum(per_tile, 0) - per_tile)[owner]
+    row_tile = tile[owner]
+    key_tile = torch.where(nth == 0, row_tile, nth - 1)
+    s = sample[owner]
+    rows = torch.minimum(lengths[s] - row_tile * r, torch.tensor(r))
+    keys = torch.minimum(lengths[s] - key_tile * r, torch.tensor(r))
+    order = torch.argsort((row_tile - key_tile) * (r * r + 1) + rows * keys, stable=True)
+    table = torch.stack([starts[s], lengths[s], history[s], row_tile * r, key_tile * r], dim=1)[order]
+    diagonal = (row_tile - key_tile)[order]
+    return table.to(offsets.device, non_blocking=True), _chunks(
+        rows[order].tolist(), keys[order].tolist(), diagonal.tolist(), heads, chunk_bytes)
 
 
-def _chunks(rows: list[int], keys: list[int], heads: int, chunk_bytes: int) -> list[Chunk]:
-    """Consecutive tiles (keys ascending) while the chunk's padded fp32 scores fit `chunk_bytes`."""
-    chunks, first, most_rows = [], 0, 0
-    for i, (r, k) in enumerate(zip(rows, keys)):
-        widest = max(most_rows, r)
-        if i > first and (i + 1 - first) * heads * widest * k * 4 > chunk_bytes:
-            chunks.append(Chunk(first, i, most_rows, keys[i - 1]))
-            first, widest = i, r
-        most_rows = widest
+def _chunks(rows: list[int], keys: list[int], diagonal: list[int], heads: int, chunk_bytes: int) -> list[Chunk]:
+    """Consecutive pairs of one diagonal offset while the chunk's padded fp32 scores fit `chunk_bytes`."""
+    chunks, first, most_rows, most_keys = [], 0, 0, 0
+    for i, (r, k, d) in enumerate(zip(rows, keys, diagonal)):
+        tallest, widest = max(most_rows, r), max(most_keys, k)
+        if i > first and (d != diagonal[first] or (i + 1 - first) * heads * tallest * widest * 4 > chunk_bytes):
+            chunks.append(Chunk(first, i, most_rows, most_keys))
+            first, tallest, widest = i, r, k
+        most_rows, most_keys = tallest, widest
     if rows:
-        chunks.append(Chunk(first, len(rows), most_rows, keys[-1]))
+        chunks.append(Chunk(first, len(rows), most_rows, most_keys))
     return chunks
 
 
 def chunk_scratch_bytes(heads: int, max_len: int, dim_qk: int, dim_v: int,
                         rows_per_tile: int = ROWS_PER_TILE, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """The most one chunk holds at once in the backward at padded length `max_len` (fp32):
-    LIVE_SCORE_COPIES score-sized tensors, its gathered q, k, v and do, and their gradients.
-    The scores are at most max(CHUNK_BYTES, one tile of max_len keys); the per-key operands
-    follow, a chunk holding keys·rows ≤ scores / (4·H) and rows ≤ ROWS_PER_TILE per tile."""
-    scores = max(chunk_bytes, 4 * heads * rows_per_tile * max_len)
-    elements = scores // (4 * heads * rows_per_tile)     # Σ keys over the chunk's tiles, at full tiles
+    """The most one chunk holds at once in the backward (fp32), at any padded length `max_len`
+    (a pair is at most rows_per_tile² scores per head): LIVE_SCORE_COPIES score-sized tensors,
+    its gathered q, k, v and do, and their gradients. The scores are at most max(CHUNK_BYTES,
+    one full pair); the per-row and per-key operands follow, a chunk holding rows · keys ≤
+    scores / (4·H) over pairs of at most rows_per_tile rows and keys each."""
+    del max_len  # flat in N: the tiles are square
+    scores = max(chunk_bytes, 4 * heads * rows_per_tile * rows_per_tile)
+    elements = scores // (4 * heads * rows_per_tile)     # Σ keys (and Σ rows) over the chunk's pairs
     per_key = 2 * (dim_qk + dim_v)                       # k, v and their gradients
     per_row = 2 * (dim_qk + dim_v)                       # q, do and dq, the output share
     return LIVE_SCORE_COPIES * scores + 4 * heads * elements * (per_key + per_row)
@@ -101,10 +120,10 @@ def _positions(tiles: torch.Tensor, chunk: Chunk, total: int) -> tuple[torch.Ten
     """(query row, key row) gather indices into the jagged tensors ([c, rows], [c, keys]; rows
     past a sample's end clamped to its last), the same as write indices (past the end: `total`,
     the scratch row of an L + 1-row buffer), and the mask [c, 1, rows, keys] of mask.py's rule."""
-    start, length, history, row0 = tiles[chunk.first:chunk.last].unbind(1)
+    start, length, history, row0, col0 = tiles[chunk.first:chunk.last].unbind(1)
     device = tiles.device
-    rows = row0[:, None] + torch.arange(chunk.rows, device=device)     # position in the sample
-    cols = torch.arange(chunk.keys, device=device).expand(rows.shape[0], -1)
+    rows = row0[:, None] + torch.arange(chunk.rows, device=device)     # positions in the sample
+    cols = col0[:, None] + torch.arange(chunk.keys, device=device)
     last = (length - 1)[:, None]
     row_at, col_at = start[:, None] + torch.minimum(rows, last), start[:, None] + torch.minimum(cols, last)
     row_in, col_in = rows <= last, cols <= last
@@ -117,13 +136,14 @@ def _positions(tiles: torch.Tensor, chunk: Chunk, total: int) -> tuple[torch.Ten
 
 
 def _gather(x: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[L, H, d] rows `at` ([c, n]) → [c, H, n, d] in `dtype`."""
-    return x[at].to(dtype).transpose(1, 2)
+    """[L, H, d] rows `at` ([c, n]) → [c, H, n, d] in `dtype`, contiguous: each operand feeds two
+    or three batched products, which would otherwise each copy it."""
+    return x[at].to(dtype).transpose(1, 2).contiguous()
 
 
 def _scatter_rows(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row indices, [rows, H, d] values) of a chunk's [c, H, n, d] result, for index_copy_ or
-    index_add_ into an [L + 1, H, d] buffer."""
+    """(row indices, [rows, H, d] values) of a chunk's [c, H, n, d] result, for index_add_ into
+    an [L + 1, H, d] buffer."""
     return at.reshape(-1), values.transpose(1, 2).reshape(-1, values.shape[1], values.shape[3])
 
 
@@ -143,7 +163,7 @@ def _score_gradients(s: torch.Tensor, dp: torch.Tensor, hidden: torch.Tensor, al
 
 
 class BlockedSiluAttention(torch.autograd.Function):
-    """The tiles' forward and backward as one autograd function (module docstring)."""
+    """The tile pairs' forward and backward as one autograd function (module docstring)."""
 
     @staticmethod
     def forward(ctx, q, k, v, offsets, num_targets, max_len, alpha, rows_per_tile, chunk_bytes):
@@ -156,7 +176,7 @@ class BlockedSiluAttention(torch.autograd.Function):
                 row_at, col_at, row_to, _, mask = _positions(tiles, chunk, total)
                 s = _scores(_gather(q, row_at, compute), _gather(k, col_at, compute), alpha)
                 p = F.silu(s, inplace=True).mul_(1.0 / max_len).masked_fill_(~mask, 0.0)
-                out.index_copy_(0, *_scatter_rows(row_to, torch.matmul(p, _gather(v, col_at, compute))))
+                out.index_add_(0, *_scatter_rows(row_to, torch.matmul(p, _gather(v, col_at, compute))))
         ctx.save_for_backward(q, k, v, tiles)
         ctx.chunks, ctx.max_len, ctx.alpha = chunks, max_len, alpha
         return out[:total].to(q.dtype).view(total, heads * dim_v)
@@ -176,7 +196,7 @@ class BlockedSiluAttention(torch.autograd.Function):
                 p, ds = _score_gradients(_scores(qc, kc, ctx.alpha), torch.matmul(doc, vc.transpose(2, 3)),
                                          ~mask, ctx.alpha, 1.0 / ctx.max_len)
                 dv.index_add_(0, *_scatter_rows(col_to, torch.matmul(p.transpose(2, 3), doc)))
-                dq.index_copy_(0, *_scatter_rows(row_to, torch.matmul(ds, kc)))
+                dq.index_add_(0, *_scatter_rows(row_to, torch.matmul(ds, kc)))
                 dk.index_add_(0, *_scatter_rows(col_to, torch.matmul(ds.transpose(2, 3), qc)))
         return (dq[:total].to(q.dtype), dk[:total].to(k.dtype), dv[:total].to(v.dtype),
                 None, None, None, None, None, None)

@@ -1,7 +1,7 @@
 """The one map from `model.hstu.attention` to a kernel, and the rule that resolves `auto`.
 
     padded   padded.py: [B, H, N, N] scores, the parity reference (the reference's PYTORCH kernel)
-    blocked  blocked.py: jagged row tiles in plain PyTorch, any device
+    blocked  blocked.py: jagged (row tile, key tile) pairs in plain PyTorch, any device
     triton   triton_kernels.py: jagged Triton kernels, CUDA (CPU only under TRITON_INTERPRET=1)
     auto     triton on CUDA; on CPU padded up to CPU_PADDED_UP_TO_ROWS rows, blocked above
 
