@@ -18,14 +18,12 @@ import os
 import sys
 
 from dlrmtrain.config import ConfigError, load_config, parse_cli
-from dlrmtrain.precision import emulated_bf16_note
 from dlrmtrain.run.console import print_once
 from dlrmtrain.run.errors import EXIT_USER_ERROR, RunAlreadyFinished, RunError, SetupError
 from dlrmtrain.run.lifecycle import end_rank
 from dlrmtrain.run.parent import stop_with_parent
 from dlrmtrain.run.signals import install_stop_handlers
-from dlrmtrain.validation import placement_note, resolve_config, resolved_device_type, \
-    validate_config
+from dlrmtrain.validation import resolve_config, start_notes, validate_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # the same on every rank: no rank waits for another
         print_once(f"config error: {e}")
         return EXIT_USER_ERROR
-    notes = [placement_note(loaded, cfg)]  # an unset placement kept at the owner, and why
-    if os.environ.get("RANK", "0") == "0":  # bf16 a CPU emulates: measured by the rank that says it
-        notes.append(emulated_bf16_note(cfg.precision.mode, resolved_device_type(cfg)))
-    for note in filter(None, notes):
+    for note in start_notes(loaded, cfg, int(os.environ.get("RANK", "0"))):
         print_once(note)
 
     # torch.fx warns once per rank about is_fx_tracing semantics; it is not ours.

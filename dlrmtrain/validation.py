@@ -26,6 +26,7 @@ from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
 from dlrmtrain.distributed.planner import check_sharding_config
+from dlrmtrain.precision import emulated_bf16_note
 from dlrmtrain.workloads import Workload, workload_of
 
 
@@ -119,6 +120,16 @@ def placement_note(loaded: Config, resolved: Config) -> str | None:
     if not placement.unresolved(loaded.comm):
         return None
     return placement.note(*resolved_placement(resolved))
+
+
+def start_notes(loaded: Config, resolved: Config, rank: int) -> list[str]:
+    """The lines a run prints once at start: its placement left unset and kept at the owner
+    (`placement_note`), and bf16 that this CPU would emulate (precision.py; only rank 0, the
+    rank that prints, pays for the measurement it quotes)."""
+    notes = [placement_note(loaded, resolved)]
+    if rank == 0:
+        notes.append(emulated_bf16_note(resolved.precision.mode, resolved_device_type(resolved)))
+    return [note for note in notes if note]
 
 
 def _row_wise_tables(cfg: Config, workload: Workload) -> tuple[int, int]:

@@ -55,3 +55,19 @@ def test_cpu_flags_reads_x86_and_arm64_cpuinfo(tmp_path):
     assert cpu_flags(str(x86)) == {"fpu", "avx2", "fma"}
     assert cpu_has_native_bf16(cpu_flags(str(arm)), "DEFAULT") is True
     assert cpu_flags(str(tmp_path / "absent")) is None
+
+
+def test_only_rank_0_measures_the_bf16_note_and_the_run_prints_what_it_returns(monkeypatch):
+    """train.py prints validation.start_notes: the bf16 line comes from rank 0 only (the rank
+    that prints it pays for the matmul it quotes), beside the placement's note."""
+    from dlrmtrain import validation
+    from dlrmtrain.config.schema import Config
+
+    asked = []
+    monkeypatch.setattr(validation, "emulated_bf16_note",
+                        lambda mode, device: asked.append((mode, device)) or f"note {mode} {device}")
+    cfg = Config()
+    cfg.precision.mode = "bf16"
+    assert validation.start_notes(cfg, cfg, rank=1) == [] and asked == []
+    assert validation.start_notes(cfg, cfg, rank=0) == ["note bf16 cpu"]
+    assert asked == [("bf16", "cpu")]
