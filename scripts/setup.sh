@@ -21,7 +21,7 @@ TORCHREC=torchrec==1.8.0
 TRITON_CPU=triton==3.6.0
 TORCHREC_DEPS=(tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions==0.0.32 iopath==0.1.10)
 OTHERS=(mlperf-logging==4.1.68 numpy==2.4.6 pyyaml==6.0.4 tqdm==4.70.1 matplotlib==3.11.2
-        pytest==9.2.0 pytest-timeout==2.4.0
+        pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0
         pyarrow==26.0.1)  # the yambda extra: Yambda parquet (tests write tiny files)
 
 STAMP="$VENV/.dlrmtrain-setup-$FLAVOR"
