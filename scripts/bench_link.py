@@ -33,8 +33,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from plots import pyplot  # noqa: E402  (scripts/)
 from dlrmtrain.testbed import shaped_link, sim_nodes  # noqa: E402
 from dlrmtrain.testbed.shaped_link import LinkSpec  # noqa: E402
 from dlrmtrain.mlperf.benchmarks import display_label  # noqa: E402
@@ -110,12 +111,7 @@ def ratios(point: dict, codecs: list[str]) -> dict[str, float]:
 
 
 def plot(sweep: dict, codecs: list[str], path: Path, xlabel: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("the plot needs matplotlib: .venv/bin/pip install -e '.[plots]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     outside = len(codecs) > 4  # many lines: the legend beside the plot, not over it
     fig, axes = plt.subplots(1, len(sweep), figsize=((10 if outside else 6) * len(sweep), 4.2), squeeze=False)

@@ -31,7 +31,6 @@ import argparse
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,20 +41,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 import bench_codec_kernels  # noqa: E402  (scripts/, torch only)
+from check_table import Row, report  # noqa: E402  (scripts/, torch-free)
 
 from dlrmtrain.comm.dedup import kernels  # noqa: E402
 from dlrmtrain.comm.stats import CommCounters, DistCommStats, collect_comm_stats  # noqa: E402
 from dlrmtrain.distributed.env import init_distributed  # noqa: E402
 from dlrmtrain.metrics.auc import roc_auc  # noqa: E402
-
-
-@dataclass
-class Row:
-    section: str
-    check: str
-    result: str
-    detail: str = ""
-    failed: bool = False
 
 
 def _jagged(bags: int, longest: int, ids: int, seed: int):
@@ -336,14 +327,6 @@ def check_throughput(device: torch.device, quick: bool) -> list[Row]:
             for name, ms, gbps in bench_codec_kernels.bench_device(device, args)]
 
 
-def print_table(rows: list[Row], out=sys.stdout) -> None:
-    width = max(len(r.check) for r in rows)
-    print(f"| {'section':<11} | {'check':<{width}} | {'result':<12} | detail", file=out)
-    print(f"|{'-' * 13}|{'-' * (width + 2)}|{'-' * 14}|{'-' * 30}", file=out)
-    for r in rows:
-        print(f"| {r.section:<11} | {r.check:<{width}} | {r.result:<12} | {r.detail}", file=out)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -359,11 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     n = 64 if args.quick else 4096
     rows = check_bitwise(device, n) + check_bf16(device, n) + check_collectives(device)
     rows += check_fixed_cost(device, args.quick) + check_throughput(device, args.quick)
-    print_table(rows)
-    failed = [r for r in rows if r.failed]
-    print(f"{len(rows) - len(failed)} of {len(rows)} checks passed in {time.perf_counter() - t0:.1f} s"
-          + (f"; FAILED: {', '.join(r.check for r in failed)}" if failed else ""))
-    return 1 if failed else 0
+    return report(rows, t0)
 
 
 if __name__ == "__main__":

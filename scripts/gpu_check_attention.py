@@ -43,7 +43,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+from check_table import Row, report  # noqa: E402  (scripts/, torch-free)
 
 # torch only: none of these imports Triton (the kernels module is imported by main(), once
 # it has chosen whether Triton interprets)
@@ -74,15 +76,6 @@ class Shape:
 
 FULL = Shape(max_len=4096, heads=4, dim=128, contextual=8, pool_slots=1362, like_mean=105.0, batch_cap=1 << 20)
 TINY = Shape(max_len=32, heads=2, dim=16, contextual=2, pool_slots=7, like_mean=2.0, batch_cap=2)
-
-
-@dataclass
-class Row:
-    section: str
-    check: str
-    result: str
-    detail: str = ""
-    failed: bool = False
 
 
 def draw_lengths(shape: Shape, batch: int, device, seed: int = 1) -> torch.Tensor:
@@ -250,13 +243,6 @@ def check_timing(device, shape: Shape, iters: int) -> list[Row]:
     return rows
 
 
-def print_table(rows: list[Row], out=sys.stdout) -> None:
-    print("| section | check | result | detail |", file=out)
-    print("|---|---|---|---|", file=out)
-    for r in rows:
-        print(f"| {r.section} | {r.check} | {r.result} | {r.detail} |", file=out)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -295,11 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = check_numeric(device, shape)
     rows += check_timing(device, shape, args.iters if device.type == "cuda" else 1)
-    print_table(rows)
-    failed = [r for r in rows if r.failed]
-    print(f"{len(rows) - len(failed)}/{len(rows)} checks passed in {time.perf_counter() - started:.0f} s"
-          + (f"; FAILED: {', '.join(r.check for r in failed)}" if failed else ""))
-    return 1 if failed else 0
+    return report(rows, started)
 
 
 if __name__ == "__main__":

@@ -68,8 +68,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from plots import pyplot  # noqa: E402  (scripts/)
 from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, NUM_DENSE  # noqa: E402
 from dlrmtrain.data.synthetic.profiles import expected_distinct_fraction, profile_tables  # noqa: E402
 
@@ -471,12 +472,7 @@ def validate_nodes(run: dict, profile: str = "kaggle", dim: int = DIM) -> list[d
 
 # ---------------------------------------------------------------- output
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("the plot needs matplotlib: .venv/bin/pip install -e '.[plots]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     lines = (("speedup", "dedup (one level)", "o-"), ("speedup_two_level", "two-level dedup", "s-"),
              ("speedup_auto", "auto (best path)", "^:"))
@@ -506,12 +502,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def plot_node_validation(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("the plot needs matplotlib: .venv/bin/pip install -e '.[plots]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = list(dict.fromkeys(r["ranks"] for r in rows))
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4.8), squeeze=False)
@@ -534,12 +525,7 @@ def plot_node_validation(rows: list[dict], path: Path) -> None:
 
 
 def plot_validation(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("the plot needs matplotlib: .venv/bin/pip install -e '.[plots]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = range(len(rows))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.types import ModuleSharder
 
-from dlrmtrain.comm.install import CodecSharder, codec_choice
+from dlrmtrain.comm.install import CodecSharder
 from dlrmtrain.comm.torchrec import sequence
 from dlrmtrain.comm.stats import CommCounters
 from dlrmtrain.comm.topology import FLAT, Hierarchy
@@ -36,6 +36,7 @@ class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
     sharded_type = sequence.IdRecordingShardedEC
     kind = "sequence"
     shardings_of = staticmethod(sequence.ec_shardings)
+    stock_type = EmbeddingCollectionSharder
 
 
 def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
@@ -47,8 +48,5 @@ def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict
     Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` and `counters` included);
     `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
     """
-    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "sequence", auto)
-    if choice is None:
-        return EmbeddingCollectionSharder(fused_params=fused_params)
-    return CodecEmbeddingCollectionSharder(choice, CommCounters() if counters is None else counters,
-                                           fused_params=fused_params)
+    return CodecEmbeddingCollectionSharder.for_codecs(codec, table_codecs, fused_params, device_type, hierarchy,
+                                                      auto, counters)

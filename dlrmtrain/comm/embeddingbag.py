@@ -14,7 +14,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.torchrec import pooled
-from dlrmtrain.comm.install import CodecSharder, codec_choice
+from dlrmtrain.comm.install import CodecSharder
 from dlrmtrain.comm.stats import CommCounters
 from dlrmtrain.comm.topology import FLAT, Hierarchy
 from dlrmtrain.config.schema import AutoConfig
@@ -26,6 +26,7 @@ class CodecEmbeddingBagCollectionSharder(CodecSharder, EmbeddingBagCollectionSha
     sharded_type = pooled.IdRecordingShardedEBC
     kind = "pooled"
     shardings_of = staticmethod(pooled.shardings)
+    stock_type = EmbeddingBagCollectionSharder
 
 
 def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
@@ -41,8 +42,5 @@ def make_ebc_sharder(codec: str, table_codecs: dict[str, str], fused_params: dic
     `auto` dist's policy; the codec dists are added to `counters` (the run's; None: the sharder's
     own, `sharder.counters`).
     """
-    choice = codec_choice(codec, table_codecs, device_type, hierarchy, "pooled", auto)
-    if choice is None:
-        return EmbeddingBagCollectionSharder(fused_params=fused_params)
-    return CodecEmbeddingBagCollectionSharder(choice, CommCounters() if counters is None else counters,
-                                              fused_params=fused_params)
+    return CodecEmbeddingBagCollectionSharder.for_codecs(codec, table_codecs, fused_params, device_type, hierarchy,
+                                                         auto, counters)

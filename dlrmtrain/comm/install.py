@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import ModuleSharder, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from dlrmtrain.comm.torchrec import pooled, sharded, sharder
@@ -61,6 +61,19 @@ class CodecSharder:
 
     sharded_type: type
     kind: CollectionKind
+    stock_type: type
+    """TorchRec's own sharder of the same collection, for a run whose tables are all `none`"""
+
+    @classmethod
+    def for_codecs(cls, codec: str, table_codecs: dict[str, str], fused_params: dict, device_type: str,
+                   hierarchy: Hierarchy, auto: AutoConfig | None, counters: CommCounters | None) -> ModuleSharder:
+        """The run's sharder of this collection (`make_ebc_sharder`'s arguments): TorchRec's own
+        for `none` everywhere, else this class with the checked choice, its dists added to
+        `counters` (None: the sharder's own)."""
+        choice = codec_choice(codec, table_codecs, device_type, hierarchy, cls.kind, auto)
+        if choice is None:
+            return cls.stock_type(fused_params=fused_params)
+        return cls(choice, CommCounters() if counters is None else counters, fused_params=fused_params)
 
     def __init__(self, choice: CodecChoice, counters: CommCounters,
                  fused_params: dict[str, Any] | None = None) -> None:

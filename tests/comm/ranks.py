@@ -50,6 +50,15 @@ class Table:
     bag: int = 1  # fixed multi-hot bag size (bag = lookup[id], as the DCNv2 reference)
 
 
+# The mix most two-rank codec tests start from: a table-wise table on each rank (b's bags
+# partly empty: ids="missing"), a column-wise one split over both; tests add their own tables.
+TWO_RANK_MIX = (
+    Table("a", 10, 8, ("tw", 0)),
+    Table("b", 12, 8, ("tw", 1), ids="missing"),
+    Table("c", 10, 16, ("cw", (0, 1))),
+)
+
+
 @dataclass(frozen=True)
 class Scenario:
     tables: tuple[Table, ...]

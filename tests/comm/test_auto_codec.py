@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dlrmtrain.comm.auto.policy import AutoPolicy
-from tests.comm.ranks import Scenario, Table, compare_counted
+from tests.comm.ranks import TWO_RANK_MIX, Scenario, Table, compare_counted
 from tests.comm.test_dedup_training import LOSS_RTOL
 from tests.multiproc import run_ranks
 
@@ -24,9 +24,7 @@ STEPS = AutoPolicy().warmup_steps + 2 * AutoPolicy().probe_steps + 4  # past the
 @pytest.mark.timeout(400)
 def test_auto_is_lossless_and_ranks_agree_and_none_counts_its_bytes():
     sc = Scenario(tables=(
-        Table("a", 10, 8, ("tw", 0)),
-        Table("b", 12, 8, ("tw", 1), ids="missing"),
-        Table("c", 10, 16, ("cw", (0, 1))),
+        *TWO_RANK_MIX,
         Table("r", 40, 8, ("rw",)),
     ), batch=16, steps=STEPS, optimizer="sgd", lr=0.5)
     results = run_ranks(compare_counted, 2, sc, ("none", "dedup", "auto"), timeout=380)

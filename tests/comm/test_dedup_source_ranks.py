@@ -19,16 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.comm.ranks import Scenario, Table, bags_for, batch_for, build, to_numpy
+from tests.comm.ranks import TWO_RANK_MIX, Scenario, Table, bags_for, batch_for, build, to_numpy
 from tests.multiproc import run_ranks
 
 LOSS_RTOL = 1e-5
 
 SCENARIOS = {
     "one_hot": Scenario(tables=(
-        Table("a", 10, 8, ("tw", 0)),
-        Table("b", 12, 8, ("tw", 1), ids="missing"),
-        Table("c", 10, 16, ("cw", (0, 1))),
+        *TWO_RANK_MIX,
         # both shards on rank 1, beside c's second: rank 1's lookup holds first and later shards
         Table("c2", 12, 16, ("cw", (1, 1))),
         Table("r", 20, 8, ("rw",)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.comm.ranks import Scenario, Table, bags_for, compare
+from tests.comm.ranks import TWO_RANK_MIX, Scenario, Table, bags_for, compare
 from tests.multiproc import run_ranks
 
 LOSS_RTOL = 1e-5
@@ -141,9 +141,7 @@ def check(sc: Scenario, world_size: int, results: list[dict]) -> None:
 @pytest.mark.timeout(300)
 def test_one_hot_table_and_column_wise_sgd():
     sc = Scenario(tables=(
-        Table("a", 10, 8, ("tw", 0)),
-        Table("b", 12, 8, ("tw", 1), ids="missing"),
-        Table("c", 10, 16, ("cw", (0, 1))),
+        *TWO_RANK_MIX,
         Table("d", 20, 16, ("tw", 0)),  # mixed dims: 8-column units
     ), batch=16, steps=10, optimizer="sgd", lr=0.5)
     check(sc, 2, run_ranks(compare, 2, sc, timeout=280))

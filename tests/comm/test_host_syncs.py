@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.comm.ranks import Scenario, Table, count_host_syncs
+from tests.comm.ranks import TWO_RANK_MIX, Scenario, Table, count_host_syncs
 from tests.multiproc import run_ranks
 
 
@@ -21,9 +21,7 @@ from tests.multiproc import run_ranks
 @pytest.mark.parametrize("codec", ["dedup", "dedup+fp16"])
 def test_one_host_sync_per_dist_per_step(codec: str):
     sc = Scenario(tables=(
-        Table("a", 10, 8, ("tw", 0)),
-        Table("b", 12, 8, ("tw", 1), ids="missing"),
-        Table("c", 10, 16, ("cw", (0, 1))),
+        *TWO_RANK_MIX,
         Table("r", 11, 8, ("rw",)),
     ), batch=8, steps=3, id_range=10)
     for rank, res in enumerate(run_ranks(count_host_syncs, 2, sc, codec, timeout=280)):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torchrec
+from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+from torchrec.distributed.sharding.sequence_sharding import SequenceShardingContext
 
 from dlrmtrain.comm import torchrec as door
 from dlrmtrain.comm.torchrec import pipelines, sharder
@@ -33,11 +35,22 @@ def test_another_torchrec_version_fails_clearly():
     door.check_torchrec_version("1.8.0+cpu")  # a local build tag is the same release
 
 
-def test_shard_call_mirrors_torchrec_signatures():
+# kind: TorchRec's sharder and sharded module, and the signatures comm/torchrec/sharder.py recorded of them
+MIRRORED = {
+    "pooled": (EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection, sharder.SHARD_SIGNATURE,
+               sharder.SHARDED_EBC_PARAMETERS),
+    "sequence": (EmbeddingCollectionSharder, ShardedEmbeddingCollection, sharder.EC_SHARD_SIGNATURE,
+                 sharder.SHARDED_EC_PARAMETERS),
+}
+
+
+@pytest.mark.parametrize("kind", list(MIRRORED))
+def test_shard_call_mirrors_torchrec_signatures(kind):
     """`build_sharded` repeats TorchRec's `shard()` call: an added argument must not be dropped."""
-    assert str(inspect.signature(EmbeddingBagCollectionSharder.shard)) == sharder.SHARD_SIGNATURE
-    params = tuple(inspect.signature(ShardedEmbeddingBagCollection.__init__).parameters)
-    assert params == sharder.SHARDED_EBC_PARAMETERS
+    stock_sharder, sharded_module, shard_signature, sharded_parameters = MIRRORED[kind]
+    assert str(inspect.signature(stock_sharder.shard)) == shard_signature
+    params = tuple(inspect.signature(sharded_module.__init__).parameters)
+    assert params == sharded_parameters
     passed = {kw.arg for node in ast.walk(ast.parse(inspect.getsource(sharder.build_sharded)))
               if isinstance(node, ast.Call) for kw in node.keywords if kw.arg}
     assert set(params) - {"self"} <= passed
@@ -47,6 +60,13 @@ def test_overridden_torchrec_methods_still_exist():
     for name in ("_create_input_dist", "input_dist", "compute", "compute_and_output_dist"):
         assert callable(getattr(ShardedEmbeddingBagCollection, name)), name
     assert "input_feature_names" in inspect.signature(ShardedEmbeddingBagCollection._create_input_dist).parameters
+
+
+def test_overridden_ec_methods_and_context_fields_still_exist():
+    for name in ("input_dist", "compute", "compute_and_output_dist"):
+        assert callable(getattr(ShardedEmbeddingCollection, name)), name
+    # the sample end's ids: TorchRec's own record of the KJT before the id all-to-all
+    assert "features_before_input_dist" in SequenceShardingContext.__dataclass_fields__
 
 
 def test_fused_pipeline_internals_keep_their_shape():

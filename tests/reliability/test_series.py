@@ -50,20 +50,25 @@ def _wait_for(condition, runner: subprocess.Popen, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _kill_9_past_step(process: subprocess.Popen, run_dir: Path, at_step: int, scope: Path) -> list[int]:
+    """kill -9 `process` once `run_dir`'s run is past `at_step`; the processes naming `scope`
+    still alive GONE_BOUND seconds later (left to the caller to kill)."""
+    _wait_for(lambda: any(r.get("step", 0) >= at_step for r in metrics(run_dir)), process, START_TIMEOUT)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    deadline = time.monotonic() + GONE_BOUND
+    while _processes_naming(str(scope)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _processes_naming(str(scope))
+
+
 def _kill_9_mid_run(config: Path, out: Path, run_dir: Path, log: Path, *args: str,
                     at_step: int = 5) -> list[int]:
     """Start the runner, kill -9 it once its run is past `at_step`; the processes naming
     `out` that are still alive GONE_BOUND seconds later (killed then)."""
     runner = _runner(config, out, *args, log=log)
     try:
-        _wait_for(lambda: any(r.get("step", 0) >= at_step for r in metrics(run_dir)), runner,
-                  START_TIMEOUT)
-        os.kill(runner.pid, signal.SIGKILL)
-        runner.wait(timeout=10)
-        deadline = time.monotonic() + GONE_BOUND
-        while _processes_naming(str(out)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return _processes_naming(str(out))
+        return _kill_9_past_step(runner, run_dir, at_step, out)
     finally:
         _kill_all(_processes_naming(str(out)))
         if runner.poll() is None:
@@ -255,14 +260,7 @@ def test_kill_9_of_a_launcher_behind_a_shaped_link_leaves_no_rank(tmp_path):
     job = start_cli_job(tmp_path, "run.name=k", "run.epochs=1000", "eval.enabled=false",
                         "--link-gbit=1")
     try:
-        _wait_for(lambda: any(r.get("step", 0) >= 3 for r in metrics(run_dir)), job,
-                  START_TIMEOUT)
-        os.kill(job.pid, signal.SIGKILL)
-        job.wait(timeout=10)
-        deadline = time.monotonic() + GONE_BOUND
-        while _processes_naming(str(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = _processes_naming(str(tmp_path))
+        left = _kill_9_past_step(job, run_dir, 3, tmp_path)
     finally:
         _kill_all(_processes_naming(str(tmp_path)))
     assert not left, "the inner launcher or its ranks outlived the killed launcher"

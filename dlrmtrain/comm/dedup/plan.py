@@ -21,6 +21,7 @@ from torchrec.streamable import Multistreamable
 
 from dlrmtrain.comm import streams
 from dlrmtrain.comm.dedup.kernels import Segments
+from dlrmtrain.comm.layout import DistLayout
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeTopology
 
@@ -60,6 +61,30 @@ class DedupStep:
     def starts(self) -> list[int]:
         """first global bag of each sample rank"""
         return [sum(self.sizes[:s]) for s in range(len(self.sizes))]
+
+    def account_table_wise(self, layout: DistLayout, rank: int, sent: list[list[tuple[int, int]]],
+                           received: list[int]) -> None:
+        """Add this step's bytes to the per-table counters of a table-/column-wise dist (host
+        integers only; one- and two-level dedup count alike): for each of `rank`'s owner entries,
+        `sent[i]` lists (rows sent, rows `none` sends) per message; for each entry of the
+        all-to-all, `received[j]` rows reach this rank (`none`: one per bag); the ids of both
+        all-to-alls. Rows travel at `wire_bytes` a value against `elem_bytes` for `none`."""
+        wire, elem, B = self.wire_bytes, self.elem_bytes, self.batch
+        local_entries, all_entries = layout.entries_per_rank[rank], layout.all_entries()
+        owner_lengths = self.owner_kjt.length_per_key() if local_entries else []
+        ids, lengths = self.owner_kjt.values().element_size(), self.owner_kjt.lengths().element_size()
+        # a column-wise table's rows count on its first shard
+        for i, (entry, whole) in enumerate(zip(local_entries, layout.first_shard[rank], strict=True)):
+            t = self.stats.table(entry.table)
+            for rows, stock in sent[i]:
+                t.add_rows(entry.dim, wire, elem, sent=rows, stock_sent=stock, whole=whole)
+            t.id_recv_bytes += owner_lengths[i] * ids + self.global_batch * lengths
+        sample_lengths = self.sample_kjt.length_per_key() if all_entries else []
+        ids, lengths = self.sample_kjt.values().element_size(), self.sample_kjt.lengths().element_size()
+        for j, (entry, whole) in enumerate(zip(all_entries, layout.all_first_shard(), strict=True)):
+            t = self.stats.table(entry.table)
+            t.add_rows(entry.dim, wire, elem, received=received[j], stock_received=B, bags=B, whole=whole)
+            t.id_sent_bytes += sample_lengths[j] * ids + B * lengths
 
 
 class Plan(Protocol):

@@ -209,27 +209,10 @@ class TableWisePlanner:
         return inverse
 
     def _account(self, step: DedupStep, blocks: _Blocks) -> None:
-        """Add this step's bytes to the per-table counters (host integers only).
-
-        `elem` is the embedding's element size (what `none` sends); the payload
-        travels at `wire` bytes per value.
-        """
-        stats, wire, elem = step.stats, step.wire_bytes, step.elem_bytes
+        """Add this step's bytes to the per-table counters: each block's unique bags, or all of
+        them for a table sent in full."""
         owner, sample, count = blocks.owner, blocks.sample, blocks.count
-        owner_kjt, sample_kjt, sizes, B = step.owner_kjt, step.sample_kjt, step.sizes, step.batch
-        owner_lengths = owner_kjt.length_per_key() if self.local_entries else []
-        lay = self.layout  # a column-wise table's rows count on its first shard
-        for i, (entry, whole) in enumerate(zip(self.local_entries, lay.first_shard[self.rank], strict=True)):
-            t = stats.table(entry.table)
-            for s in range(self.world_size):
-                t.add_rows(entry.dim, wire, elem, sent=count(owner, i, s, sizes[s]), stock_sent=sizes[s],
-                           whole=whole)
-            t.id_recv_bytes += (owner_lengths[i] * owner_kjt.values().element_size()
-                                + sum(sizes) * owner_kjt.lengths().element_size())
-        sample_lengths = sample_kjt.length_per_key() if self.all_entries else []
-        for j, (entry, whole) in enumerate(zip(self.all_entries, lay.all_first_shard(), strict=True)):
-            t = stats.table(entry.table)
-            t.add_rows(entry.dim, wire, elem, received=count(sample, j, 0, B), stock_received=B, bags=B,
-                       whole=whole)
-            t.id_sent_bytes += (sample_lengths[j] * sample_kjt.values().element_size()
-                                + B * sample_kjt.lengths().element_size())
+        sent = [[(count(owner, i, s, n), n) for s, n in enumerate(step.sizes)]
+                for i in range(len(self.local_entries))]
+        received = [count(sample, j, 0, step.batch) for j in range(len(self.all_entries))]
+        step.account_table_wise(self.layout, self.rank, sent, received)

@@ -317,23 +317,10 @@ class TwoLevelPlanner:
         node's ranks, and the node-unique rows on its rail), rows reaching this rank; the ids of both
         all-to-alls. Bytes and messages of stage 1 are counted per message by the dist
         (`TwoLevelPlan.traffic`), stage 2's and the id exchange's by `TwoLevelPlan.complete`."""
-        stats, wire, elem = step.stats, step.wire_bytes, step.elem_bytes
-        okjt, skjt, sizes, B = step.owner_kjt, step.sample_kjt, step.sizes, step.batch
-        owner_lengths = okjt.length_per_key() if self.local_entries else []
-        lay = self.layout  # a column-wise table's rows count on its first shard
-        for i, (e, whole) in enumerate(zip(self.local_entries, lay.first_shard[self.rank], strict=True)):
-            t = stats.table(e.table)
-            for b, (_, n) in enumerate(blocks):
-                t.add_rows(e.dim, wire, elem, sent=owner_counts[i * len(blocks) + b], stock_sent=n, whole=whole)
-            t.id_recv_bytes += (owner_lengths[i] * okjt.values().element_size()
-                                + sum(sizes) * okjt.lengths().element_size())
-        sample_lengths = skjt.length_per_key() if self.all_entries else []
-        for j, (e, whole) in enumerate(zip(self.all_entries, lay.all_first_shard(), strict=True)):
-            t = stats.table(e.table)
-            t.add_rows(e.dim, wire, elem, received=own_counts[j], stock_received=B, bags=B, whole=whole)
-            t.id_sent_bytes += (sample_lengths[j] * skjt.values().element_size()
-                                + B * skjt.lengths().element_size())
+        sent = [[(owner_counts[i * len(blocks) + b], n) for b, (_, n) in enumerate(blocks)]
+                for i in range(len(self.local_entries))]
+        step.account_table_wise(self.layout, self.rank, sent, own_counts)
         # the count exchange: one message to each other node's rail peer (its payload is not rows)
         others = self.topology.nodes - 1
-        stats.messages += others
-        stats.inter_node_messages += others
+        step.stats.messages += others
+        step.stats.inter_node_messages += others

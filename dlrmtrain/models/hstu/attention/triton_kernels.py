@@ -137,36 +137,81 @@ def _program(offsets, num_targets, num_heads, num_blocks, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _forward_tile(acc, q, K, V, rows, n0, length, history, alpha, inv_n, num_heads,
-                  DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT: tl.constexpr):
-    """acc + one key block's share of a query block's output: (mask · SiLU(s)/N) @ v."""
+def _query_tile(acc, q, do, K, V, rows, n0, length, history, alpha, inv_n, num_heads,
+                DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
+                BLOCK_DV: tl.constexpr, DOT: tl.constexpr, GRAD: tl.constexpr):
+    """acc + one key block's share of a query block's output, (mask · SiLU(s)/N) @ v, or with
+    GRAD of its dq / alpha, dS @ k, the scores recomputed (do: the output's gradient rows, read
+    with GRAD only)."""
     cols = n0 + tl.arange(0, BLOCK_N)
     k = _load_tile(K, cols, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
     v = _load_tile(V, cols, length, num_heads * DIM_V, DIM_V, BLOCK_DV)
     s = _dot(q, tl.trans(k), DOT) * alpha
-    p = _silu_over_n(s, _may_attend(rows[:, None], cols[None, :], length, history), inv_n)
-    return acc + _dot(p.to(v.dtype), v, DOT)
+    # the mask is made in each branch, after the products before it: made once above the branch,
+    # it changed fp32 dq's sm_90 machine code (register allocation); this way both are unchanged
+    if GRAD:
+        ds = _silu_over_n_gradient(s, _dot(do, tl.trans(v), DOT),
+                                   _may_attend(rows[:, None], cols[None, :], length, history), inv_n)
+        return acc + _dot(ds.to(k.dtype), k, DOT)
+    else:
+        p = _silu_over_n(s, _may_attend(rows[:, None], cols[None, :], length, history), inv_n)
+        return acc + _dot(p.to(v.dtype), v, DOT)
 
 
 @triton.jit
-def _forward_keys(acc, q, K, V, rows, n0, n_end, length, history, alpha, inv_n, num_heads,
-                  DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
-                  BLOCK_DV: tl.constexpr, DOT: tl.constexpr, INTERPRETED: tl.constexpr):
-    """acc + the key blocks starting at n0, n0 + BLOCK_N, ... below n_end. Under Triton 3.6's
-    interpreter a `range` cannot take a tensor bound (its scalars are 1-element arrays, which
-    numpy 2.4 refuses to turn into ints; fixed in later Tritons): a `while` loop there, the
-    `for` loop Triton software-pipelines on a GPU."""
+def _query_keys(acc, q, do, K, V, rows, n0, n_end, length, history, alpha, inv_n, num_heads,
+                DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
+                BLOCK_DV: tl.constexpr, DOT: tl.constexpr, INTERPRETED: tl.constexpr, GRAD: tl.constexpr):
+    """acc + the key blocks starting at n0, n0 + BLOCK_N, ... below n_end (`_query_tile`). Under
+    Triton 3.6's interpreter a `range` cannot take a tensor bound (its scalars are 1-element
+    arrays, which numpy 2.4 refuses to turn into ints; fixed in later Tritons): a `while` loop
+    there, the `for` loop Triton software-pipelines on a GPU."""
     if INTERPRETED:
         while n0 < n_end:
-            acc = _forward_tile(acc, q, K, V, rows, n0, length, history, alpha, inv_n, num_heads,
-                                DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT)
+            acc = _query_tile(acc, q, do, K, V, rows, n0, length, history, alpha, inv_n, num_heads,
+                              DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, GRAD)
             n0 += BLOCK_N
     else:
         for block in range(n0, n_end, BLOCK_N):
-            acc = _forward_tile(acc, q, K, V, rows, block, length, history, alpha, inv_n, num_heads,
-                                DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT)
+            acc = _query_tile(acc, q, do, K, V, rows, block, length, history, alpha, inv_n, num_heads,
+                              DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, GRAD)
     return acc
+
+
+@triton.jit
+def _query_block(Q, K, V, DO, Out, offsets, num_targets, alpha, inv_n, num_heads, num_blocks,
+                 DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT: tl.constexpr, INTERPRETED: tl.constexpr,
+                 GRAD: tl.constexpr):
+    """One query block and head of the output (Out: [L, H, dv]) or, with GRAD, of dq (Out:
+    [L, H, dqk], DO read): Σ over the key blocks `_key_ranges` names."""
+    head, m0, start, length, history = _program(offsets, num_targets, num_heads, num_blocks, BLOCK_M)
+    if m0 < length:
+        rows = m0 + tl.arange(0, BLOCK_M)
+        Q += start * num_heads * DIM_QK + head * DIM_QK
+        K += start * num_heads * DIM_QK + head * DIM_QK
+        V += start * num_heads * DIM_V + head * DIM_V
+        if GRAD:
+            Out += start * num_heads * DIM_QK + head * DIM_QK
+            DO += start * num_heads * DIM_V + head * DIM_V
+        else:
+            Out += start * num_heads * DIM_V + head * DIM_V
+        q = _load_tile(Q, rows, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
+        if GRAD:
+            do = _load_tile(DO, rows, length, num_heads * DIM_V, DIM_V, BLOCK_DV)
+            acc = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
+        else:
+            do = q  # not read
+            acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        causal_end, diagonal_start, diagonal_end = _key_ranges(m0, length, history, BLOCK_M, BLOCK_N)
+        acc = _query_keys(acc, q, do, K, V, rows, 0, causal_end, length, history, alpha, inv_n, num_heads,
+                          DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED, GRAD)
+        acc = _query_keys(acc, q, do, K, V, rows, diagonal_start, diagonal_end, length, history, alpha, inv_n,
+                          num_heads, DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED, GRAD)
+        if GRAD:
+            _store_tile(Out, acc * alpha, rows, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
+        else:
+            _store_tile(Out, acc, rows, length, num_heads * DIM_V, DIM_V, BLOCK_DV)
 
 
 @triton.jit
@@ -174,77 +219,18 @@ def _forward_kernel(Q, K, V, Out, offsets, num_targets, alpha, inv_n, num_heads,
                     DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT: tl.constexpr,
                     INTERPRETED: tl.constexpr):
-    """Out of one query block and head: Σ over the key blocks `_key_ranges` names."""
-    head, m0, start, length, history = _program(offsets, num_targets, num_heads, num_blocks, BLOCK_M)
-    if m0 < length:
-        rows = m0 + tl.arange(0, BLOCK_M)
-        Q += start * num_heads * DIM_QK + head * DIM_QK
-        K += start * num_heads * DIM_QK + head * DIM_QK
-        V += start * num_heads * DIM_V + head * DIM_V
-        Out += start * num_heads * DIM_V + head * DIM_V
-        q = _load_tile(Q, rows, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        causal_end, diagonal_start, diagonal_end = _key_ranges(m0, length, history, BLOCK_M, BLOCK_N)
-        acc = _forward_keys(acc, q, K, V, rows, 0, causal_end, length, history, alpha, inv_n, num_heads,
-                            DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED)
-        acc = _forward_keys(acc, q, K, V, rows, diagonal_start, diagonal_end, length, history, alpha, inv_n,
-                            num_heads, DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED)
-        _store_tile(Out, acc, rows, length, num_heads * DIM_V, DIM_V, BLOCK_DV)
-
-
-@triton.jit
-def _dq_tile(acc, q, do, K, V, rows, n0, length, history, alpha, inv_n, num_heads,
-             DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT: tl.constexpr):
-    """acc + one key block's share of dq / alpha: dS @ k, the scores recomputed."""
-    cols = n0 + tl.arange(0, BLOCK_N)
-    k = _load_tile(K, cols, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
-    v = _load_tile(V, cols, length, num_heads * DIM_V, DIM_V, BLOCK_DV)
-    s = _dot(q, tl.trans(k), DOT) * alpha
-    ds = _silu_over_n_gradient(s, _dot(do, tl.trans(v), DOT),
-                               _may_attend(rows[:, None], cols[None, :], length, history), inv_n)
-    return acc + _dot(ds.to(k.dtype), k, DOT)
-
-
-@triton.jit
-def _dq_keys(acc, q, do, K, V, rows, n0, n_end, length, history, alpha, inv_n, num_heads,
-             DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr,
-             BLOCK_DV: tl.constexpr, DOT: tl.constexpr, INTERPRETED: tl.constexpr):
-    """acc + the key blocks from n0 below n_end (`while` under the interpreter: `_forward_keys`)."""
-    if INTERPRETED:
-        while n0 < n_end:
-            acc = _dq_tile(acc, q, do, K, V, rows, n0, length, history, alpha, inv_n, num_heads,
-                           DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT)
-            n0 += BLOCK_N
-    else:
-        for block in range(n0, n_end, BLOCK_N):
-            acc = _dq_tile(acc, q, do, K, V, rows, block, length, history, alpha, inv_n, num_heads,
-                           DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT)
-    return acc
+    """Out of one query block and head (`_query_block`)."""
+    _query_block(Q, K, V, Q, Out, offsets, num_targets, alpha, inv_n, num_heads, num_blocks, DIM_QK, DIM_V,
+                 BLOCK_M, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED, False)
 
 
 @triton.jit
 def _dq_kernel(Q, K, V, DO, DQ, offsets, num_targets, alpha, inv_n, num_heads, num_blocks,
                DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, DOT: tl.constexpr, INTERPRETED: tl.constexpr):
-    """dq of one query block and head: the forward's grid and key blocks."""
-    head, m0, start, length, history = _program(offsets, num_targets, num_heads, num_blocks, BLOCK_M)
-    if m0 < length:
-        rows = m0 + tl.arange(0, BLOCK_M)
-        Q += start * num_heads * DIM_QK + head * DIM_QK
-        DQ += start * num_heads * DIM_QK + head * DIM_QK
-        K += start * num_heads * DIM_QK + head * DIM_QK
-        V += start * num_heads * DIM_V + head * DIM_V
-        DO += start * num_heads * DIM_V + head * DIM_V
-        q = _load_tile(Q, rows, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
-        do = _load_tile(DO, rows, length, num_heads * DIM_V, DIM_V, BLOCK_DV)
-        acc = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
-        causal_end, diagonal_start, diagonal_end = _key_ranges(m0, length, history, BLOCK_M, BLOCK_N)
-        acc = _dq_keys(acc, q, do, K, V, rows, 0, causal_end, length, history, alpha, inv_n, num_heads,
-                       DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED)
-        acc = _dq_keys(acc, q, do, K, V, rows, diagonal_start, diagonal_end, length, history, alpha, inv_n,
-                       num_heads, DIM_QK, DIM_V, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED)
-        _store_tile(DQ, acc * alpha, rows, length, num_heads * DIM_QK, DIM_QK, BLOCK_DQK)
+    """dq of one query block and head: the forward's grid and key blocks (`_query_block`)."""
+    _query_block(Q, K, V, DO, DQ, offsets, num_targets, alpha, inv_n, num_heads, num_blocks, DIM_QK, DIM_V,
+                 BLOCK_M, BLOCK_N, BLOCK_DQK, BLOCK_DV, DOT, INTERPRETED, True)
 
 
 @triton.jit
@@ -268,7 +254,7 @@ def _dkdv_queries(dk, dv, k, v, Q, DO, cols, m0, m_end, length, history, alpha, 
                   DIM_QK: tl.constexpr, DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DQK: tl.constexpr,
                   BLOCK_DV: tl.constexpr, DOT: tl.constexpr, INTERPRETED: tl.constexpr):
     """(dk, dv) + the query blocks from m0 below m_end (`while` under the interpreter:
-    `_forward_keys`)."""
+    `_query_keys`)."""
     if INTERPRETED:
         while m0 < m_end:
             dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, cols, m0, length, history, alpha, inv_n, num_heads,
