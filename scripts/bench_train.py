@@ -389,7 +389,7 @@ def build_contenders(args: argparse.Namespace, env) -> Contenders:
     """The first contender, each `--vs` one (its own run directory), torchrec's order with
     `--torchrec-order`, and plain TorchRec where the arch has a plain model."""
     from dlrmtrain.config import load_config
-    from dlrmtrain.data import table_rows
+    from dlrmtrain.data.datasets import table_rows
     from dlrmtrain.trainer import Trainer
     from dlrmtrain.validation import resolve_config, validate_config
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from dlrmtrain.comm.placement import Placement
-    from dlrmtrain.data import Datasets
+    from dlrmtrain.data.datasets import Datasets
     from dlrmtrain.distributed.sharding import ShardedModel
 
 

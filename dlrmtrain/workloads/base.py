@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from torchrec.distributed.types import ModuleSharder
 
     from dlrmtrain.comm.codec import CollectionKind
-    from dlrmtrain.data import Datasets
+    from dlrmtrain.data.datasets import Datasets
     from dlrmtrain.comm.placement import Placement
     from dlrmtrain.distributed.sharding import ShardedModel
     from dlrmtrain.models.activation_memory import ActivationMemory

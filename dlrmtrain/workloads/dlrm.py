@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from torchrec.distributed.types import ModuleSharder
     from torchrec.models.dlrm import DLRMTrain
 
-    from dlrmtrain.data import Datasets
+    from dlrmtrain.data.datasets import Datasets
     from dlrmtrain.models.activation_memory import ActivationMemory
 
 ROW_SOURCES = ("synthetic", "criteo")
@@ -70,7 +70,7 @@ class DlrmWorkload(Workload):
                                       cfg.precision.mode, self.cross_net, copied)
 
     def planned_table_rows(self, cfg: Config) -> dict[str, int]:
-        from dlrmtrain.data import table_rows
+        from dlrmtrain.data.datasets import table_rows
 
         return dict(zip(self.table_names(cfg), table_rows(cfg)))
 
@@ -85,7 +85,7 @@ class DlrmWorkload(Workload):
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:
-        from dlrmtrain.data import build_row_datasets
+        from dlrmtrain.data.datasets import build_row_datasets
 
         return build_row_datasets(cfg, rank, world_size, pin_memory)
 

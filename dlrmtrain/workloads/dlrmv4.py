@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from dlrmtrain.distributed.sharding import ShardedModel
     from torchrec.distributed.types import ModuleSharder
 
-    from dlrmtrain.data import Datasets
+    from dlrmtrain.data.datasets import Datasets
     from dlrmtrain.models.activation_memory import ActivationMemory
 
 SEQUENCE_SOURCES = ("synthetic_yambda", "yambda")
@@ -136,7 +136,7 @@ class Dlrmv4Workload(Workload):
 
     def build_datasets(self, cfg: Config, rank: int, world_size: int,
                        pin_memory: bool = False) -> Datasets:
-        from dlrmtrain.data import build_sequence_datasets
+        from dlrmtrain.data.datasets import build_sequence_datasets
 
         return build_sequence_datasets(cfg, rank, world_size, pin_memory)
 

@@ -242,7 +242,7 @@ def test_the_family_read_finder_sees_a_read():
 def test_each_familys_sources_are_the_data_builders():
     """The workloads name their sources without importing the loaders; these are the data
     package's own (the builder a workload calls reads exactly these)."""
-    from dlrmtrain.data import ROW_SOURCES, SEQUENCE_SOURCES
+    from dlrmtrain.data.datasets import ROW_SOURCES, SEQUENCE_SOURCES
 
     assert registry.WORKLOADS["dlrm_v1"].sources == registry.WORKLOADS["dlrm_dcnv2"].sources == ROW_SOURCES
     assert registry.WORKLOADS["dlrmv4_hstu"].sources == SEQUENCE_SOURCES

@@ -6,7 +6,7 @@ import pytest
 
 from dlrmtrain.config import ConfigError, load_config
 from dlrmtrain.validation import resolve_config, unresolved_keys, validate_config
-from dlrmtrain.data import table_rows
+from dlrmtrain.data.datasets import table_rows
 from dlrmtrain.data.formats.binary import read_manifest
 from dlrmtrain.features import MLPERF_DCNV2_MULTI_HOT_SIZES, MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
 from dlrmtrain.data.preprocess.pipeline import preprocess

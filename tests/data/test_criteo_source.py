@@ -8,7 +8,7 @@ import torch
 
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.validation import validate_config
-from dlrmtrain.data import table_rows
+from dlrmtrain.data.datasets import table_rows
 from dlrmtrain.data.preprocess.pipeline import preprocess
 from dlrmtrain.workloads import build_datasets
 from tests.common import tiny_config

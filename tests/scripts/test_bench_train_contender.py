@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dlrmtrain.config import load_config
-from dlrmtrain.data import table_rows
+from dlrmtrain.data.datasets import table_rows
 from dlrmtrain.workloads.dlrm import build_dlrm_model as build_model
 from tests.scripts import load_script
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.data import table_rows
+from dlrmtrain.data.datasets import table_rows
 from dlrmtrain.features import MLPERF_DCNV2_TABLE_SIZES, MLPERF_V1_TABLE_SIZES
 from dlrmtrain.data.synthetic.generator import generate, power_law_ids
 from dlrmtrain.data.synthetic.profiles import KAGGLE_SAMPLE_COLUMNS, expected_distinct_fraction, terabyte_sizes

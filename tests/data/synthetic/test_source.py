@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlrmtrain.data import table_rows
+from dlrmtrain.data.datasets import table_rows
 from dlrmtrain.data.synthetic.generator import generate, multi_hot_offsets
 from dlrmtrain.workloads import build_datasets
 from tests.common import tiny_config
