@@ -120,8 +120,9 @@ def test_the_same_inputs_give_the_same_bits():
 
 
 def test_tile_pairs_cover_each_allowed_row_key_pair_once_and_chunks_keep_to_the_budget():
-    """Every (row, key) the mask allows lies in exactly one pair, no pair lacks one, and a chunk's
-    pairs share no row tile and no key tile (each index_add_ touches a row once) within budget."""
+    """Every (row, key) the mask allows lies in exactly one pair, no pair lacks one, a chunk's
+    pairs share no row tile and no key tile (each index_add_ touches a row once) within budget,
+    and a chunk run without the mask holds only whole tiles the mask hides nothing of."""
     lengths, num_targets, r, heads = torch.tensor([0, 9, 33, 1, 30]), torch.tensor([0, 1, 4, 1, 30]), 8, 2
     budget = heads * r * r * 4 * 3
     tiles, chunks = blocked.plan_tiles(jagged.offsets_of(lengths), num_targets, heads=heads, rows_per_tile=r,
@@ -145,7 +146,11 @@ def test_tile_pairs_cover_each_allowed_row_key_pair_once_and_chunks_keep_to_the_
         pairs = tiles[c.first:c.last].tolist()
         assert len({(p[0], p[3]) for p in pairs}) == len({(p[0], p[4]) for p in pairs}) == len(pairs)
         assert len({p[3] - p[4] for p in pairs}) == 1  # one diagonal offset
+        for start, length, _, row0, col0 in pairs if not c.masked else ():  # run unmasked: nothing to hide
+            assert row0 + r <= length and col0 + r <= length, (start, row0, col0)
+            assert mask[sample_of[start], row0:row0 + r, col0:col0 + r].all(), (start, row0, col0)
         assert c.last - c.first == 1 or (c.last - c.first) * heads * c.rows * c.keys * 4 <= budget
+    assert any(not c.masked for c in chunks) and any(c.masked for c in chunks)
 
 
 # ---- model.hstu.attention: the switch, its resolution, its refusals ----

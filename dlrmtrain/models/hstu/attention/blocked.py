@@ -11,8 +11,13 @@ length and the upper triangle are never visited. So a pair's scratch is at most 
 per head, whatever N: memory is O(tokens × width) plus one chunk, flat in N.
 
 SiLU attention has no softmax: a row's output is the plain sum of its pairs' shares. Pairs are
-run several at a time, in chunks whose fp32 scores fit CHUNK_BYTES (at least one pair). A
-chunk holds pairs of one diagonal offset d = i − j only, so no two of its pairs share a row
+run several at a time, in chunks whose fp32 scores fit CHUNK_BYTES (at least one pair). Most
+pairs below the diagonal are full: every row of the row tile is in the sample and every key of the
+key tile is history, so the mask lets all of their (row, key) through and they run without one
+(no mask built, no masked fill: at long sequences the elementwise passes over the scores, not the
+products, are most of the time); the others (diagonal pairs, a sample's last row tile, the key
+tile holding the history's end) build and apply the mask. A
+chunk holds pairs of one diagonal offset d = i − j only, full or masked alike, so no two of its pairs share a row
 tile or a key tile: each index_add_ into the fp32 out, dq, dk, dv buffers touches a row at
 most once (besides the discarded scratch row), so its atomic adds on CUDA race on nothing,
 and every row's pairs are summed in the same order (diagonal offset ascending): the same
@@ -23,7 +28,11 @@ views of the STU layer's projection, which it keeps anyway) and the pair table, 
 scores: the backward recomputes each chunk's scores. Scratch: `chunk_scratch_bytes`.
 
 Numerics: every product and sum in fp32 (float64 inputs: float64), bf16 inputs too (autocast
-off inside), results cast back to the inputs' dtype once, at the end. One host sync per call:
+off inside), results cast back to the inputs' dtype once, at the end. α scales the scores inside
+the product (the BLAS's alpha); 1/N scales the row-sized share p·v (forward) and the row-sized
+operand do (backward: ds then carries it) instead of the score-sized p, and α the shares ds·k
+and dsᵀ·q: a rounding each, on tensors rows_per_tile / d times smaller than the scores. SiLU's
+gradient is torch's fused `silu_backward` (one pass over the scores). One host sync per call:
 the offsets and target counts, read once to plan.
 """
 
@@ -39,9 +48,9 @@ ROWS_PER_TILE = 128
 CHUNK_BYTES = 2 * 2**20
 """fp32 scores a chunk of tile pairs may hold ([pairs, H, rows, keys]); a pair larger alone is run alone."""
 LIVE_SCORE_COPIES = 5
-"""fp32 score-sized tensors the backward holds at once per chunk: s (then p), σ(s), SiLU'(s),
-dp (then ds), and the mask with its negation (bool: a quarter each). The forward: s (then
-p) and the masks."""
+"""fp32 score-sized tensors the backward holds at most at once per chunk (a bound): s (then
+p), dp, ds, and on masked chunks the mask with its negation (bool: a quarter each). The forward:
+s (then p) and the masks."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class Chunk:
     """Rows of its tallest pair (the others are padded to it, masked)."""
     keys: int
     """Keys of its widest pair."""
+    masked: bool = True
+    """Whether some pair has a (row, key) the mask hides; False: every pair is full (module docstring)."""
 
 
 def plan_tiles(offsets: torch.Tensor, num_targets: torch.Tensor, heads: int,
@@ -80,24 +91,30 @@ def plan_tiles(offsets: torch.Tensor, num_targets: torch.Tensor, heads: int,
     s = sample[owner]
     rows = torch.minimum(lengths[s] - row_tile * r, torch.tensor(r))
     keys = torch.minimum(lengths[s] - key_tile * r, torch.tensor(r))
-    order = torch.argsort((row_tile - key_tile) * (r * r + 1) + rows * keys, stable=True)
+    # full: below the diagonal, a whole row tile of the sample against a whole key tile of history
+    full = (key_tile < row_tile) & ((row_tile + 1) * r <= lengths[s]) & ((key_tile + 1) * r <= history[s])
+    order = torch.argsort(((row_tile - key_tile) * 2 + (~full)) * (r * r + 1) + rows * keys, stable=True)
     table = torch.stack([starts[s], lengths[s], history[s], row_tile * r, key_tile * r], dim=1)[order]
     diagonal = (row_tile - key_tile)[order]
     return table.to(offsets.device, non_blocking=True), _chunks(
-        rows[order].tolist(), keys[order].tolist(), diagonal.tolist(), heads, chunk_bytes)
+        rows[order].tolist(), keys[order].tolist(), diagonal.tolist(), (~full)[order].tolist(), heads,
+        chunk_bytes)
 
 
-def _chunks(rows: list[int], keys: list[int], diagonal: list[int], heads: int, chunk_bytes: int) -> list[Chunk]:
-    """Consecutive pairs of one diagonal offset while the chunk's padded fp32 scores fit `chunk_bytes`."""
+def _chunks(rows: list[int], keys: list[int], diagonal: list[int], masked: list[bool], heads: int,
+            chunk_bytes: int) -> list[Chunk]:
+    """Consecutive pairs of one diagonal offset, all full or all masked, while the chunk's padded
+    fp32 scores fit `chunk_bytes`."""
     chunks, first, most_rows, most_keys = [], 0, 0, 0
-    for i, (r, k, d) in enumerate(zip(rows, keys, diagonal)):
+    for i, (r, k, d, m) in enumerate(zip(rows, keys, diagonal, masked)):
         tallest, widest = max(most_rows, r), max(most_keys, k)
-        if i > first and (d != diagonal[first] or (i + 1 - first) * heads * tallest * widest * 4 > chunk_bytes):
-            chunks.append(Chunk(first, i, most_rows, most_keys))
+        if i > first and (d != diagonal[first] or m != masked[first]
+                          or (i + 1 - first) * heads * tallest * widest * 4 > chunk_bytes):
+            chunks.append(Chunk(first, i, most_rows, most_keys, masked[first]))
             first, tallest, widest = i, r, k
         most_rows, most_keys = tallest, widest
     if rows:
-        chunks.append(Chunk(first, len(rows), most_rows, most_keys))
+        chunks.append(Chunk(first, len(rows), most_rows, most_keys, masked[first]))
     return chunks
 
 
@@ -119,11 +136,15 @@ def chunk_scratch_bytes(heads: int, max_len: int, dim_qk: int, dim_v: int,
 def _positions(tiles: torch.Tensor, chunk: Chunk, total: int) -> tuple[torch.Tensor, ...]:
     """(query row, key row) gather indices into the jagged tensors ([c, rows], [c, keys]; rows
     past a sample's end clamped to its last), the same as write indices (past the end: `total`,
-    the scratch row of an L + 1-row buffer), and the mask [c, 1, rows, keys] of mask.py's rule."""
+    the scratch row of an L + 1-row buffer), and what the mask of mask.py's rule hides
+    ([c, 1, rows, keys]; None on a chunk of full pairs, which hides nothing)."""
     start, length, history, row0, col0 = tiles[chunk.first:chunk.last].unbind(1)
     device = tiles.device
     rows = row0[:, None] + torch.arange(chunk.rows, device=device)     # positions in the sample
     cols = col0[:, None] + torch.arange(chunk.keys, device=device)
+    if not chunk.masked:
+        row_at, col_at = start[:, None] + rows, start[:, None] + cols
+        return row_at, col_at, row_at, col_at, None
     last = (length - 1)[:, None]
     row_at, col_at = start[:, None] + torch.minimum(rows, last), start[:, None] + torch.minimum(cols, last)
     row_in, col_in = rows <= last, cols <= last
@@ -132,7 +153,7 @@ def _positions(tiles: torch.Tensor, chunk: Chunk, total: int) -> tuple[torch.Ten
     attend = (rows[:, :, None] == cols[:, None, :]) | (rows_id[:, :, None] > cols_id[:, None, :])
     mask = attend & row_in[:, :, None] & col_in[:, None, :]
     return (row_at, col_at, torch.where(row_in, row_at, total), torch.where(col_in, col_at, total),
-            mask[:, None])
+            ~mask[:, None])
 
 
 def _gather(x: torch.Tensor, at: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -148,18 +169,16 @@ def _scatter_rows(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, alpha: float) -> torch.Tensor:
-    """s = α·q·kᵀ for one chunk: [c, H, rows, keys]."""
-    return torch.matmul(q, k.transpose(2, 3)).mul_(alpha)
+    """s = α·q·kᵀ for one chunk: [c, H, rows, keys], α applied by the product itself."""
+    c, heads, rows, dqk = q.shape
+    q3, k3 = q.reshape(c * heads, rows, dqk), k.reshape(c * heads, -1, dqk)
+    s = torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0.0, alpha=alpha)
+    return s.view(c, heads, rows, -1)
 
 
-def _score_gradients(s: torch.Tensor, dp: torch.Tensor, hidden: torch.Tensor, alpha: float,
-                     inv_n: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p = mask · SiLU(s)/N, α · dL/ds = α · mask · dp · SiLU'(s)/N), SiLU'(s) = σ(s)(1 + s(1 − σ(s))),
-    in place over s and dp (four score-sized tensors live: s, σ(s), SiLU'(s), dp)."""
-    sig = torch.sigmoid(s)
-    silu_grad = (1.0 - sig).mul_(s).add_(1.0).mul_(sig)
-    ds = dp.mul_(silu_grad).mul_(alpha * inv_n).masked_fill_(hidden, 0.0)
-    return s.mul_(sig).mul_(inv_n).masked_fill_(hidden, 0.0), ds
+def _hide(x: torch.Tensor, hidden) -> torch.Tensor:
+    """x with the (row, key) the mask hides zeroed, in place (hidden None: nothing is)."""
+    return x if hidden is None else x.masked_fill_(hidden, 0.0)
 
 
 class BlockedSiluAttention(torch.autograd.Function):
@@ -173,10 +192,11 @@ class BlockedSiluAttention(torch.autograd.Function):
         out = torch.zeros(total + 1, heads, dim_v, dtype=compute, device=q.device)
         with torch.autocast(q.device.type, enabled=False):
             for chunk in chunks:
-                row_at, col_at, row_to, _, mask = _positions(tiles, chunk, total)
+                row_at, col_at, row_to, _, hidden = _positions(tiles, chunk, total)
                 s = _scores(_gather(q, row_at, compute), _gather(k, col_at, compute), alpha)
-                p = F.silu(s, inplace=True).mul_(1.0 / max_len).masked_fill_(~mask, 0.0)
-                out.index_add_(0, *_scatter_rows(row_to, torch.matmul(p, _gather(v, col_at, compute))))
+                p = _hide(F.silu(s, inplace=True), hidden)
+                share = torch.matmul(p, _gather(v, col_at, compute)).mul_(1.0 / max_len)
+                out.index_add_(0, *_scatter_rows(row_to, share))
         ctx.save_for_backward(q, k, v, tiles)
         ctx.chunks, ctx.max_len, ctx.alpha = chunks, max_len, alpha
         return out[:total].to(q.dtype).view(total, heads * dim_v)
@@ -188,16 +208,18 @@ class BlockedSiluAttention(torch.autograd.Function):
         total = q.shape[0]
         do = grad_out.reshape(v.shape)
         dq, dk, dv = (torch.zeros(total + 1, *x.shape[1:], dtype=compute, device=q.device) for x in (q, k, v))
+        inv_n, alpha = 1.0 / ctx.max_len, ctx.alpha
         with torch.autocast(q.device.type, enabled=False):
             for chunk in ctx.chunks:
-                row_at, col_at, row_to, col_to, mask = _positions(tiles, chunk, total)
+                row_at, col_at, row_to, col_to, hidden = _positions(tiles, chunk, total)
                 qc, kc, vc = _gather(q, row_at, compute), _gather(k, col_at, compute), _gather(v, col_at, compute)
-                doc = _gather(do, row_at, compute)
-                p, ds = _score_gradients(_scores(qc, kc, ctx.alpha), torch.matmul(doc, vc.transpose(2, 3)),
-                                         ~mask, ctx.alpha, 1.0 / ctx.max_len)
+                doc = _gather(do, row_at, compute).mul_(inv_n)          # dL/dp = do·vᵀ / N
+                s = _scores(qc, kc, alpha)
+                ds = _hide(torch.ops.aten.silu_backward(torch.matmul(doc, vc.transpose(2, 3)), s), hidden)
+                p = _hide(F.silu(s, inplace=True), hidden)
                 dv.index_add_(0, *_scatter_rows(col_to, torch.matmul(p.transpose(2, 3), doc)))
-                dq.index_add_(0, *_scatter_rows(row_to, torch.matmul(ds, kc)))
-                dk.index_add_(0, *_scatter_rows(col_to, torch.matmul(ds.transpose(2, 3), qc)))
+                dq.index_add_(0, *_scatter_rows(row_to, torch.matmul(ds, kc).mul_(alpha)))
+                dk.index_add_(0, *_scatter_rows(col_to, torch.matmul(ds.transpose(2, 3), qc).mul_(alpha)))
         return (dq[:total].to(q.dtype), dk[:total].to(k.dtype), dv[:total].to(v.dtype),
                 None, None, None, None, None, None)
 
