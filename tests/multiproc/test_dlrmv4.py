@@ -178,8 +178,8 @@ def test_dedup_gives_the_loss_of_none_under_each_attention(two_ranks, kind):
     none, dedup = _losses(two_ranks[0][f"none {kind}"]), _losses(two_ranks[0][f"dedup {kind}"])
     assert len(none) == KIND_STEPS and dedup[0] == none[0]  # lossless forward, same weights: bitwise
     assert dedup == pytest.approx(none, rel=1e-5, abs=1e-6)
-    # the same model as padded's up to fp32 summation order over the keys (here, one chunk of
-    # 16-wide products, the same bits; which kernel a config builds: test_hstu_attention_blocked.py)
+    # the same model as padded's up to fp32 rounding: blocked sums over keys in its own order and
+    # scales by α and 1/N at other points (which kernel a config builds: test_hstu_attention_blocked.py)
     assert none == pytest.approx(_losses(two_ranks[0]["none"])[:KIND_STEPS], rel=1e-4, abs=1e-5)
 
 
