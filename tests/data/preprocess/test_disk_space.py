@@ -125,4 +125,3 @@ def test_yambda_preprocess_checks_the_space_before_writing(tmp_path, tiny_fs, ca
     assert list(small.iterdir()) == []
     assert yambda_main([*args, "--out", str(roomy / "prep")]) == 0
     assert (roomy / "prep" / "store.json").is_file() and not (roomy / "prep" / "_buckets").exists()
-
