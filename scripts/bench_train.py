@@ -596,15 +596,11 @@ def main() -> None:
     if "RANK" not in os.environ:
         relaunch_under_torchrun(args)
 
-    import logging
+    sys.path.insert(0, str(REPO))
+    from dlrmtrain.distributed.env import shutdown_distributed
+    from scripts.rank_start import start_cpu_rank
 
-    import torch
-
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
-
-    torch.set_num_threads(1)
-    env = init_distributed("cpu")
+    env = start_cpu_rank()
     race = build_contenders(args, env)
     timings = time_contenders(race, args, shared_batches(race, args))
     if env.is_main:

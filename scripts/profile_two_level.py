@@ -247,19 +247,15 @@ def main() -> None:
     args = parse_args(sys.argv[1:])
     if "RANK" not in os.environ:
         relaunch(args)
-    import logging
-
-    import torch
     import torch.distributed as dist
 
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    from dlrmtrain.distributed.env import init_distributed, shutdown_distributed
+    from dlrmtrain.distributed.env import shutdown_distributed
+    from scripts.rank_start import start_cpu_rank
 
-    torch.set_num_threads(1)
+    env = start_cpu_rank()
     wrap_plan_pieces()
     if args.timeline:
         trace_events()
-    env = init_distributed("cpu")
     trainers = build_trainers(args, env)
     first = next(iter(trainers.values()))
     needed = args.warmup_steps + args.steps * args.rounds

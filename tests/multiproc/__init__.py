@@ -1,5 +1,5 @@
 """Real multi-rank tests. `run_ranks` spawns Gloo ranks under a timeout."""
 
-from tests.multiproc.harness import run_ranks
+from tests.multiproc.harness import ranks_once_per_module, run_ranks
 
-__all__ = ["run_ranks"]
+__all__ = ["ranks_once_per_module", "run_ranks"]

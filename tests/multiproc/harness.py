@@ -14,6 +14,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+import pytest
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -63,6 +65,19 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
         if "EADDRINUSE" not in str(e) and "address already in use" not in str(e):
             raise
         return _run_ranks_once(fn, world_size, args, timeout)
+
+
+def ranks_once_per_module(fn: Callable[..., Any], folder: str, timeout: float, world_size: int = 2):
+    """A module-scoped fixture that runs `fn(rank, world_size, out_dir)` once on real ranks in a
+    fresh folder `folder` and gives (rank 0's result, that folder): a spawn costs as much as a
+    short run, so a module's tests share one."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory):
+        out = tmp_path_factory.mktemp(folder)
+        return run_ranks(fn, world_size, str(out), timeout=timeout)[0], out
+
+    return fixture
 
 
 PRELOADED = ("torch", "torch.distributed", "torchrec", "torchrec.distributed.embeddingbag",

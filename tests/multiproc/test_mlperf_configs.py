@@ -8,7 +8,7 @@ import pytest
 
 from dlrmtrain.config import load_config
 from dlrmtrain.validation import resolve_config, validate_config
-from tests.multiproc import run_ranks
+from tests.multiproc import ranks_once_per_module
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["run.device=cpu", "model.max_table_rows=2000", "run.global_batch_size=256",
@@ -53,11 +53,7 @@ def _run_every_config(rank, world_size, out_dir):
             for name in DENSE_PARAMS}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("mlperf_configs")
-    rank0, _ = run_ranks(_run_every_config, 2, str(out), timeout=500)
-    return rank0, out
+trained = ranks_once_per_module(_run_every_config, "mlperf_configs", timeout=500)
 
 
 @pytest.mark.parametrize("name", list(DENSE_PARAMS))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.multiproc import run_ranks
+from tests.multiproc import ranks_once_per_module
 from tests.multiproc.test_train_ranks import _train
 
 RUN = ["run.max_steps=8", "eval.evals_per_epoch=0"]
@@ -50,11 +49,7 @@ def _none_and_dedup(rank: int, world_size: int, out_dir: str) -> dict:
     return runs
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("codec")
-    rank0, _ = run_ranks(_none_and_dedup, 2, str(out), timeout=400)
-    return rank0, out
+trained = ranks_once_per_module(_none_and_dedup, "codec", timeout=400)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
