@@ -21,13 +21,9 @@ loader's prefetch thread replaces each table's ids by its distinct ones
 from __future__ import annotations
 
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.install import CodecSharder
 from dlrmtrain.comm.torchrec import sequence
-from dlrmtrain.comm.stats import CommCounters
-from dlrmtrain.comm.topology import FLAT, Hierarchy
-from dlrmtrain.config.schema import AutoConfig
 
 
 class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
@@ -37,16 +33,3 @@ class CodecEmbeddingCollectionSharder(CodecSharder, EmbeddingCollectionSharder):
     kind = "sequence"
     shardings_of = staticmethod(sequence.ec_shardings)
     stock_type = EmbeddingCollectionSharder
-
-
-def make_ec_sharder(codec: str, table_codecs: dict[str, str], fused_params: dict,
-                    device_type: str = "cpu", hierarchy: Hierarchy = FLAT,
-                    auto: AutoConfig | None = None, counters: CommCounters | None = None) -> ModuleSharder:
-    """The EmbeddingCollection sharder for a run whose codecs run at the owner: TorchRec's own for
-    `none` everywhere, else ours (where the batch is made: comm/placement.py asks the codec).
-
-    Same arguments as `make_ebc_sharder` (embeddingbag.py, `auto` and `counters` included);
-    `comm.hierarchy: node` is refused (two levels carry pooled embeddings only).
-    """
-    return CodecEmbeddingCollectionSharder.for_codecs(codec, table_codecs, fused_params, device_type, hierarchy,
-                                                      auto, counters)

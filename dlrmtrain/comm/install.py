@@ -32,7 +32,7 @@ from dlrmtrain.comm.registry import (
     warn_if_lossy,
 )
 from dlrmtrain.comm.stats import CommCounters, CountsCommBytes
-from dlrmtrain.comm.topology import Hierarchy, make_node_groups, topology_of
+from dlrmtrain.comm.topology import FLAT, Hierarchy, make_node_groups, topology_of
 from dlrmtrain.config.schema import AutoConfig
 
 logger = logging.getLogger(__name__)
@@ -65,11 +65,19 @@ class CodecSharder:
     """TorchRec's own sharder of the same collection, for a run whose tables are all `none`"""
 
     @classmethod
-    def for_codecs(cls, codec: str, table_codecs: dict[str, str], fused_params: dict, device_type: str,
-                   hierarchy: Hierarchy, auto: AutoConfig | None, counters: CommCounters | None) -> ModuleSharder:
-        """The run's sharder of this collection (`make_ebc_sharder`'s arguments): TorchRec's own
-        for `none` everywhere, else this class with the checked choice, its dists added to
-        `counters` (None: the sharder's own)."""
+    def for_codecs(cls, codec: str, table_codecs: dict[str, str], fused_params: dict, device_type: str = "cpu",
+                   hierarchy: Hierarchy = FLAT, auto: AutoConfig | None = None,
+                   counters: CommCounters | None = None) -> ModuleSharder:
+        """The run's sharder of this collection at the owner side: TorchRec's own for `none`
+        everywhere, else this class with the checked choice.
+
+        `codec` is the run's `comm.codec`; `table_codecs` per-table overrides keyed by table
+        name; `fused_params` go to the fused embedding optimizer as usual; `device_type`
+        ("cpu" / "cuda") picks TorchRec's qcomms kernels for the lossy codecs (`fp8` is refused
+        off GPU); `hierarchy` (comm.hierarchy, comm.ranks_per_node) makes `dedup` two-level
+        across nodes (pooled only: the sequence sharder refuses it); `auto` (comm.auto; None:
+        the defaults) sets every `auto` dist's policy; the codec dists are added to `counters`
+        (the run's; None: the sharder's own, `sharder.counters`)."""
         choice = codec_choice(codec, table_codecs, device_type, hierarchy, cls.kind, auto)
         if choice is None:
             return cls.stock_type(fused_params=fused_params)

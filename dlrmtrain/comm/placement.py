@@ -32,8 +32,8 @@ import torch.nn as nn
 from torchrec.distributed.types import ModuleSharder
 
 from dlrmtrain.comm.codec import CollectionKind, EmbeddingCommCodec, Side
-from dlrmtrain.comm.embedding import make_ec_sharder
-from dlrmtrain.comm.embeddingbag import make_ebc_sharder
+from dlrmtrain.comm.embedding import CodecEmbeddingCollectionSharder
+from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder
 from dlrmtrain.comm.labels import PLACEMENT_KEY
 from dlrmtrain.comm.lookups import count_lookups
 from dlrmtrain.comm.registry import codecs_that, find_codec, get_codec
@@ -43,6 +43,8 @@ from dlrmtrain.comm.topology import Hierarchy
 from dlrmtrain.config.schema import CommConfig
 
 FIELD = PLACEMENT_KEY.split(".")[1]
+OWNER_SHARDERS = {"pooled": CodecEmbeddingBagCollectionSharder, "sequence": CodecEmbeddingCollectionSharder}
+"""each collection kind's sharder at the owner side (its `for_codecs` gives TorchRec's own for `none`)"""
 """the `CommConfig` field that holds the side"""
 VALUES: dict[str, Side] = {"owner": "owner", "source": "sample"}
 """the config's values and the side each names"""
@@ -170,8 +172,8 @@ class Placement:
         if self._sample is not None:
             return self._sample.sharder(fused_params)
         c = self.comm
-        make = make_ebc_sharder if self.kind == "pooled" else make_ec_sharder
-        return make(c.codec, dict(c.table_codecs), fused_params, device_type, Hierarchy.of(c), c.auto, self.counters)
+        return OWNER_SHARDERS[self.kind].for_codecs(c.codec, dict(c.table_codecs), fused_params, device_type,
+                                                    Hierarchy.of(c), c.auto, self.counters)
 
     def after_sharding(self, model: nn.Module) -> CommCounters:
         """Install what the side needs on the sharded `model`, and count what TorchRec's stock

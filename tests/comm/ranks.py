@@ -2,7 +2,7 @@
 
 Each rank builds the same small EmbeddingBagCollection (meta device) with a
 linear layer on top, shards it twice with DistributedModelParallel — once with
-TorchRec's stock sharder (`none`), once with `make_ebc_sharder("dedup", ...)` —
+TorchRec's stock sharder (`none`), once with `CodecEmbeddingBagCollectionSharder.for_codecs("dedup", ...)` —
 copies identical weights into both, feeds both the same batches and returns
 what the tests compare. Batches are a pure function of (scenario, step, rank),
 so every rank can recompute every other rank's ids for independent byte counts.
@@ -29,7 +29,7 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrmtrain.comm.embeddingbag import make_ebc_sharder
+from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder
 from dlrmtrain.comm.stats import CommCounters, collect_comm_stats
 from dlrmtrain.run.console import comm_summary
 from dlrmtrain.comm.stock_bytes import count_stock_dists
@@ -162,8 +162,9 @@ def build(sc: Scenario, codec: str, world_size: int, hierarchy: Hierarchy = FLAT
         from dlrmtrain.comm.dedup.source import SourceDedupEBCSharder
         sharder = SourceDedupEBCSharder(fused_params=fused)
     else:
-        sharder = make_ebc_sharder(codec, sc.table_codecs if codec != "none" else {}, fused,
-                                   hierarchy=hierarchy if codec != "none" else FLAT, counters=counters)
+        sharder = CodecEmbeddingBagCollectionSharder.for_codecs(
+            codec, sc.table_codecs if codec != "none" else {}, fused,
+            hierarchy=hierarchy if codec != "none" else FLAT, counters=counters)
     model = TinyModel(sc)
     per_param = {t.name: _placement(t) for t in sc.tables}
     mplan = construct_module_sharding_plan(model.ebc, per_param, sharder=sharder, local_size=world_size,

@@ -17,7 +17,7 @@ import pytest
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from dlrmtrain.comm.registry import available_codecs, lossy_codecs
-from dlrmtrain.comm.embeddingbag import make_ebc_sharder
+from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder
 from dlrmtrain.config import ConfigError, load_config
 from dlrmtrain.validation import validate_config
 from tests.comm.ranks import Scenario, Table, compare_codecs
@@ -100,16 +100,16 @@ def test_fp8_on_cpu_is_a_config_time_error() -> None:
     with pytest.raises(ConfigError, match=r"comm\.codec: lossy codec 'fp8' runs on GPU only"):
         validate_config(cfg, 2)
     with pytest.raises(ValueError, match=r"comm\.codec: lossy codec 'fp8' runs on GPU only"):
-        make_ebc_sharder("fp8", {}, FUSED, device_type="cpu")
+        CodecEmbeddingBagCollectionSharder.for_codecs("fp8", {}, FUSED, device_type="cpu")
 
 
 def test_qcomms_are_run_wide_and_named_lossy() -> None:
     assert set(lossy_codecs()) == {"fp16", "bf16", "int8", "fp8", "dedup+fp16", "dedup+bf16"}
     assert {"none", "dedup"} <= set(available_codecs()) and not {"none", "dedup"} & set(lossy_codecs())
     with pytest.raises(ValueError, match=r"comm\.table_codecs\.t_cat_1: 'int8' is one of TorchRec's"):
-        make_ebc_sharder("dedup", {"t_cat_1": "int8"}, FUSED)
+        CodecEmbeddingBagCollectionSharder.for_codecs("dedup", {"t_cat_1": "int8"}, FUSED)
     with pytest.raises(ValueError, match=r"comm\.table_codecs\.t_cat_1: comm\.codec='fp16'"):
-        make_ebc_sharder("fp16", {"t_cat_1": "none"}, FUSED)
+        CodecEmbeddingBagCollectionSharder.for_codecs("fp16", {"t_cat_1": "none"}, FUSED)
     cfg = load_config(None, ["comm.codec=bf16", "comm.table_codecs={t_cat_2: dedup}", "run.device=cpu"])
     with pytest.raises(ConfigError, match=r"comm\.table_codecs\.t_cat_2"):
         validate_config(cfg, 2)

@@ -1,4 +1,4 @@
-"""Codec names, config validation and what make_ebc_sharder returns."""
+"""Codec names, config validation and what the owner side's sharders (`for_codecs`) return."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from dlrmtrain.comm.registry import available_codecs, codecs_per_table
-from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder, make_ebc_sharder
+from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder
 
 FUSED = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+pooled_sharder = CodecEmbeddingBagCollectionSharder.for_codecs
+"""the owner side's pooled sharder for a run's codec choice"""
 
 
 def test_available_codecs() -> None:
@@ -17,24 +19,24 @@ def test_available_codecs() -> None:
 
 
 def test_none_everywhere_is_torchrecs_stock_sharder() -> None:
-    sharder = make_ebc_sharder("none", {}, FUSED)
+    sharder = pooled_sharder("none", {}, FUSED)
     assert type(sharder) is EmbeddingBagCollectionSharder
     assert sharder.fused_params == FUSED
-    assert type(make_ebc_sharder("none", {"t_cat_0": "none"}, FUSED)) is EmbeddingBagCollectionSharder
+    assert type(pooled_sharder("none", {"t_cat_0": "none"}, FUSED)) is EmbeddingBagCollectionSharder
 
 
 def test_dedup_or_any_table_override_gives_the_codec_sharder() -> None:
-    assert isinstance(make_ebc_sharder("dedup", {}, FUSED), CodecEmbeddingBagCollectionSharder)
-    sharder = make_ebc_sharder("none", {"t_cat_3": "dedup"}, FUSED)
+    assert isinstance(pooled_sharder("dedup", {}, FUSED), CodecEmbeddingBagCollectionSharder)
+    sharder = pooled_sharder("none", {"t_cat_3": "dedup"}, FUSED)
     assert isinstance(sharder, CodecEmbeddingBagCollectionSharder)
     assert sharder.fused_params == FUSED
 
 
 def test_unknown_codec_names_the_config_key() -> None:
     with pytest.raises(ValueError, match=r"comm\.codec: unknown codec 'zip'"):
-        make_ebc_sharder("zip", {}, FUSED)
+        pooled_sharder("zip", {}, FUSED)
     with pytest.raises(ValueError, match=r"comm\.table_codecs\.t_cat_1: unknown codec 'gz'"):
-        make_ebc_sharder("dedup", {"t_cat_1": "gz"}, FUSED)
+        pooled_sharder("dedup", {"t_cat_1": "gz"}, FUSED)
 
 
 def test_per_table_choice_and_unknown_tables() -> None:
@@ -64,15 +66,15 @@ def test_codec_labels_round_trip_and_refuse_other_shapes() -> None:
 
 def test_the_builders_refuse_what_the_hierarchy_cannot_carry() -> None:
     """Each sharder builder checks the hierarchy itself, not only config validation before it."""
-    from dlrmtrain.comm.embedding import make_ec_sharder
+    from dlrmtrain.comm.embedding import CodecEmbeddingCollectionSharder
     from dlrmtrain.comm.topology import Hierarchy
 
     node = Hierarchy("node", 2)
     with pytest.raises(ValueError, match=r"comm\.hierarchy: node covers pooled embeddings only"):
-        make_ec_sharder("dedup", {}, FUSED, hierarchy=node)
+        CodecEmbeddingCollectionSharder.for_codecs("dedup", {}, FUSED, hierarchy=node)
     with pytest.raises(ValueError, match=r"comm\.codec: 'fp16' cannot run under comm\.hierarchy: node"):
-        make_ebc_sharder("fp16", {}, FUSED, hierarchy=node)
-    assert isinstance(make_ebc_sharder("dedup", {}, FUSED, hierarchy=node), CodecEmbeddingBagCollectionSharder)
+        pooled_sharder("fp16", {}, FUSED, hierarchy=node)
+    assert isinstance(pooled_sharder("dedup", {}, FUSED, hierarchy=node), CodecEmbeddingBagCollectionSharder)
 
 
 def test_a_codec_declares_where_it_runs_nothing_is_derived_from_lossless():

@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 import pytest
 
-from dlrmtrain.comm.embedding import make_ec_sharder
+from dlrmtrain.comm.embedding import CodecEmbeddingCollectionSharder
 from tests.comm.sequence_ranks import (
     DIM,
     SeqScenario,
@@ -236,9 +236,9 @@ def test_auto_runs_both_paths_and_trains_like_none(runs):
 def test_none_keeps_torchrec_sharder():
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
 
-    assert type(make_ec_sharder("none", {}, {})) is EmbeddingCollectionSharder
+    assert type(CodecEmbeddingCollectionSharder.for_codecs("none", {}, {})) is EmbeddingCollectionSharder
     with pytest.raises(ValueError, match="comm.codec: unknown codec"):
-        make_ec_sharder("dedupp", {}, {})
+        CodecEmbeddingCollectionSharder.for_codecs("dedupp", {}, {})
 
 
 # ------------------------------------------------ comm.dedup_at: source (the loader's distinct ids)
