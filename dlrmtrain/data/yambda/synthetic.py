@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from dlrmtrain.config.schema import SyntheticYambdaConfig
-from dlrmtrain.data.yambda.batch import SampleColumns
+from dlrmtrain.data.yambda.batch import HISTORY_COLUMNS, BatchValues, SampleColumns
 from dlrmtrain.data.yambda.cross_hash import cross_ids, hour_of_day, unit_hash
 from dlrmtrain.data.yambda.events import LIKE_BIT, LP_BIT, SKIP_BIT
 
@@ -269,22 +269,23 @@ class YambdaLikeGenerator:
         anchors = (self.profile.history_length + ks).tolist()
         starts = (self.profile.history_length + ks - lengths).tolist()
 
-        def history(field: str) -> np.ndarray:  # each sample's events just before its anchor
-            parts = [getattr(ev, field)[s:a] for ev, s, a in zip(events, starts, anchors)]
-            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
         def at_anchor(field: str) -> np.ndarray:
             return np.array([getattr(ev, field)[a] for ev, a in zip(events, anchors)], np.int64)
 
-        history_cols = {c: history(f) for c, f in (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"),
-                                                    ("action_weight", "bits"), ("action_timestamp", "timestamp"))}
+        made = BatchValues(len(users), int(lengths.sum()))  # the histories go straight to the KJT's values
+        for column, field in (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"),
+                              ("action_weight", "bits"), ("action_timestamp", "timestamp")):
+            if events:  # each sample's events just before its anchor
+                np.concatenate([getattr(ev, field)[s:a] for ev, s, a in zip(events, starts, anchors)],
+                               out=made.of[column])
         anchor = {c: at_anchor(f) for c, f in (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"),
                                                ("ts", "timestamp"), ("is_organic", "organic"), ("bits", "bits"))}
-        return self._sample_columns(users, lengths, history_cols, anchor)
+        return self._sample_columns(users, lengths, made, anchor)
 
-    def _sample_columns(self, users: np.ndarray, lengths: np.ndarray, history: dict[str, np.ndarray],
+    def _sample_columns(self, users: np.ndarray, lengths: np.ndarray, made: BatchValues,
                         anchor: dict[str, np.ndarray]) -> SampleColumns:
         """The samples' columns from their histories and anchor events: crosses and candidates."""
+        history = {c: made.of[c] for c in HISTORY_COLUMNS}
         ends = np.cumsum(lengths)
         query_time = np.where(lengths > 0, history["action_timestamp"][np.maximum(ends - 1, 0)]
                               if len(history["action_timestamp"]) else 0, anchor["ts"])
@@ -297,7 +298,8 @@ class YambdaLikeGenerator:
             history_lengths=lengths, history=history,
             candidate={"item_candidate_id": anchor["item_id"], "item_candidate_artist_id": anchor["artist_id"],
                        "item_candidate_album_id": anchor["album_id"], "item_query_time": query_time,
-                       "item_action_weight": np.where(anchor["bits"] == LP_BIT, LP_BIT, 0).astype(np.int64)})
+                       "item_action_weight": np.where(anchor["bits"] == LP_BIT, LP_BIT, 0).astype(np.int64)},
+            values=made)
 
 
 def scaled_profile(profile: YambdaLikeProfile, **changes: object) -> YambdaLikeProfile:

@@ -8,6 +8,7 @@ import torch
 
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.yambda import build_yambda_loaders
+from dlrmtrain.data.yambda.batch import to_sequence_batch
 from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, CROSS_SPECS, UIH_FEATURES
@@ -108,6 +109,18 @@ def test_the_batch_layout_is_the_contract():
     assert batch.labels().tolist() == (cols.candidate["item_action_weight"] == 1).astype(float).tolist()
     assert torch.equal(batch.sparse["item_candidate_id"].values(),
                        torch.from_numpy(cols.candidate["item_candidate_id"]))
+
+
+def test_histories_written_in_place_make_the_batch_copies_make():
+    cols = YambdaLikeGenerator(PROFILE, CROSSES).columns(np.arange(8, 20))
+    copied = cols.take(np.arange(12))                      # the same samples in new arrays
+    assert cols.values is not None and copied.values is None
+    in_place, from_copies = to_sequence_batch(cols), to_sequence_batch(copied)
+    for name in ("uih", "candidates", "sparse"):
+        a, b = getattr(in_place, name), getattr(from_copies, name)
+        assert kjt_equal(a, b) and a.length_per_key() == b.length_per_key(), name
+    assert torch.equal(in_place.sparse.values(), torch.cat([in_place.uih.values(), in_place.candidates.values()]))
+    assert torch.equal(in_place.sparse.lengths(), torch.cat([in_place.uih.lengths(), in_place.candidates.lengths()]))
 
 
 def test_bad_settings_name_their_key():
