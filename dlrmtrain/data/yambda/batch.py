@@ -16,9 +16,13 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrmtrain.data.recycled import RecycledArrays
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, HISTORY_FEATURES, UIH_FEATURES, SequenceBatch
 
 HISTORY_COLUMNS = ("item_id", "artist_id", "album_id", "action_weight", "action_timestamp")
+RECYCLED_VALUES = RecycledArrays(keep=4)
+"""The buffers of batches' values, used again once a batch is gone (~0.15 GB each at the
+reference shape: 4 kept free at most, about what a loader's workers and prefetch hold)."""
 
 
 class BatchValues:
@@ -26,13 +30,14 @@ class BatchValues:
     (UIH_FEATURES then CANDIDATE_FEATURES, key-major), with a view per key (`of`). A source
     may write its history columns straight into `of[column]` and hand those views on in its
     `SampleColumns`: `to_sequence_batch` then leaves them in place (at the reference shape one
-    copy of ~0.1 GB of new memory a batch fewer)."""
+    copy of ~0.1 GB of new memory a batch fewer). The array comes from RECYCLED_VALUES: memory
+    an earlier, finished batch used, where there is one (data/recycled.py)."""
 
     def __init__(self, batch_size: int, history_events: int) -> None:
         self.batch_size, self.history_events = batch_size, history_events
         keys = [*UIH_FEATURES, *CANDIDATE_FEATURES]
         sizes = [history_events if k in HISTORY_FEATURES else batch_size for k in keys]
-        self.array = np.empty(sum(sizes), dtype=np.int64)
+        self.array = RECYCLED_VALUES.empty(sum(sizes))
         ends = np.cumsum(sizes).tolist()
         self.of = {k: self.array[e - n:e] for k, n, e in zip(keys, sizes, ends)}
 

@@ -186,6 +186,17 @@ def test_several_workers_make_the_same_batches_in_the_same_order(last_batch):
             assert all(torch.equal(x, y) for x, y in zip(a.sparse.expansion.reverse, b.sparse.expansion.reverse))
 
 
+def test_a_dropped_batchs_memory_is_used_again_and_a_kept_views_is_not():
+    loader, buffers, kept = _loader(2, "drop"), set(), []
+    for i, batch in enumerate(loader.batches_from(0)):
+        buffers.add(batch.uih.values().data_ptr())
+        if i % 2 == 0:
+            kept.append((i, batch.uih["item_id"].values()))  # a view: its batch's buffer stays taken
+    assert len(buffers) < loader.num_batches                 # the others' buffers came back
+    held = list(_loader(1, "drop").batches_from(0))           # every batch alive at once
+    assert all(torch.equal(v, held[i].uih["item_id"].values()) for i, v in kept)
+
+
 def test_a_loader_with_workers_shuts_down_when_its_reader_stops():
     import threading
 
