@@ -34,6 +34,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrmtrain.comm.codec import SampleSide
 from dlrmtrain.comm.dedup.unique import DistinctIds
 from dlrmtrain.comm.labels import PLACEMENT_KEY
+from dlrmtrain.recycled import RecycledArrays
 
 DEDUPED_SHARDING_TYPES = ("table_wise", "row_wise")
 """the sharding types whose ids are deduplicated; the others travel whole (identity inverse)"""
@@ -141,16 +142,21 @@ class SequenceSourceDedup:
 def _cat(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     if not parts:
         return like[:0]
-    if like.device.type == "cpu":  # the loader's thread: numpy's memory (below)
-        return torch.from_numpy(np.concatenate([p.numpy() for p in parts])).to(like.dtype)
+    if like.device.type == "cpu" and like.dtype == torch.int64:  # the loader's thread: recycled memory
+        out = _empty_int64(sum(p.numel() for p in parts))
+        np.concatenate([p.numpy() for p in parts], out=out.numpy())
+        return out
     return torch.cat(parts).to(like.dtype)
 
 
+RECYCLED = RecycledArrays(keep=4)
+"""The transform's large host tensors (the expansion's features and reverse index, ~65 MB
+each a reference-shape batch), over memory a finished batch's used (dlrmtrain/recycled.py):
+new memory's page faults were a third of the transform's time."""
+
+
 def _empty_int64(n: int) -> torch.Tensor:
-    """A host int64 tensor in numpy's memory: numpy asks the kernel for huge pages for large
-    arrays, torch's allocator does not, and a batch's ~0.13 GB of new tensors here otherwise
-    cost ~30 k page faults (a third of the transform's time at the reference shape)."""
-    return torch.from_numpy(np.empty(n, dtype=np.int64))
+    return torch.from_numpy(RECYCLED.empty(n))
 
 
 def _distinct(s: ShardingFeatures, lengths: list[torch.Tensor], values: list[torch.Tensor], B: int

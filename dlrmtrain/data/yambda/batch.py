@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.data.recycled import RecycledArrays
+from dlrmtrain.recycled import RecycledArrays
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, HISTORY_FEATURES, UIH_FEATURES, SequenceBatch
 
 HISTORY_COLUMNS = ("item_id", "artist_id", "album_id", "action_weight", "action_timestamp")
@@ -31,7 +31,7 @@ class BatchValues:
     may write its history columns straight into `of[column]` and hand those views on in its
     `SampleColumns`: `to_sequence_batch` then leaves them in place (at the reference shape one
     copy of ~0.1 GB of new memory a batch fewer). The array comes from RECYCLED_VALUES: memory
-    an earlier, finished batch used, where there is one (data/recycled.py)."""
+    an earlier, finished batch used, where there is one (dlrmtrain/recycled.py)."""
 
     def __init__(self, batch_size: int, history_events: int) -> None:
         self.batch_size, self.history_events = batch_size, history_events

@@ -31,15 +31,18 @@ class _Lease:
 
 
 class RecycledArrays:
-    """int64 arrays over buffers reused once nothing refers to them (thread-safe)."""
+    """int64 arrays over buffers reused once nothing refers to them (thread-safe); arrays
+shorter than `min_length` are plain new ones."""
 
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
+    def __init__(self, keep: int, min_length: int = 1 << 16) -> None:
+        self.keep, self.min_length = keep, min_length
         self._free: list[np.ndarray] = []
         self._lock = threading.RLock()  # a lease collected while the lock is held comes back in
 
     def empty(self, length: int) -> np.ndarray:
         """An uninitialised int64 array of `length` (its values: whatever its buffer last held)."""
+        if length < self.min_length:  # malloc's own free lists reuse small blocks; kept, they would crowd out
+            return np.empty(length, dtype=np.int64)
         buffer = self._take(length)
         if buffer is None:  # an eighth more: batches a little longer later still find it
             buffer = np.empty(length + length // 8, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""Recycled host arrays (data/recycled.py): a buffer comes back only when nothing refers to it."""
+"""Recycled host arrays (dlrmtrain/recycled.py): a buffer comes back only when nothing refers to it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import gc
 import numpy as np
 import torch
 
-from dlrmtrain.data.recycled import RecycledArrays
+from dlrmtrain.recycled import RecycledArrays
 
 
 def test_a_buffer_is_used_again_only_once_every_array_and_tensor_over_it_is_gone():
-    pool = RecycledArrays(keep=2)
+    pool = RecycledArrays(keep=2, min_length=100)
     a = pool.empty(1000)
     a[:] = 7
     first = a.ctypes.data
@@ -27,7 +27,7 @@ def test_a_buffer_is_used_again_only_once_every_array_and_tensor_over_it_is_gone
 
 
 def test_the_pool_keeps_a_few_buffers_and_hands_out_one_that_fits():
-    pool = RecycledArrays(keep=2)
+    pool = RecycledArrays(keep=2, min_length=100)
     a1, a2, a3 = pool.empty(1000), pool.empty(1000), pool.empty(3000)
     at = [a.ctypes.data for a in (a1, a2, a3)]
     del a1, a2, a3
@@ -37,3 +37,7 @@ def test_the_pool_keeps_a_few_buffers_and_hands_out_one_that_fits():
     assert x.ctypes.data == at[2] and y.ctypes.data not in at and pool.free == 1
     z = pool.empty(1100)                         # a2 was made an eighth longer than asked
     assert z.ctypes.data == at[1] and pool.free == 0
+    del x, y, z
+    tiny = pool.empty(99)                        # under min_length: never kept
+    del tiny
+    assert pool.free == 2
