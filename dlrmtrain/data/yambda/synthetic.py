@@ -166,6 +166,22 @@ class _UserDraws:
     """[U, events] the gaps (seconds) between consecutive events."""
 
 
+_HISTORY_FIELDS = (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"),
+                   ("action_weight", "bits"), ("action_timestamp", "timestamp"))
+"""A sample's history columns and the UserEvents fields they come from."""
+_ANCHOR_FIELDS = (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"), ("ts", "timestamp"),
+                  ("is_organic", "organic"), ("bits", "bits"))
+"""What a sample keeps of its anchor event, from those fields."""
+
+
+def _windows(events: np.ndarray, start: int, length: int, count: int) -> np.ndarray:
+    """[count, length] view: events[start + i : start + i + length] in row i (no copy)."""
+    if start < 0 or start + length + count - 1 > len(events):  # as_strided would read past the array
+        raise IndexError(f"windows {start}..{start + length + count - 1} outside {len(events)} events")
+    step = events.strides[0]
+    return np.lib.stride_tricks.as_strided(events[start:], (count, length), (step, step), writeable=False)
+
+
 class YambdaLikeGenerator:
     """Deterministic users and samples of a profile (same profile and seed: same data on every rank)."""
 
@@ -267,25 +283,26 @@ class YambdaLikeGenerator:
     def columns(self, sample_ids: np.ndarray, eval_split: bool = False) -> SampleColumns:
         """Features of train (or eval) samples `sample_ids`."""
         users, ks = self.sample_positions(sample_ids, eval_split)
-        order = users.tolist()
-        distinct = list(dict.fromkeys(order))
+        distinct = list(dict.fromkeys(users.tolist()))
         by_user = dict(zip(distinct, self.users(distinct)))
-        events = [by_user[u] for u in order]
-        lengths = np.array([ev.history_len for ev in events], np.int64)
-        anchors = (self.profile.history_length + ks).tolist()
-        starts = (self.profile.history_length + ks - lengths).tolist()
-
-        def at_anchor(field: str) -> np.ndarray:
-            return np.array([getattr(ev, field)[a] for ev, a in zip(events, anchors)], np.int64)
-
+        # runs of samples of one user at consecutive anchors (user-major: a user's samples), whose
+        # histories are consecutive windows of its events: one copy per run and column
+        cut = np.flatnonzero((users[1:] != users[:-1]) | (ks[1:] != ks[:-1] + 1)) + 1
+        runs = list(zip([0, *cut.tolist()], [*cut.tolist(), len(users)])) if len(users) else []
+        lengths = np.zeros(len(users), np.int64)
+        for first, end in runs:
+            lengths[first:end] = by_user[int(users[first])].history_len
         made = BatchValues(len(users), int(lengths.sum()))  # the histories go straight to the KJT's values
-        for column, field in (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"),
-                              ("action_weight", "bits"), ("action_timestamp", "timestamp")):
-            if events:  # each sample's events just before its anchor
-                np.concatenate([getattr(ev, field)[s:a] for ev, s, a in zip(events, starts, anchors)],
-                               out=made.of[column])
-        anchor = {c: at_anchor(f) for c, f in (("item_id", "item"), ("artist_id", "artist"), ("album_id", "album"),
-                                               ("ts", "timestamp"), ("is_organic", "organic"), ("bits", "bits"))}
+        anchor = {c: np.empty(len(users), np.int64) for c, _f in _ANCHOR_FIELDS}
+        at = 0
+        for first, end in runs:
+            ev, a = by_user[int(users[first])], self.profile.history_length + int(ks[first])
+            h, m = ev.history_len, end - first
+            for column, field in _HISTORY_FIELDS:
+                made.of[column][at:at + m * h].reshape(m, h)[...] = _windows(getattr(ev, field), a - h, h, m)
+            for column, field in _ANCHOR_FIELDS:
+                anchor[column][first:end] = getattr(ev, field)[a:a + m]
+            at += m * h
         return self._sample_columns(users, lengths, made, anchor)
 
     def _sample_columns(self, users: np.ndarray, lengths: np.ndarray, made: BatchValues,

@@ -8,7 +8,7 @@ import torch
 
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.yambda import build_yambda_loaders
-from dlrmtrain.data.yambda.batch import to_sequence_batch
+from dlrmtrain.data.yambda.batch import RECYCLED_VALUES, to_sequence_batch
 from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, CROSS_SPECS, UIH_FEATURES
@@ -186,7 +186,8 @@ def test_several_workers_make_the_same_batches_in_the_same_order(last_batch):
             assert all(torch.equal(x, y) for x, y in zip(a.sparse.expansion.reverse, b.sparse.expansion.reverse))
 
 
-def test_a_dropped_batchs_memory_is_used_again_and_a_kept_views_is_not():
+def test_a_dropped_batchs_memory_is_used_again_and_a_kept_views_is_not(monkeypatch):
+    monkeypatch.setattr(RECYCLED_VALUES, "min_length", 0)   # these batches are tiny
     loader, buffers, kept = _loader(2, "drop"), set(), []
     for i, batch in enumerate(loader.batches_from(0)):
         buffers.add(batch.uih.values().data_ptr())

@@ -160,6 +160,7 @@ def reference_history(gen: YambdaLikeGenerator, sample_ids: np.ndarray, eval_spl
 @pytest.mark.parametrize("profile, ids, eval_split", [
     (SMALL, np.array([37, 5, 1203, 6, 5, 0, 1599]), False),                 # repeats, out of order
     (SMALL, np.arange(0, 300, 7), True),
+    (SMALL, np.array([8, 9, 10, 11, 9, 10, 2, 3, 3]), False),                 # runs of anchors, broken and repeated
     (scaled_profile(SMALL, num_artists=5, history_length=3, min_history_fraction=0.0, artists_per_user=0.7,
                     albums_per_artist=1, seed=7), np.arange(40), False),   # often one favourite, histories of 1
 ])
