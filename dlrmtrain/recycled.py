@@ -32,10 +32,11 @@ class _Lease:
 
 class RecycledArrays:
     """int64 arrays over buffers reused once nothing refers to them (thread-safe); arrays
-shorter than `min_length` are plain new ones."""
+    shorter than `min_length` are plain new ones, and an array takes a free buffer at most
+    `slack` times its length (None: any longer one, for scratch whose untouched rest costs nothing)."""
 
-    def __init__(self, keep: int, min_length: int = 1 << 16) -> None:
-        self.keep, self.min_length = keep, min_length
+    def __init__(self, keep: int, min_length: int = 1 << 16, slack: float | None = 2.0) -> None:
+        self.keep, self.min_length, self.slack = keep, min_length, slack
         self._free: list[np.ndarray] = []
         self._lock = threading.RLock()  # a lease collected while the lock is held comes back in
 
@@ -52,9 +53,10 @@ shorter than `min_length` are plain new ones."""
         return np.asarray(lease)
 
     def _take(self, length: int) -> np.ndarray | None:
-        """The smallest free buffer that holds `length` values and is at most twice that."""
+        """The smallest free buffer that holds `length` values and at most `slack` times that."""
+        longest = None if self.slack is None else self.slack * length + 1
         with self._lock:
-            fits = [i for i, b in enumerate(self._free) if length <= len(b) <= 2 * length + 1]
+            fits = [i for i, b in enumerate(self._free) if length <= len(b) and (longest is None or len(b) <= longest)]
             if not fits:
                 return None
             best = min(fits, key=lambda i: len(self._free[i]))

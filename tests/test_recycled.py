@@ -41,3 +41,12 @@ def test_the_pool_keeps_a_few_buffers_and_hands_out_one_that_fits():
     tiny = pool.empty(99)                        # under min_length: never kept
     del tiny
     assert pool.free == 2
+
+
+def test_scratch_without_slack_takes_any_longer_buffer():
+    pool = RecycledArrays(keep=1, min_length=10, slack=None)
+    long = pool.empty(10_000)
+    at = long.ctypes.data
+    del long
+    short = pool.empty(20)                       # 500 times shorter: still the kept buffer
+    assert short.ctypes.data == at and pool.free == 0

@@ -32,9 +32,10 @@ per id (the reference shape's item table on one loaded AMD EPYC core; scripts/be
 --sections transform times the whole)"""
 
 
-RANK_TABLES = RecycledArrays(keep=4)
-"""The rank tables (up to a table's rows of int64: 75 MB for DLRMv4's items), used again by
-the next batch (dlrmtrain/recycled.py) rather than paged in anew each time"""
+RANK_TABLES = RecycledArrays(keep=4, slack=None)
+"""The rank tables (up to a table's rows of int64: 75 MB for DLRMv4's items), used again
+(dlrmtrain/recycled.py) rather than paged in anew each time: a table's ranks fit in any
+longer buffer (only its seen rows are written and read), so each loader thread cycles one"""
 
 
 class DistinctIds:
