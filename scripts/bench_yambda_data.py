@@ -28,6 +28,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -249,6 +250,26 @@ def _make_in_process(start: int, count: int) -> None:
             return
 
 
+def _parallel_ceiling() -> float:
+    """How much faster two threads make GIL-free numpy gathers of a batch's size (8 M ids from
+    the item table's 9.4 M rows) than one: the machine's own limit for memory-bound work (shared
+    caches and memory bandwidth), against which the workers' figure reads."""
+    rng = np.random.default_rng(0)
+    table = rng.integers(0, 1 << 40, 9_400_000)
+    ids = [rng.integers(0, len(table), 8_000_000) for _ in range(2)]
+    gather = lambda i: [np.take(table, ids[i]) for _ in range(3)]  # noqa: E731
+    t = time.perf_counter()
+    gather(0), gather(1)
+    one = time.perf_counter() - t
+    threads = [threading.Thread(target=gather, args=(i,)) for i in range(2)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return one / (time.perf_counter() - t)
+
+
 def workers_section(a: argparse.Namespace) -> None:
     """Per batch at the reference shape, one rank: the batch build and the transform in one
     thread, then the whole per-batch time as the step sees it with 1, 2 and 4 workers, rounds
@@ -281,7 +302,8 @@ def workers_section(a: argparse.Namespace) -> None:
         print(f"  {w} worker{'s' if w > 1 else ' '}: {_spread(times[w])}, "
               f"{base / statistics.median(times[w]):.2f}x the batches/s of 1; CPU s / wall s "
               f"{statistics.median(busy[w]):.2f}")
-    print(f"  (machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})")
+    print(f"  (machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; two threads of GIL-free "
+          f"numpy gathers alone: {_parallel_ceiling():.2f}x one)")
     _process_costs(a)
 
 

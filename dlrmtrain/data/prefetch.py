@@ -4,7 +4,8 @@ numpy copies and gathers, torch conversions, the KJT build and the source transf
 counting pass release the GIL for most of their time, so the batches' making overlaps
 the consumer's compute, and `workers` threads make several batches at once (threads,
 not processes: a batch is ~0.26 GB of tensors at DLRMv4's reference shape, which a
-process would copy into shared memory to hand over, ~0.7 s a batch on the build machine;
+process would copy into shared memory to hand over, 0.19–0.87 s a batch on the build machine
+by its load, about what making the batch costs;
 scripts/bench_yambda_data.py --sections workers measures both). Whatever `make` does (pinning, a sparse transform) runs on those
 threads, never on the consumer's.
 """
@@ -21,7 +22,7 @@ Out = TypeVar("Out")
 _MISSING = object()
 MAX_DEFAULT_WORKERS = 4
 """data.workers null gives at most this many: at the reference shape one quiet core makes a
-batch with its source transform in ~0.46 s, under the reference GPU step's ~0.8 s
+batch with its source transform in ~0.2 s of CPU, a quarter of the reference GPU step's ~0.8 s
 (data_prep/README.md); the rest of the rank's cores stay with the step"""
 
 

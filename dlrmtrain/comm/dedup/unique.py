@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from dlrmtrain.recycled import RecycledArrays
+
 SMALL = 4096
 """fewer ids than this: torch.unique (its sort costs less than the flags' allocation)"""
 ROWS_PER_ID = 64
@@ -28,6 +30,12 @@ ROWS_PER_ID = 64
 roughly 1 ns per row (zeroing and scanning the flags) and tens of ns per id, the sort ~200 ns
 per id (the reference shape's item table on one loaded AMD EPYC core; scripts/bench_yambda_data.py
 --sections transform times the whole)"""
+
+
+RANK_TABLES = RecycledArrays(keep=4, slack=None)
+"""The rank tables (up to a table's rows of int64: 75 MB for DLRMv4's items), used again
+(dlrmtrain/recycled.py) rather than paged in anew each time: a table's ranks fit in any
+longer buffer (only its seen rows are written and read), so each loader thread cycles one"""
 
 
 class DistinctIds:
@@ -64,7 +72,7 @@ class DistinctIds:
         if self._sorted is not None:
             made = self._sorted if labels is None else [labels[i] for i in self._sorted]
         else:
-            rank = np.empty(int(self._rows[-1]) + 1, dtype=np.int64)  # only the seen rows are written and read
+            rank = RANK_TABLES.empty(int(self._rows[-1]) + 1)  # only the seen rows are written and read
             rank[self._rows] = np.arange(self._rows.size) if labels is None else labels.numpy()
             if out is not None:  # the ids were checked to lie in the table: clip skips the bounds check
                 for p, o in zip(self._parts, out):

@@ -16,10 +16,30 @@ import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrmtrain.sequence_features import (CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, CROSS_NAMES, SequenceBatch,
-                                         UIH_FEATURES)
+from dlrmtrain.recycled import RecycledArrays
+from dlrmtrain.sequence_features import CANDIDATE_FEATURES, HISTORY_FEATURES, UIH_FEATURES, SequenceBatch
 
 HISTORY_COLUMNS = ("item_id", "artist_id", "album_id", "action_weight", "action_timestamp")
+RECYCLED_VALUES = RecycledArrays(keep=4)
+"""The buffers of batches' values, used again once a batch is gone (~0.15 GB each at the
+reference shape: 4 kept free at most, about what a loader's workers and prefetch hold)."""
+
+
+class BatchValues:
+    """A batch's KJT values in one int64 array, laid out as `SequenceBatch.sparse` has them
+    (UIH_FEATURES then CANDIDATE_FEATURES, key-major), with a view per key (`of`). A source
+    may write its history columns straight into `of[column]` and hand those views on in its
+    `SampleColumns`: `to_sequence_batch` then leaves them in place (at the reference shape one
+    copy of ~0.1 GB of new memory a batch fewer). The array comes from RECYCLED_VALUES: memory
+    an earlier, finished batch used, where there is one (dlrmtrain/recycled.py)."""
+
+    def __init__(self, batch_size: int, history_events: int) -> None:
+        self.batch_size, self.history_events = batch_size, history_events
+        keys = [*UIH_FEATURES, *CANDIDATE_FEATURES]
+        sizes = [history_events if k in HISTORY_FEATURES else batch_size for k in keys]
+        self.array = RECYCLED_VALUES.empty(sum(sizes))
+        ends = np.cumsum(sizes).tolist()
+        self.of = {k: self.array[e - n:e] for k, n, e in zip(keys, sizes, ends)}
 
 
 @dataclass
@@ -37,6 +57,8 @@ class SampleColumns:
     candidate: dict[str, np.ndarray]
     """item_candidate_id, item_candidate_artist_id, item_candidate_album_id, item_query_time,
     item_action_weight → [B]."""
+    values: BatchValues | None = None
+    """Where the source wrote the history columns in place (they are its views), else None."""
 
     def take(self, rows: np.ndarray) -> "SampleColumns":
         """The samples `rows` (in that order; repeats allowed, e.g. for eval padding)."""
@@ -51,25 +73,27 @@ class SampleColumns:
                              {k: v[rows] for k, v in self.candidate.items()})
 
 
-def _i64(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-
-
 def to_sequence_batch(cols: SampleColumns) -> SequenceBatch:
-    """The KJTs of UIH_FEATURES and CANDIDATE_FEATURES, in those key orders."""
+    """The KJTs of UIH_FEATURES and CANDIDATE_FEATURES, in those key orders: `sparse` over
+    one `BatchValues`, `uih` and `candidates` its two halves (views, no copy)."""
     b = len(cols.uid)
     hist_len = np.asarray(cols.history_lengths, dtype=np.int64)
     n_events = int(hist_len.sum())
-    uih_values = {"uid": cols.uid, **{name: cols.crosses[name] for name in CROSS_NAMES},
-                  **cols.history, "dummy_watch_time": np.zeros(n_events, np.int64)}
-    ones = np.ones(b, dtype=np.int64)
-    uih_lengths = [ones if k in CONTEXTUAL_FEATURES else hist_len for k in UIH_FEATURES]
-    uih = KeyedJaggedTensor(keys=list(UIH_FEATURES),
-                            values=_i64(np.concatenate([np.asarray(uih_values[k]) for k in UIH_FEATURES])),
-                            lengths=_i64(np.concatenate(uih_lengths)))
-    cand_values = {**cols.candidate, "item_dummy_watchtime": ones}
-    candidates = KeyedJaggedTensor(
-        keys=list(CANDIDATE_FEATURES),
-        values=_i64(np.concatenate([np.asarray(cand_values[k]) for k in CANDIDATE_FEATURES])),
-        lengths=_i64(np.ones(b * len(CANDIDATE_FEATURES))))
-    return SequenceBatch.of(uih, candidates)
+    made = cols.values
+    if made is None or (made.batch_size, made.history_events) != (b, n_events):
+        made = BatchValues(b, n_events)
+    sources = {"uid": cols.uid, **cols.crosses, **cols.history, **cols.candidate}
+    for key, view in made.of.items():
+        if key in ("dummy_watch_time", "item_dummy_watchtime"):
+            view.fill(0 if key == "dummy_watch_time" else 1)
+        elif sources[key] is not view:  # a history column the source wrote in place stays
+            np.copyto(view, sources[key], casting="unsafe")
+    values = torch.from_numpy(made.array)
+    n_uih = sum(len(made.of[k]) for k in UIH_FEATURES)
+    uih_lengths = np.concatenate([hist_len if k in HISTORY_FEATURES else np.ones(b, np.int64) for k in UIH_FEATURES])
+    lengths = torch.from_numpy(np.concatenate([uih_lengths, np.ones(b * len(CANDIDATE_FEATURES), np.int64)]))
+    uih = KeyedJaggedTensor(keys=list(UIH_FEATURES), values=values[:n_uih], lengths=lengths[:len(uih_lengths)])
+    candidates = KeyedJaggedTensor(keys=list(CANDIDATE_FEATURES), values=values[n_uih:],
+                                   lengths=lengths[len(uih_lengths):])
+    sparse = KeyedJaggedTensor.from_lengths_sync(keys=uih.keys() + candidates.keys(), values=values, lengths=lengths)
+    return SequenceBatch(uih, candidates, sparse)

@@ -8,6 +8,7 @@ import torch
 
 from dlrmtrain.config.schema import Config
 from dlrmtrain.data.yambda import build_yambda_loaders
+from dlrmtrain.data.yambda.batch import RECYCLED_VALUES, to_sequence_batch
 from dlrmtrain.data.yambda.loader import SequenceBatchLoader, SequenceLoaderSpec
 from dlrmtrain.data.yambda.synthetic import YambdaLikeGenerator, YambdaLikeProfile
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, CONTEXTUAL_FEATURES, CROSS_SPECS, UIH_FEATURES
@@ -110,6 +111,18 @@ def test_the_batch_layout_is_the_contract():
                        torch.from_numpy(cols.candidate["item_candidate_id"]))
 
 
+def test_histories_written_in_place_make_the_batch_copies_make():
+    cols = YambdaLikeGenerator(PROFILE, CROSSES).columns(np.arange(8, 20))
+    copied = cols.take(np.arange(12))                      # the same samples in new arrays
+    assert cols.values is not None and copied.values is None
+    in_place, from_copies = to_sequence_batch(cols), to_sequence_batch(copied)
+    for name in ("uih", "candidates", "sparse"):
+        a, b = getattr(in_place, name), getattr(from_copies, name)
+        assert kjt_equal(a, b) and a.length_per_key() == b.length_per_key(), name
+    assert torch.equal(in_place.sparse.values(), torch.cat([in_place.uih.values(), in_place.candidates.values()]))
+    assert torch.equal(in_place.sparse.lengths(), torch.cat([in_place.uih.lengths(), in_place.candidates.lengths()]))
+
+
 def test_bad_settings_name_their_key():
     from dlrmtrain.config.loader import ConfigError
     cfg = tiny_cfg()
@@ -171,6 +184,18 @@ def test_several_workers_make_the_same_batches_in_the_same_order(last_batch):
             assert torch.equal(wa, wb) and kjt_equal(a.uih, b.uih) and kjt_equal(a.candidates, b.candidates)
             assert kjt_equal(a.sparse, b.sparse)  # the transform's distinct ids ...
             assert all(torch.equal(x, y) for x, y in zip(a.sparse.expansion.reverse, b.sparse.expansion.reverse))
+
+
+def test_a_dropped_batchs_memory_is_used_again_and_a_kept_views_is_not(monkeypatch):
+    monkeypatch.setattr(RECYCLED_VALUES, "min_length", 0)   # these batches are tiny
+    loader, buffers, kept = _loader(2, "drop"), set(), []
+    for i, batch in enumerate(loader.batches_from(0)):
+        buffers.add(batch.uih.values().data_ptr())
+        if i % 2 == 0:
+            kept.append((i, batch.uih["item_id"].values()))  # a view: its batch's buffer stays taken
+    assert len(buffers) < loader.num_batches                 # the others' buffers came back
+    held = list(_loader(1, "drop").batches_from(0))           # every batch alive at once
+    assert all(torch.equal(v, held[i].uih["item_id"].values()) for i, v in kept)
 
 
 def test_a_loader_with_workers_shuts_down_when_its_reader_stops():
