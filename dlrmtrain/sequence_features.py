@@ -104,11 +104,23 @@ class SequenceBatch(Pipelineable):
 
     @classmethod
     def of(cls, uih: KeyedJaggedTensor, candidates: KeyedJaggedTensor) -> "SequenceBatch":
-        sparse = KeyedJaggedTensor.from_lengths_sync(
-            keys=uih.keys() + candidates.keys(),
-            values=torch.cat([uih.values(), candidates.values()]),
-            lengths=torch.cat([uih.lengths(), candidates.lengths()]),
-        )
+        """The batch of two KJTs (their values and lengths copied into `sparse`'s)."""
+        return cls.joined(torch.cat([uih.values(), candidates.values()]),
+                          torch.cat([uih.lengths(), candidates.lengths()]),
+                          uih.values().numel(), uih.lengths().numel())
+
+    @classmethod
+    def joined(cls, values: torch.Tensor, lengths: torch.Tensor, uih_values: int,
+               uih_lengths: int) -> "SequenceBatch":
+        """The batch whose `sparse` holds `values` and `lengths` (UIH_FEATURES then
+        CANDIDATE_FEATURES, key-major); `uih` and `candidates` are views of its two parts,
+        the first `uih_values` values and `uih_lengths` lengths, and the rest (no copy)."""
+        uih = KeyedJaggedTensor(keys=list(UIH_FEATURES), values=values[:uih_values],
+                                lengths=lengths[:uih_lengths])
+        candidates = KeyedJaggedTensor(keys=list(CANDIDATE_FEATURES), values=values[uih_values:],
+                                       lengths=lengths[uih_lengths:])
+        sparse = KeyedJaggedTensor.from_lengths_sync(keys=list(UIH_FEATURES) + list(CANDIDATE_FEATURES),
+                                                     values=values, lengths=lengths)
         return cls(uih, candidates, sparse)
 
     @property

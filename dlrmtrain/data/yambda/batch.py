@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrmtrain.recycled import RecycledArrays
 from dlrmtrain.sequence_features import CANDIDATE_FEATURES, HISTORY_FEATURES, UIH_FEATURES, SequenceBatch
@@ -92,8 +91,4 @@ def to_sequence_batch(cols: SampleColumns) -> SequenceBatch:
     n_uih = sum(len(made.of[k]) for k in UIH_FEATURES)
     uih_lengths = np.concatenate([hist_len if k in HISTORY_FEATURES else np.ones(b, np.int64) for k in UIH_FEATURES])
     lengths = torch.from_numpy(np.concatenate([uih_lengths, np.ones(b * len(CANDIDATE_FEATURES), np.int64)]))
-    uih = KeyedJaggedTensor(keys=list(UIH_FEATURES), values=values[:n_uih], lengths=lengths[:len(uih_lengths)])
-    candidates = KeyedJaggedTensor(keys=list(CANDIDATE_FEATURES), values=values[n_uih:],
-                                   lengths=lengths[len(uih_lengths):])
-    sparse = KeyedJaggedTensor.from_lengths_sync(keys=uih.keys() + candidates.keys(), values=values, lengths=lengths)
-    return SequenceBatch(uih, candidates, sparse)
+    return SequenceBatch.joined(values, lengths, n_uih, len(uih_lengths))
