@@ -398,7 +398,8 @@ class AutoConfig:
     close_call_retimes: int = 2
     """A close call (a measured gap within `margin`, or within the probe's own spread of step
     times, or against what the bytes say) stays open: the cheaper-looking path runs and both are
-    timed again at the next check point, with twice the steps each time, at most this many times
+    timed again at the next check point, each time adding `probe_steps` more steps of each path
+    to the call's evidence, at most this many times
     (0: settled at once, as the cheaper-looking path; negative refused)."""
     table_keep_fraction: float = 0.9
     """A table whose distinct fraction is at least this keeps the stock path (dedup saves

@@ -29,10 +29,14 @@ between two training passes through one all-to-all) under each path:
    the bytes say (dedup would save more than `margin` of a `none` step on the
    link), is not a verdict. The cheaper-looking path runs (dedup where the bytes
    say so, else the current path) and both are timed again at the next check
-   point (`check_every` steps on: `retime_due`) with twice the steps of the last
-   timing, until the gap is clear or `close_call_retimes` re-timings were made;
-   then the last timing's clear winner is kept, or on a gap still within the
-   band the cheaper-looking path, and the line says which and why;
+   point (`check_every` steps on: `retime_due`): each re-timing adds `probe_steps`
+   more steps of each path to the call's evidence (medians and spread over all its
+   timings' steps, so the band narrows as they grow), until the gap is clear or
+   `close_call_retimes` re-timings were made; then the last timing's clear winner
+   is kept, or on a gap still within the band the cheaper-looking path, and the
+   line says which and why. Adding to the evidence, not starting afresh, keeps an
+   open call's cost on the slower path to `probe_steps` steps a re-timing: what
+   it buys is certainty, and fresh doubled samples threw the earlier ones away;
 5. steady: every `check_every` steps the caller asks `local_drift()` (again
    agreed over ranks); after at least `min_dwell` steps on one decision, a
    step time or distinct fraction that moved by more than `drift` from what
@@ -162,6 +166,10 @@ class AutoPolicy(AutoConfig):
     _recent: list = field(default_factory=list, init=False)
     _open: int = field(default=0, init=False)
     """timings of the current question that ended in a close call (0: none open)"""
+    _evidence: dict = field(default_factory=lambda: {p: [] for p in PATHS}, init=False)
+    """an open close call's timed steps per path so far (a re-timing adds to them)"""
+    _carried: int = field(default=0, init=False)
+    """steps per path the running probe took over from the open call's evidence"""
 
     @classmethod
     def of(cls, settings: AutoConfig) -> AutoPolicy:
@@ -223,9 +231,10 @@ class AutoPolicy(AutoConfig):
             return {ahead.path(), PATHS[0]}
         return {ahead.path()}
 
-    def _start(self, phase: str) -> None:
+    def _start(self, phase: str, evidence: dict | None = None) -> None:
         self.phase, self._phase_start = phase, self.step
-        self._samples = {p: [] for p in PATHS}
+        self._samples = {p: list((evidence or {}).get(p, [])) for p in PATHS}
+        self._carried = min(len(s) for s in self._samples.values())
 
     # ----------------------------------------------------------- decisions
     def needs_decision(self) -> bool:
@@ -236,17 +245,27 @@ class AutoPolicy(AutoConfig):
         """A probe step where a clear-cut result may end it (the same steps on every rank):
         the caller agrees `local_extremes()` over ranks (MAX) and asks `clear_cut`."""
         n_none, n_dedup = (len(self._samples[p]) for p in ("none", "dedup"))
+        # a re-timing may end early only on its own new steps (the carried ones were a close call)
         return self.phase == "probe" and n_none == n_dedup and \
-            self.min_probe_steps <= n_none < self.probe_length()
+            self.min_probe_steps <= n_none - self._carried and n_none < self.probe_length()
 
     def probe_length(self) -> int:
-        """Timed steps per path of the running probe: `probe_steps`, doubled per open close call."""
-        return self.probe_steps * 2 ** self._open
+        """Timed steps per path the running probe ends with: `probe_steps`, and `probe_steps`
+        more per timing of an open close call (its evidence so far is carried over)."""
+        return self.probe_steps * (1 + self._open)
 
     def local_extremes(self) -> list[float]:
-        """[slowest none, -fastest none, slowest dedup, -fastest dedup]: a MAX over ranks gives the global ones."""
-        none, dedup = _read(self._samples["none"]), _read(self._samples["dedup"])
+        """[slowest none, -fastest none, slowest dedup, -fastest dedup] of the running probe's own
+        steps (a re-timing's new ones): a MAX over ranks gives the global ones."""
+        none, dedup = (_read(self._samples[p][self._carried:]) for p in ("none", "dedup"))
         return [max(none), -min(none), max(dedup), -min(dedup)]
+
+    def _decisive(self) -> dict[str, list]:
+        """The steps a decision now rests on: a probe cut short by a clear-cut result, its own
+        (an open call's earlier steps were close: the new ones alone are decisive); one that ran
+        its length, all of the call's evidence."""
+        cut_short = min(len(s) for s in self._samples.values()) < self.probe_length()
+        return {p: s[self._carried:] if cut_short else s for p, s in self._samples.items()}
 
     def clear_cut(self, extremes: list[float]) -> bool:
         """Every step of one path beat every step of the other by more than `clear_margin`."""
@@ -254,7 +273,8 @@ class AutoPolicy(AutoConfig):
         return dedup_max * (1 + self.clear_margin) < none_min or none_max * (1 + self.clear_margin) < dedup_min
 
     def local_medians(self) -> tuple[float, float]:
-        return statistics.median(_read(self._samples["none"])), statistics.median(_read(self._samples["dedup"]))
+        steps = self._decisive()
+        return statistics.median(_read(steps["none"])), statistics.median(_read(steps["dedup"]))
 
     def timed_steps(self, path: str) -> int:
         """Steps of `path` the running probe has timed."""
@@ -265,7 +285,8 @@ class AutoPolicy(AutoConfig):
         ranks divided by their number gives the agreed ones: `decide(n, d, f, max(spreads))`);
         a spread: the relative median absolute deviation of the path's steps, times
         sqrt(probe_steps / its steps)."""
-        none, dedup = _read(self._samples["none"]), _read(self._samples["dedup"])
+        steps = self._decisive()
+        none, dedup = _read(steps["none"]), _read(steps["dedup"])
         # a median's own noise shrinks as the square root of its steps: a re-timing with 4x the
         # steps of a first probe has half its band
         narrower = math.sqrt(self.probe_steps / max(1, min(len(none), len(dedup))))
@@ -302,6 +323,7 @@ class AutoPolicy(AutoConfig):
         self._reference = times[choice]
         self._reference_fraction = distinct_fraction
         self._recent = []
+        self._evidence = self._samples if self._open else {p: [] for p in PATHS}
         self._start("steady")
         return decision
 
@@ -333,7 +355,8 @@ class AutoPolicy(AutoConfig):
             else "measured faster" if choice == clear else "the path it was on"
         if self._open:
             return f"{what}; {choice} kept for now ({why}), both timed again at step " \
-                   f"{self.step + self.check_every} with {self.probe_length()} steps each"
+                   f"{self.step + self.check_every} with {self.probe_steps} more steps each " \
+                   f"({self.probe_length()} in all)"
         return f"{what}; {choice} kept after {timings} timings ({why})"
 
     def retime_due(self) -> bool:
@@ -346,7 +369,9 @@ class AutoPolicy(AutoConfig):
 
     def reprobe_line(self, why: str) -> str:
         """The line of a new probe starting now (call after `reprobe`; listed with the decisions)."""
-        return f"step {self.step}: {REPROBE} ({self.probe_length()} steps each): {why}"
+        steps = f"{self.probe_length() - self._carried} more steps each, {self.probe_length()} in all" \
+            if self._carried else f"{self.probe_length()} steps each"
+        return f"step {self.step}: {REPROBE} ({steps}): {why}"
 
     def check_due(self) -> bool:
         """Whether this step is a drift check point (the same steps on every rank)."""
@@ -385,8 +410,9 @@ class AutoPolicy(AutoConfig):
 
     def reprobe(self) -> None:
         """Some rank saw drift (agreed by the caller), or a close call is re-timed: probe both
-        paths again (`probe_length` steps each)."""
-        self._start("probe")
+        paths again, until `probe_length` steps each (a re-timing adds to the open call's
+        evidence; drift starts afresh: what the decision saw is what moved)."""
+        self._start("probe", self._evidence if self._open else None)
 
     def table_choices(self, distinct_fraction: dict[str, float]) -> dict[str, str]:
         """Under `dedup`: `none` for tables whose (agreed) distinct fraction leaves almost nothing to save."""
