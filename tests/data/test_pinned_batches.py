@@ -85,3 +85,41 @@ def test_a_pinned_batch_is_copied_without_blocking(tmp_path):
     on_gpu = batch.to(torch.device("cuda"), non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(on_gpu.dense_features.cpu(), batch.dense_features)
+
+
+def test_a_sequence_batch_moves_its_values_once_and_its_parts_stay_views_of_them():
+    """`uih` and `candidates` are views of `sparse`: a device copy or a pin moves `sparse` (and
+    `distinct_sparse`) once and takes the parts as views of the moved values again, with their
+    per-key lengths (no host sync to split them on a device)."""
+    from tests.models.hstu_batches import make_batch
+
+    batch = make_batch([[(1, 2, 3, 1, 100), (4, 5, 6, 0, 200)], [(7, 8, 9, 1, 300)]],
+                       [(10, 11, 12, 1, 400), (13, 14, 15, 0, 500)], users=[5, 6])
+    batch.distinct_sparse = batch.sparse
+    moves = []
+
+    def copy(kjt):  # a device copy's stand-in: new storage
+        moves.append(kjt)
+        return type(kjt)(
+            keys=kjt.keys(), values=kjt.values().clone(), lengths=kjt.lengths().clone(),
+            stride=kjt.stride(), length_per_key=kjt.length_per_key())
+
+    moved = batch.moved(copy)
+    assert [id(k) for k in moves] == [id(batch.sparse)] * 2  # sparse and distinct_sparse, not the parts
+    storage = moved.sparse.values().untyped_storage().data_ptr()
+    assert storage != batch.sparse.values().untyped_storage().data_ptr()
+    for part, before in ((moved.uih, batch.uih), (moved.candidates, batch.candidates)):
+        assert part.values().untyped_storage().data_ptr() == storage
+        assert part.keys() == before.keys() and part.length_per_key() == before.length_per_key()
+        assert torch.equal(part.values(), before.values()) and torch.equal(part.lengths(), before.lengths())
+    assert torch.equal(moved.labels(), batch.labels())
+    # `to` is such a move: on another device the parts are views of the moved sparse values
+    meta = batch.to(torch.device("meta"))
+    assert meta.uih.values()._base is meta.sparse.values() and meta.candidates.values()._base is meta.sparse.values()
+    # sparse holding something else (dedup at the source: the distinct ids): each KJT moves
+    moves.clear()
+    distinct_form = SequenceBatch(batch.uih, batch.candidates, copy(batch.sparse))
+    moves.clear()
+    other = distinct_form.moved(copy)
+    assert [id(k) for k in moves] == [id(batch.uih), id(batch.candidates), id(distinct_form.sparse)]
+    assert torch.equal(other.uih.values(), batch.uih.values())
