@@ -23,7 +23,7 @@ forward output's dtype, so the TBE receives bf16 either way. Two levels
 (`comm.hierarchy: node`) round twice: the rank's sum, then the forwarder's sum
 over its node's ranks (`dedup/two_level/transport.py`), each accumulated in fp32.
 A lossy codec (`fp16`, `bf16`, `int8`, `fp8`, `dedup+fp16`, `dedup+bf16`) on bf16 rows
-is refused by name (comm/registry.validate_wire_precision): it would round the bf16
+is refused by name (comm/codec_choice.validate_wire_precision): it would round the bf16
 row a second time instead of once from the fp32 sum. DLRMv4's rows stay fp32 under
 bf16 (below), so its reference wire `dedup+fp16` rounds once, from fp32.
 

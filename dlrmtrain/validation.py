@@ -12,21 +12,24 @@ and planner limits; comm: the codec choice), and what differs per model family i
 its workload's (dlrmtrain/workloads/: which sources feed it, which checks apply,
 what it refuses). This module only calls them: config/ sits below those packages
 and must not import them.
+
+The checks read what codecs declare (comm/declarations.py), never their torch
+implementations: `dlrmtrain train` runs them in the launching process, before the
+ranks start, without importing TorchRec or fbgemm (tests/test_validation_imports.py).
 """
 
 from __future__ import annotations
 
 import copy
 
-from dlrmtrain.comm import placement
-from dlrmtrain.comm.registry import (
-    available_codecs, validate_codec_choice, validate_hierarchy, validate_wire_precision)
+from dlrmtrain.comm import placement_choice
+from dlrmtrain.comm.codec_choice import validate_codec_choice, validate_hierarchy, validate_wire_precision
+from dlrmtrain.comm.declarations import available_codecs
 from dlrmtrain.comm.topology import Hierarchy, check_ranks_per_node, ranks_per_node
 from dlrmtrain.config import checks
 from dlrmtrain.config.loader import ConfigError
 from dlrmtrain.config.schema import Config
-from dlrmtrain.distributed.planner import check_sharding_config
-from dlrmtrain.precision import emulated_bf16_note
+from dlrmtrain.distributed.sharding_checks import check_sharding_config
 from dlrmtrain.workloads import Workload, workload_of
 
 
@@ -61,7 +64,7 @@ def _check_codecs(cfg: Config, device_type: str) -> None:
         validate_codec_choice(cfg.comm.codec, cfg.comm.table_codecs, device_type)
         validate_wire_precision(cfg.comm.codec, cfg.comm.table_codecs, workload_of(cfg).table_precision(cfg))
         # where the codec runs: an explicit side the family's path cannot take is refused
-        placement.check(cfg.comm, workload_of(cfg).collection_kind, cfg.optim.name)
+        placement_choice.check(cfg.comm, workload_of(cfg).collection_kind, cfg.optim.name)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -101,25 +104,25 @@ def resolve_config(cfg: Config) -> Config:
     workload = workload_of(cfg)
     if cfg.data.source in workload.sources:  # another family's source: validate_config refuses it
         workload.resolve(resolved)
-    if placement.unresolved(resolved.comm):  # after the tables: their plan is part of the choice
-        placement.set_value(resolved.comm, resolved_placement(resolved)[0])
+    if placement_choice.unresolved(resolved.comm):  # after the tables: their plan is part of the choice
+        placement_choice.set_value(resolved.comm, resolved_placement(resolved)[0])
     return resolved
 
 
 def resolved_placement(cfg: Config) -> tuple[str, str | None]:
     """What an unset placement becomes on `cfg` (its other keys resolved), and why when it is
-    the owner for a reason (comm/placement.py's `resolve`; its own value is not read)."""
+    the owner for a reason (comm/placement_choice.py's `resolve`; its own value is not read)."""
     workload = workload_of(cfg)
-    return placement.resolve(cfg.comm, workload.collection_kind, cfg.optim.name,
+    return placement_choice.resolve(cfg.comm, workload.collection_kind, cfg.optim.name,
                              lambda: _row_wise_tables(cfg, workload))
 
 
 def placement_note(loaded: Config, resolved: Config) -> str | None:
     """The line a run prints when its placement was left unset (`loaded`) and resolved to the
-    owner for a reason (comm/placement.py's `note`); else None."""
-    if not placement.unresolved(loaded.comm):
+    owner for a reason (comm/placement_choice.py's `note`); else None."""
+    if not placement_choice.unresolved(loaded.comm):
         return None
-    return placement.note(*resolved_placement(resolved))
+    return placement_choice.note(*resolved_placement(resolved))
 
 
 def start_notes(loaded: Config, resolved: Config, rank: int) -> list[str]:
@@ -128,6 +131,8 @@ def start_notes(loaded: Config, resolved: Config, rank: int) -> list[str]:
     rank that prints, pays for the measurement it quotes)."""
     notes = [placement_note(loaded, resolved)]
     if rank == 0:
+        from dlrmtrain.precision import emulated_bf16_note  # torch and fbgemm: a rank's start only
+
         notes.append(emulated_bf16_note(resolved.precision.mode, resolved_device_type(resolved)))
     return [note for note in notes if note]
 
@@ -146,7 +151,7 @@ def _row_wise_tables(cfg: Config, workload: Workload) -> tuple[int, int]:
 
 def unresolved_keys(cfg: Config) -> list[str]:
     """Keys still null that `resolve_config` fills in (empty for a resolved config)."""
-    return workload_of(cfg).unresolved_keys(cfg) + placement.unresolved(cfg.comm)
+    return workload_of(cfg).unresolved_keys(cfg) + placement_choice.unresolved(cfg.comm)
 
 
 def _check_data(cfg: Config, world_size: int, workload: Workload) -> None:

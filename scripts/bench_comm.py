@@ -335,7 +335,7 @@ def checked_contenders(args: argparse.Namespace) -> dict[str, tuple[str, str]]:
     """`--codec` as {contender: (codec, flat|node)}, each one this run can time on CPU ranks;
     `none` moved first (the lossy codecs' error baseline)."""
     from dlrmtrain.comm.labels import CODEC_NAMES, parse_contender
-    from dlrmtrain.comm.registry import validate_codec_choice
+    from dlrmtrain.comm.codec_choice import validate_codec_choice
     try:
         contenders = {c: parse_contender(c) for c in args.codec}
     except ValueError as e:
@@ -377,7 +377,8 @@ class Labels:
     """How the tables name each contender (`(LOSSY)` where it is) and its wire bytes per value."""
 
     def __init__(self, args: argparse.Namespace, contenders: dict[str, tuple[str, str]]) -> None:
-        from dlrmtrain.comm.registry import lossy_codecs, wire_bytes_per_value
+        from dlrmtrain.comm.declarations import lossy_codecs
+        from dlrmtrain.comm.registry import wire_bytes_per_value
         self.label = {c: f"{c} (LOSSY)" if c in lossy_codecs() else c for c in args.codec}
         self.width = max(len(v) for v in self.label.values()) + 1
         self.wire = {c: wire_bytes_per_value(name) for c, (name, _) in contenders.items()}

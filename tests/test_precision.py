@@ -60,11 +60,11 @@ def test_cpu_flags_reads_x86_and_arm64_cpuinfo(tmp_path):
 def test_only_rank_0_measures_the_bf16_note_and_the_run_prints_what_it_returns(monkeypatch):
     """train.py prints validation.start_notes: the bf16 line comes from rank 0 only (the rank
     that prints it pays for the matmul it quotes), beside the placement's note."""
-    from dlrmtrain import validation
+    from dlrmtrain import precision, validation
     from dlrmtrain.config.schema import Config
 
-    asked = []
-    monkeypatch.setattr(validation, "emulated_bf16_note",
+    asked = []  # start_notes imports the note from precision.py when it runs (the CLI's check never does)
+    monkeypatch.setattr(precision, "emulated_bf16_note",
                         lambda mode, device: asked.append((mode, device)) or f"note {mode} {device}")
     cfg = Config()
     cfg.precision.mode = "bf16"

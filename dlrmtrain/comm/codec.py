@@ -17,11 +17,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.nn as nn
 
+from dlrmtrain.comm.declarations import CodecDeclaration, CollectionKind, Side, declaration_of
 from dlrmtrain.comm.layout import DistLayout, Layout, RowWiseLayout, SequenceLayout
 from dlrmtrain.comm.topology import FLAT, Hierarchy, NodeGroups
 
@@ -33,19 +34,6 @@ if TYPE_CHECKING:
     from dlrmtrain.comm.stats import CommCounters
 
     from dlrmtrain.config.schema import AutoConfig
-
-CollectionKind = Literal["pooled", "sequence"]
-"""what an all-to-all carries: pooled rows (EmbeddingBagCollection) or one row per id (EmbeddingCollection)"""
-
-
-def check_kind_takes_hierarchy(hierarchy: Hierarchy, kind: CollectionKind) -> None:
-    """`comm.hierarchy: node` has a two-level route for pooled embeddings only: the one
-    statement of the rule, asked by `registry.validate_hierarchy` (config validation, with
-    the model family's `Workload.collection_kind`, and each sharder) and by the codecs."""
-    if hierarchy.kind == "node" and kind != "pooled":
-        raise ValueError("comm.hierarchy: node covers pooled embeddings only; sequence embeddings "
-                         "take comm.hierarchy: flat")
-
 
 @dataclass(frozen=True)
 class DistSpec:
@@ -84,18 +72,9 @@ class DistSpec:
         return set(layout.tables) if layout is not None else set()
 
 
-Side = Literal["owner", "sample"]
-"""where a codec's work on an all-to-all runs: at the `owner` (its output dist, after the id
-all-to-all) or on the `sample` side (where the batch is made; TorchRec's stock dists carry what
-it made): comm/placement.py"""
-
 class SampleSide(ABC):
     """What a codec needs to run on one collection kind where the batch is made (`Side` "sample"),
     asked by comm/placement.py: TorchRec's stock dists carry what `transform` makes of each batch."""
-
-    keeps_tables_whole: bool
-    """whether tables whose codec does not dedup travel whole beside the codec's (pooled: their
-    features keep their bags); else every table of the collection takes the run's codec"""
 
     @abstractmethod
     def sharder(self, fused_params: dict[str, Any]) -> ModuleSharder:
@@ -107,7 +86,7 @@ class SampleSide(ABC):
     @abstractmethod
     def transform(self, model: nn.Module, whole_tables: frozenset[str]) -> Callable:
         """The loader's batch transform (sparse features → what the stock dists carry) for the
-        sharded `model`; `whole_tables` travel whole (where `keeps_tables_whole`)."""
+        sharded `model`; `whole_tables` travel whole (where the codec's `whole_beside_at_sample` has the kind)."""
 
     def picker(self, device: torch.device, counters: CommCounters) -> Any:
         """None: every batch takes the transform; else the per-batch chooser the trainer asks
@@ -116,25 +95,33 @@ class SampleSide(ABC):
         return None
 
 
-DECLARED = ("name", "lossless", "dedups", "sides", "runs_under_two_levels")
-"""what every codec declares itself (no defaults: `check_declared`, asked at registration)"""
-
-
 class EmbeddingCommCodec(ABC):
+    """A codec's facts are `CodecDeclaration`'s fields (declarations.py), as attributes: a built-in
+    codec takes its own from `declarations.BUILT_IN` (`declare`), where the config check reads
+    them without torch; another codec says them itself (`name`, `lossless`, `dedups`, `sides`,
+    `runs_under_two_levels`: no defaults) and `registry.register_codec` declares them."""
+
     name: str
-    """the name used in config (`comm.codec`, `comm.table_codecs`)"""
     lossless: bool
-    """True when training is the same as without the codec (up to float summation order)"""
     dedups: bool
-    """True when it finds distinct rows (a run's unset placement is resolved only where one does)"""
     sides: frozenset[Side]
-    """where its tables may travel (`Side`): "owner" through its output dist; "sample" where the
-    batch is made (`none`: its tables travel whole either way)"""
     runs_under_two_levels: bool
-    """whether it may be a table's codec under `comm.hierarchy: node` (two-level dists, or a table
-    that travels whole); a lossy wire would round twice on the way"""
+    qcomms: bool = False
+    gpu_only: str | None = None
+    whole_beside_at_sample: frozenset[CollectionKind] = frozenset()
     needs_ids: bool = False
     """True when its dists read both ends' ids (recorded by the sharder; no per-id weights)"""
+
+    def declare(self, declaration: CodecDeclaration) -> None:
+        """Take `declaration`'s facts as this codec's attributes (a built-in codec: its entry in
+        `declarations.BUILT_IN`, the one place they are written)."""
+        for name, value in vars(declaration).items():
+            setattr(self, name, value)
+
+    @property
+    def declaration(self) -> CodecDeclaration:
+        """What this codec declares (`declarations.declaration_of`)."""
+        return declaration_of(self)
 
     def for_run(self, auto: AutoConfig | None) -> EmbeddingCommCodec:
         """This codec as a run uses it, with the run's `comm.auto` settings (None: the defaults)
@@ -153,9 +140,6 @@ class EmbeddingCommCodec(ABC):
     def qcomm_codecs_registry(self, device_type: str) -> dict[str, QuantizedCommCodecs] | None:
         """The `qcomm_codecs_registry` to hand TorchRec's sharder on `device_type`, or None."""
         return None
-
-    def check_device(self, device_type: str, where: str = "comm.codec") -> None:
-        """Raise a config-time error naming `where` if this codec cannot run on `device_type`."""
 
     def wire_bytes_per_value(self) -> float:
         """Bytes one fp32 embedding value takes on the wire."""
@@ -177,15 +161,3 @@ class EmbeddingCommCodec(ABC):
         Returning `spec.stock_dist` itself means "nothing to change".
         """
 
-
-def check_declared(codec: EmbeddingCommCodec) -> None:
-    """Refuse a codec that leaves one of `DECLARED` to a default: where it may run and whether
-    it dedups or runs under two levels are its own to say, never derived (from `lossless`)."""
-    missing = [a for a in DECLARED if not hasattr(codec, a)]
-    if missing:
-        raise TypeError(f"codec {type(codec).__name__} must declare {', '.join(missing)} "
-                        f"(comm/README.md, \"Adding a codec\")")
-    unknown = set(codec.sides) - {"owner", "sample"}
-    if not codec.sides or unknown:
-        raise TypeError(f"codec {codec.name!r}: sides must be a non-empty set of 'owner' and 'sample', "
-                        f"got {sorted(codec.sides)}")

@@ -23,14 +23,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from dlrmtrain.comm.torchrec import pooled, sharded, sharder
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
 from dlrmtrain.comm.layout import layout_for, sequence_layout_of
-from dlrmtrain.comm.registry import (
-    codecs_per_table,
-    get_codec,
-    run_codecs,
-    validate_codec_choice,
-    validate_hierarchy,
-    warn_if_lossy,
-)
+from dlrmtrain.comm.codec_choice import validate_codec_choice, validate_hierarchy
+from dlrmtrain.comm.registry import codecs_per_table, get_codec, run_codecs, warn_if_lossy
 from dlrmtrain.comm.stats import CommCounters, CountsCommBytes
 from dlrmtrain.comm.topology import FLAT, Hierarchy, make_node_groups, topology_of
 from dlrmtrain.config.schema import AutoConfig

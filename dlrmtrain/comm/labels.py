@@ -9,10 +9,10 @@ from typing import get_args
 from dlrmtrain.config.schema import CodecName, HierarchyKind
 
 CODEC_NAMES: tuple[str, ...] = get_args(CodecName)
-"""every name `comm.codec` takes (registry.py registers exactly these)"""
+"""every name `comm.codec` takes (declarations.BUILT_IN declares exactly these)"""
 
 PLACEMENT_KEY = "comm.dedup_at"
-"""the config key naming where a deduping codec runs (comm/placement.py: `owner`, or `source`:
+"""the config key naming where a deduping codec runs (comm/placement_choice.py: `owner`, or `source`:
 the sample side); torch-free, for the run identity"""
 
 

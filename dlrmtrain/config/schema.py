@@ -53,9 +53,9 @@ HierarchyKind = Literal["flat", "node"]
 """`comm.hierarchy`; with `comm.ranks_per_node` it becomes comm/topology.py's `Hierarchy`, the one form
 the codecs, their dists and their counters get"""
 CodecName = Literal["none", "dedup", "auto", "fp16", "bf16", "int8", "fp8", "dedup+fp16", "dedup+bf16"]
-"""`comm.codec` / `comm.table_codecs` names (comm/registry.py checks it registers exactly these)"""
+"""`comm.codec` / `comm.table_codecs` names (comm/declarations.py checks BUILT_IN declares exactly these)"""
 DedupAt = Literal["owner", "source"]
-"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/placement.py's
+"""`comm.dedup_at`: where lossless `dedup` finds the distinct bags (comm/placement_choice.py's
 `check` refuses `source` where it is not built; unset: resolved by its `resolve`, called by
 validation.resolve_config)"""
 PrecisionMode = Annotated[Literal["fp32", "bf16"], Refused(

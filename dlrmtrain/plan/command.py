@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
 def load(args: argparse.Namespace) -> tuple[Config, Cluster]:
     """The config as a CUDA run of `args.gpus` ranks reads it, checked where the plan depends on it."""
     from dlrmtrain.config import checks
-    from dlrmtrain.distributed.planner import check_sharding_config
+    from dlrmtrain.distributed.sharding_checks import check_sharding_config
     from dlrmtrain.validation import resolve_config
     from dlrmtrain.workloads import workload_of
 

@@ -9,7 +9,8 @@ import copy
 from typing import Optional
 
 from dlrmtrain.config.schema import Config
-from dlrmtrain.distributed.planner import Cluster, table_sharding_types, uvm_cached_tables
+from dlrmtrain.distributed.planner import Cluster
+from dlrmtrain.distributed.sharding_checks import table_sharding_types, uvm_cached_tables
 from dlrmtrain.models.activation_memory import FP32, gib
 from dlrmtrain.plan.sizing import Sizing
 from dlrmtrain.run.machine import table_part

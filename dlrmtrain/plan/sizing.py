@@ -13,7 +13,8 @@ from torchrec.distributed.planner.types import PlannerError
 from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
 from dlrmtrain.config.schema import Config
-from dlrmtrain.distributed.planner import UVM_CACHING, Cluster, plan_on_cluster
+from dlrmtrain.distributed.planner import Cluster, plan_on_cluster
+from dlrmtrain.distributed.sharding_checks import UVM_CACHING
 from dlrmtrain.models.activation_memory import FP32, ActivationMemory
 from dlrmtrain.optim.state_size import dense_optimizer_state, table_optimizer_state
 from dlrmtrain.run.machine import dense_part

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+from dlrmtrain.comm.declarations import lossy_codecs
 from dlrmtrain.comm.labels import PLACEMENT_KEY
 from dlrmtrain.config.schema import Config
 
@@ -84,8 +85,6 @@ def lossless_codec_changes(saved: dict[str, Any], current: dict[str, Any]) -> li
     and after lossless (none, dedup, auto: their forward is bitwise none's, with dedup at the
     owner or at the source), so resuming
     across them trains the same model; a change to or from a lossy codec is not one."""
-    from dlrmtrain.comm.registry import lossy_codecs  # torch: only when resuming
-
     lossy = set(lossy_codecs())
     changed = [c for c in _changes(saved, current) if c[0] in CODEC_KEYS]
     names = {n for _, a, b in changed for v in (a, b)

@@ -45,7 +45,7 @@ class Workload(ABC):
     collection_kind: CollectionKind = "pooled"
     """What its embedding all-to-alls carry (comm.codec.CollectionKind): pooled rows of an
     EmbeddingBagCollection, or an EmbeddingCollection's sequences. Which `comm.hierarchy`
-    each can take is comm's rule (comm.registry.validate_hierarchy asks it)."""
+    each can take is comm's rule (comm.codec_choice.validate_hierarchy asks it)."""
     model_scopes_its_own_autocast: bool = False
     """True: under `precision.mode: bf16` the model sets its own autocast scope inside its
     forward (precision.py), so the trainer runs the forward outside any autocast."""
@@ -97,7 +97,7 @@ class Workload(ABC):
 
     def check_sharding(self, cfg: Config) -> None:
         """Refuse a sharding type one of this family's tables cannot take beyond what the
-        planner's own checks refuse (distributed/planner.check_sharding_config); default: none."""
+        planner's own checks refuse (distributed/sharding_checks.check_sharding_config); default: none."""
 
     def table_precision(self, cfg: Config) -> str:
         """The precision its lookups emit rows in (fused_params' output dtype): the run's
@@ -152,7 +152,7 @@ class Workload(ABC):
         local_batch = cfg.run.global_batch_size // world_size
         cached = {}
         if device_type == "cuda":  # CPU refuses the UVM kernel (distributed/planner.py)
-            from dlrmtrain.distributed.planner import uvm_cached_tables
+            from dlrmtrain.distributed.sharding_checks import uvm_cached_tables
 
             cached = {t: cfg.sharding.uvm_caching.load_factor for t in uvm_cached_tables(cfg.sharding, rows)}
         return [table_part(rows, self.table_widths(cfg, rows), table_optimizer_state(cfg.optim),

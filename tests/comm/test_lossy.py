@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-from dlrmtrain.comm.registry import available_codecs, lossy_codecs
+from dlrmtrain.comm.declarations import available_codecs, lossy_codecs
 from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder
 from dlrmtrain.config import ConfigError, load_config
 from dlrmtrain.validation import validate_config

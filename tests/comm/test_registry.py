@@ -6,7 +6,8 @@ import pytest
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-from dlrmtrain.comm.registry import available_codecs, codecs_per_table
+from dlrmtrain.comm.declarations import available_codecs
+from dlrmtrain.comm.registry import codecs_per_table
 from dlrmtrain.comm.embeddingbag import CodecEmbeddingBagCollectionSharder
 
 FUSED = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
@@ -83,7 +84,7 @@ def test_a_codec_declares_where_it_runs_nothing_is_derived_from_lossless():
     import torch.nn as nn
 
     from dlrmtrain.comm.codec import EmbeddingCommCodec
-    from dlrmtrain.comm.registry import available_codecs, register_codec
+    from dlrmtrain.comm.registry import register_codec
 
     class Undeclared(EmbeddingCommCodec):
         name, lossless = "undeclared", True

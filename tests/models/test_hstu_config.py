@@ -157,7 +157,7 @@ def test_data_parallel_tables_the_dense_cpu_lookup_gets_wrong_are_refused_naming
     (["sharding.default_type=table_wise", "sharding.tables.user_x_hour=data_parallel"], "user_x_hour"),
 ])
 def test_one_data_parallel_table_read_once_per_sample_is_taken(overrides, table):
-    from dlrmtrain.distributed.planner import table_sharding_types
+    from dlrmtrain.distributed.sharding_checks import table_sharding_types
     from dlrmtrain.validation import resolve_config, validate_config
 
     cfg = load_config(CONFIGS / "mini_dlrmv4.yaml", overrides)

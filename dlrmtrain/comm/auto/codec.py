@@ -14,21 +14,18 @@ import torch.nn as nn
 from dlrmtrain.comm.auto.dist import AutoDist
 from dlrmtrain.comm.auto.policy import AutoPolicy
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, SampleSide
+from dlrmtrain.comm.declarations import BUILT_IN
 from dlrmtrain.comm.dedup.codec import DedupCodec
 from dlrmtrain.comm.auto.sequence import SequenceAutoDist
 from dlrmtrain.config.schema import AutoConfig
 
 
 class AutoCodec(EmbeddingCommCodec):
-    name = "auto"
-    lossless = True
     needs_ids = True  # its dedup path reads both ends' ids
-    dedups = True
-    sides = frozenset({"owner", "sample"})  # per all-to-all at the owner, per batch at the sample side
-    runs_under_two_levels = True  # none or two-level dedup
 
     def __init__(self, settings: AutoConfig | None = None) -> None:
         """`settings`: the run's `comm.auto` (registry.run_codecs); None: the defaults."""
+        self.declare(BUILT_IN["auto"])  # lossless, dedups, both sides, two levels (none or dedup's)
         self._dedup = DedupCodec()
         self._policy = AutoPolicy.of(settings or AutoConfig())
 

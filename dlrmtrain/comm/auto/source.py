@@ -202,7 +202,6 @@ class AutoSampleSide(SampleSide):
 
     def __init__(self, inner: SampleSide, policy: AutoPolicy) -> None:
         self.inner, self.policy = inner, policy
-        self.keeps_tables_whole = inner.keeps_tables_whole
 
     def sharder(self, fused_params: dict[str, Any]) -> Any:
         return self.inner.sharder(fused_params)

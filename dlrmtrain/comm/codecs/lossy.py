@@ -5,7 +5,7 @@ embedding (forward) and its gradient (backward) is rounded to the wire
 precision, so training differs from `none`. TorchRec does the work: the run's
 `QCommsConfig` becomes a `qcomm_codecs_registry` handed to the EBC sharder,
 and TorchRec's stock dists quantize inside their collectives. Our part is the
-name, the device check (`fp8` runs on GPU only), and byte counters: the
+name (its facts, `fp8` on GPU only among them: declarations.BUILT_IN), and byte counters: the
 message size of these codecs is a pure function of the shape, so a thin
 wrapper around the stock dist counts it from the batch sizes alone.
 
@@ -31,16 +31,14 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodecs
 
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
+from dlrmtrain.comm.codec_choice import check_device
+from dlrmtrain.comm.declarations import BUILT_IN
 from dlrmtrain.comm.layout import DistLayout
 from dlrmtrain.comm.stats import DistCommStats
 from dlrmtrain.comm.stock_bytes import count_stock_step
 from dlrmtrain.comm.torchrec.sharded import qcomm_codecs
 
 logger = logging.getLogger(__name__)
-
-GPU_ONLY = {"fp8"}
-"""lossy codecs whose fbgemm kernels have no CPU implementation"""
-
 
 def bytes_per_value(codecs: QuantizedCommCodecs, like: torch.Tensor) -> float:
     """Bytes on the wire per float: encode one quantization row and measure it."""
@@ -52,13 +50,8 @@ def bytes_per_value(codecs: QuantizedCommCodecs, like: torch.Tensor) -> float:
 class LossyQCommsCodec(EmbeddingCommCodec):
     """Registry entry for one TorchRec qcomms precision (same precision both ways)."""
 
-    lossless = False
-    dedups = False
-    sides = frozenset({"owner"})  # TorchRec's qcomms quantize inside the stock output dist
-    runs_under_two_levels = False  # a second level would round again
-
     def __init__(self, name: str, comm_type: CommType) -> None:
-        self.name = name
+        self.declare(BUILT_IN[name])
         self.comm_type = comm_type
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
@@ -67,15 +60,9 @@ class LossyQCommsCodec(EmbeddingCommCodec):
     def qcomms_config(self) -> QCommsConfig | None:
         return QCommsConfig(forward_precision=self.comm_type, backward_precision=self.comm_type)
 
-    def check_device(self, device_type: str, where: str = "comm.codec") -> None:
-        """Config-time error for a precision TorchRec cannot run on this device."""
-        if self.name in GPU_ONLY and device_type != "cuda":
-            raise ValueError(f"{where}: lossy codec {self.name!r} runs on GPU only (fbgemm has no CPU "
-                             f"{self.name} quantize kernel); on {device_type} use fp16, bf16 or int8")
-
     def qcomm_codecs_registry(self, device_type: str) -> dict[str, QuantizedCommCodecs] | None:
         """`qcomm_codecs_registry` for TorchRec's sharder (keyed by CommOp name)."""
-        self.check_device(device_type)
+        check_device(self.declaration, device_type)  # fp8: GPU only
         config = self.qcomms_config()
         if device_type == "cuda":
             registry = get_qcomm_codecs_registry(config, device=torch.device("cuda"))

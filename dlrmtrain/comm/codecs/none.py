@@ -5,14 +5,12 @@ from __future__ import annotations
 import torch.nn as nn
 
 from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec
+from dlrmtrain.comm.declarations import BUILT_IN
 
 
 class NoneCodec(EmbeddingCommCodec):
-    name = "none"
-    lossless = True
-    dedups = False
-    sides = frozenset({"owner", "sample"})  # its tables travel whole through the stock dist either way
-    runs_under_two_levels = True  # a table left whole under two-level dedup
+    def __init__(self) -> None:
+        self.declare(BUILT_IN["none"])
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return True

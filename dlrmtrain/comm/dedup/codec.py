@@ -25,7 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, SampleSide, check_kind_takes_hierarchy
+from dlrmtrain.comm.codec import CollectionKind, DistSpec, EmbeddingCommCodec, SampleSide
+from dlrmtrain.comm.codec_choice import check_kind_takes_hierarchy
+from dlrmtrain.comm.declarations import BUILT_IN
 from dlrmtrain.comm.dedup.dist import DedupDist
 from dlrmtrain.comm.dedup.plan import Route
 from dlrmtrain.comm.dedup.row_wise import RowWisePlanner
@@ -47,17 +49,12 @@ class DedupCodec(EmbeddingCommCodec):
                       "sequence": frozenset({"table_wise", "row_wise"})}
     _WIRE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
     needs_ids = True  # both ends' KJTs, recorded by the sharder; per-id weights unsupported
-    dedups = True
 
     def __init__(self, wire_dtype: torch.dtype | None = None) -> None:
         self.wire_dtype = wire_dtype
-        self.name = "dedup" if wire_dtype is None else f"dedup+{self._WIRE_NAMES[wire_dtype]}"
-        exact = wire_dtype is None
-        self.lossless = exact
-        # the stacks round on the owner's wire: at the owner only, one level (a second level
-        # would round again); plain dedup also runs where the batch is made
-        self.sides = frozenset({"owner", "sample"}) if exact else frozenset({"owner"})
-        self.runs_under_two_levels = exact
+        # the stacks round on the owner's wire: at the owner only, one level; plain dedup also
+        # runs where the batch is made (declarations.BUILT_IN)
+        self.declare(BUILT_IN["dedup" if wire_dtype is None else f"dedup+{self._WIRE_NAMES[wire_dtype]}"])
 
     def supports(self, sharding_type: str, kind: CollectionKind = "pooled") -> bool:
         return sharding_type in self.SHARDING_TYPES[kind]

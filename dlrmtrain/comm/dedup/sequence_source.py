@@ -239,9 +239,7 @@ class SourceDedupEmbeddingCollectionSharder(EmbeddingCollectionSharder):
 class SequenceSourceSide(SampleSide):
     """`dedup` where the batch is made, sequence (codec.SampleSide): each table's distinct ids
     through TorchRec's stock dists (`SourceDedupEmbeddingCollectionSharder`); every table of the
-    EmbeddingCollection alike."""
-
-    keeps_tables_whole = False
+    EmbeddingCollection alike (declarations: `whole_beside_at_sample` has no sequence)."""
 
     def sharder(self, fused_params: dict[str, Any]) -> SourceDedupEmbeddingCollectionSharder:
         return SourceDedupEmbeddingCollectionSharder(fused_params=fused_params)

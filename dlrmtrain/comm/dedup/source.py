@@ -90,9 +90,7 @@ def source_transform(model: nn.Module, whole_tables: Collection[str] = ()
 class PooledSourceSide(SampleSide):
     """`dedup` where the batch is made, pooled (codec.SampleSide): each feature's distinct bags
     through TorchRec's stock, variable-batch EBC (`SourceDedupEBCSharder`); row-wise tables take
-    them too (`row_wise_dists_for_source`); tables whose codec does not dedup travel whole."""
-
-    keeps_tables_whole = True
+    them too (`row_wise_dists_for_source`); tables whose codec does not dedup travel whole (declarations: `whole_beside_at_sample`)."""
 
     def sharder(self, fused_params: dict[str, Any]) -> SourceDedupEBCSharder:
         return SourceDedupEBCSharder(fused_params=fused_params)
