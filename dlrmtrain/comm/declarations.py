@@ -7,7 +7,7 @@ is one of TorchRec's quantized comms and whether it runs on GPU only. The built-
 answers are written once here (`BUILT_IN`); each built-in codec class takes its own from this
 table (`EmbeddingCommCodec.declare`), and a codec registered later adds its own
 (`registry.register_codec` → `declare`). So `dlrmtrain train` checks a config in the
-launching process without importing TorchRec (tests/test_validation_imports.py).
+launching process without importing TorchRec (tests/config/test_validation_imports.py).
 """
 
 from __future__ import annotations
