@@ -411,7 +411,7 @@ def render_markdown(runs: list[RunData], images: list[Path]) -> str:
 
 def auto_line(comm: dict[str, Any], summary: dict[str, Any]) -> str:
     """What auto chose and when in one line, from a run's comm_stats.json and summary.json."""
-    return run_line(comm.get("auto_decisions", []), summary.get("steps", 0))
+    return run_line(comm.get("auto_decisions", []), summary.get("steps", 0), comm.get("auto_steps_after_probe"))
 
 
 def auto_line_of(run_dir: Path) -> str:

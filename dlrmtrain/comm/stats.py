@@ -111,6 +111,8 @@ class DistCommStats:
     """forward passes whose plan was made when their ids arrived (the pipeline's input stage)"""
     decisions: list[str] = field(default_factory=list)
     """`auto`: each decision with its step and reason"""
+    auto_steps: tuple[int, int] | None = None
+    """`auto`: (training steps from its first decision on, those of them that took dedup)"""
     hierarchy: Hierarchy = FLAT
     """what the dist runs: kind `flat` (one all-to-all over all ranks) or `node` (two levels: rails
     between nodes, then inside)"""
@@ -207,8 +209,9 @@ class DistCommStats:
 _UNREAD_LIMIT = 256
 """unread CUDA times a dist keeps before it adds in those whose events completed (`Event.query`)"""
 
-_DESCRIPTIVE = ("codec", "sharding_type", "lossy", "table_codecs", "hierarchy")
-"""`DistCommStats` fields that describe the dist rather than count (`DistCommStats.add` keeps them)"""
+_DESCRIPTIVE = ("codec", "sharding_type", "lossy", "table_codecs", "hierarchy", "auto_steps")
+"""`DistCommStats` fields that describe the dist rather than count (`DistCommStats.add` keeps them;
+`auto_steps` is auto's own tally, read whole when its stats are asked)"""
 
 HOPS = ("ids", "plan", "gather", "rail fwd", "intra fwd", "expand", "intra bwd", "node sum", "rail bwd", "scatter")
 """The phases of the two-level exchange timed in `DistCommStats.hop_seconds`: the node's id
@@ -288,6 +291,7 @@ class _Gathered:
     step_syncs: int = 0
     planned_ahead: int = 0
     decisions: list[str] = field(default_factory=list)
+    auto_steps: dict[str, dict[str, int]] = field(default_factory=dict)
     traffic: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_TRAFFIC, 0))
     hierarchies: set[str] = field(default_factory=set)
     hops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(HOPS, 0.0))
@@ -300,6 +304,8 @@ class _Gathered:
             self.traffic[key] += getattr(d, key)
         self.hierarchies.add(d.hierarchy.kind)
         self.decisions += [f"{d.sharding_type} {line}" for line in d.decisions]
+        if d.auto_steps is not None:  # keyed as its decision lines are prefixed
+            self.auto_steps[d.sharding_type] = dict(zip(("steps", "dedup"), d.auto_steps))
         for name, t in d.tables.items():
             self.per_table.setdefault(name, TableCommStats()).add(t)
             self.codec_of[name] = d.table_codecs.get(name, d.codec)
@@ -360,6 +366,7 @@ def collect_comm_stats(counters: Iterable[CountsCommBytes], all_ranks: bool = Fa
     return {
         "codecs": sorted(set(g.codec_of.values())),
         "auto_decisions": g.decisions,
+        "auto_steps_after_probe": g.auto_steps,
         "lossy_codecs": sorted(g.lossy),
         "scope": "all ranks" if all_ranks else f"rank {dist.get_rank(group) if dist.is_initialized() else 0}",
         "steps": steps,

@@ -146,7 +146,7 @@ def check_comm_auto(cfg: Config, collection_kind: str = "pooled") -> None:
                               f"{comm.codec}); remove it, or use comm.codec: auto")
     a = comm.auto
     # warmup_steps too: the policy starts in warmup, so 0 would run as 1
-    for key in ("warmup_steps", "probe_steps", "min_probe_steps", "check_every", "drift_samples"):
+    for key in ("warmup_steps", "probe_steps", "min_probe_steps", "check_every", "drift_samples", "retime_steps"):
         if getattr(a, key) < 1:
             raise ConfigError(f"comm.auto.{key}: must be at least 1, got {getattr(a, key)}")
     if a.min_probe_steps > a.probe_steps:

@@ -398,9 +398,13 @@ class AutoConfig:
     close_call_retimes: int = 2
     """A close call (a measured gap within `margin`, or within the probe's own spread of step
     times, or against what the bytes say) stays open: the cheaper-looking path runs and both are
-    timed again at the next check point, each time adding `probe_steps` more steps of each path
+    timed again at the next check point, each time adding `retime_steps` more steps of each path
     to the call's evidence, at most this many times
     (0: settled at once, as the cheaper-looking path; negative refused)."""
+    retime_steps: int = 3
+    """Timed steps of each path one re-timing of a close call adds to its evidence (at least 1):
+    its cost on the slower path. 3: two re-timings cost 6 steps, ~2.5% of a 256-step run, and
+    the decision rests on 9, then 12 steps a path."""
     table_keep_fraction: float = 0.9
     """A table whose distinct fraction is at least this keeps the stock path (dedup saves
     little); in (0, 1]. Owner-side auto on pooled embeddings only (the per-table choice):

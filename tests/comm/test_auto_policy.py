@@ -26,7 +26,7 @@ def run(policy: AutoPolicy, step_seconds: dict[str, float], steps: int,
 
 
 def small() -> AutoPolicy:
-    return AutoPolicy(warmup_steps=2, probe_steps=4, check_every=10, min_dwell=20)
+    return AutoPolicy(warmup_steps=2, probe_steps=4, check_every=10, min_dwell=20, retime_steps=4)
 
 
 def test_none_when_dedup_cannot_pay():
@@ -355,7 +355,7 @@ def test_noisy_samples_around_a_real_20_percent_gap_end_on_dedup():
         assert all(d.choice == "dedup" for d in p.decisions), (seed, p.decisions)  # never dropped
         after = paths[p.decisions[0].step:]
         # a drift probe (noise may move a median 25%) and two re-timings' none steps at most
-        assert after.count("none") <= 6 * 3, seed
+        assert after.count("none") <= 6 + 3 * 2, seed
 
 
 def test_a_clear_gap_against_the_bytes_is_timed_again_before_it_stands():
@@ -380,9 +380,22 @@ def test_a_close_call_kept_on_none_steps_back_in_at_the_next_check_point():
     """Settled on none while a close call is open, auto still enters the step of the re-timing
     (whatever `min_dwell`), times both, and settles again after the cap."""
     p = AutoPolicy(warmup_steps=1, probe_steps=2, min_probe_steps=2, check_every=10, min_dwell=100,
-                   drift_samples=3)
+                   drift_samples=3, retime_steps=2)
     entered = run_settling(p, lambda path, i: {"none": 0.010, "dedup": 0.0101}[path], 80)
     first = 1 + 2 * 2
     assert [(d.step, d.settled) for d in p.decisions] == [
         (first, False), (first + 10 + 2 * 2, False), (first + 10 + 4 + 10 + 2 * 2, True)]
     assert entered[first + 10] and not any(entered[first + 1:first + 10])  # settled until the re-timing
+
+
+def test_a_batch_picked_for_a_step_after_the_probe_takes_the_path_in_force():
+    """A pipeline picks batches a step or two ahead: one for a step the running probe will have
+    ended before takes the current choice (a re-timed close call's cheaper-looking path), not
+    the probe's next turn, which would run the slower path and time nothing."""
+    p = small()  # re-timings add 4 steps a path
+    run(p, {"none": 0.010, "dedup": 0.00985}, 20, wire=LINK)  # a close call, kept on dedup
+    assert p.retime_due() and p.choice == "dedup"
+    p.reprobe()  # steps 20-27 alternate from dedup; the decision comes at step 28
+    assert [p.path_ahead(k) for k in range(10)] == ["dedup", "none"] * 4 + ["dedup", "dedup"]
+    fresh = small()  # before the first decision no path is in force: the probe's turns go on
+    assert [fresh.path_ahead(k) for k in range(2 + 8, 2 + 8 + 2)] == ["dedup", "none"]

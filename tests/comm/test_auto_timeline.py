@@ -86,3 +86,21 @@ def test_report_lists_each_auto_run_on_one_line(tmp_path):
     md = render_markdown([Run("run0_seed0", "none", None), Run("run0_seed0", "auto", comm)], [])
     assert "- run0_seed0 (auto): source: none at step 13; dedup on 0% of the steps after the probe" in md
     assert md.count("\n- run0_seed0") == 1
+
+
+def test_the_counted_steps_give_the_exact_share_where_a_run_has_them():
+    """A pipeline's batches picked before a re-timing keep their path (dedup), so the lines'
+    estimate (the probe's span half on each path) reads low; the policy's count is exact."""
+    from tests.comm.test_auto_policy import run
+
+    p = AutoPolicy(warmup_steps=1, probe_steps=6, check_every=50, min_dwell=200)
+    times = iter([0.0800, 0.0792] * 6 + [0.0800] * 2000)
+    paths = run(p, lambda path: next(times), 256)
+    steps, dedup = p.counted_steps()
+    first = p.decisions[0].step
+    assert (steps, dedup) == (256 - first, paths[first:].count("dedup"))  # every step after the first decision
+    lines = [f"source {d.head()} (...)" for d in p.decisions]
+    exact = run_line(lines, 256, {"source": {"steps": steps, "dedup": dedup}})
+    assert exact.endswith(f"dedup on {dedup / steps:.1%} of the steps after the probe ({dedup} of {steps})")
+    assert run_line(lines, 256, {"table_wise": {"steps": 9, "dedup": 9}}).endswith(
+        "of the steps after the probe")  # another all-to-all's count is not this one's

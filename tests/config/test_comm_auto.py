@@ -58,6 +58,7 @@ def test_a_per_table_auto_reads_them_too():
      r"^comm\.auto\.min_probe_steps: 7 exceeds comm\.auto\.probe_steps 6"),
     (["comm.codec=auto", "comm.auto.check_every=0"], r"^comm\.auto\.check_every: must be at least 1"),
     (["comm.codec=auto", "comm.auto.drift_samples=0"], r"^comm\.auto\.drift_samples: must be at least 1"),
+    (["comm.codec=auto", "comm.auto.retime_steps=0"], r"^comm\.auto\.retime_steps: must be at least 1"),
     (["comm.codec=auto", "comm.auto.margin=1"], r"^comm\.auto\.margin: must be below 1 .*comm\.codec: none"),
     (["comm.codec=auto", "comm.auto.drift=0"], r"^comm\.auto\.drift: must be positive"),
     (["comm.codec=auto", "comm.auto.table_keep_fraction=0"], r"^comm\.auto\.table_keep_fraction: .* \(0, 1\]"),

@@ -256,6 +256,10 @@ def test_auto_at_the_source_chooses_records_and_trains_as_none(two_ranks):
     assert stats["codecs"] == ["auto"]
     assert len(stats["auto_decisions"]) == 1, stats["auto_decisions"]
     assert stats["auto_decisions"][0].startswith(f"source step {AUTO_DECIDES_AT - 1}: dedup ("), stats
+    # every training step from the decision on is counted as trained: the pipeline picked one
+    # batch two steps ahead, before the first decision, in the probe's turn (none)
+    after = AUTO_STEPS - (AUTO_DECIDES_AT - 1)
+    assert stats["auto_steps_after_probe"] == {"source": {"steps": after, "dedup": after - 1}}
     # every position is counted; one none step (of 7) sent them all, the others each table's distinct ids
     assert stats["total"]["bags"] == AUTO_STEPS * source["total"]["bags"] / STEPS
     assert stats["total"]["bags"] / AUTO_STEPS < stats["total"]["unique_bags"] < stats["total"]["bags"]

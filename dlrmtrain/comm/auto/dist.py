@@ -179,6 +179,12 @@ class AutoDist(nn.Module):
         key = pass_key(local_embs, sharding_ctx)
         self._settled_counts[key] = self._settled_counts.get(key, 0) + 1
 
+    def _counted_steps(self) -> tuple[int, int]:
+        """The policy's (steps after the probe, on dedup), with the settled steps it has not
+        been told of yet (they took none)."""
+        steps, dedup = self.policy.counted_steps()
+        return steps + (self._untimed_periods if self.policy.decisions else 0), dedup
+
     def _flush_settled(self) -> None:
         """Add the tallied settled passes to none's counters (one counted pass times its tally)."""
         add_tallied_passes(self.none_stats, self.layout, self.rank, self._settled_counts)
@@ -307,6 +313,7 @@ class AutoDist(nn.Module):
             d, codec="auto", sharding_type=self.sharding_type, tables=tables,
             table_codecs={t: f"auto:{self.table_choice.get(t, 'none')}" for t in tables},
             steps=d.steps + self.none_stats.steps, decisions=list(self.none_stats.decisions),
+            auto_steps=self._counted_steps(),
             ids_looked_up=d.ids_looked_up + self.none_stats.ids_looked_up,
             rows_looked_up=d.rows_looked_up + self.none_stats.rows_looked_up, hop_seconds=dict(d.hop_seconds))
 

@@ -29,14 +29,15 @@ between two training passes through one all-to-all) under each path:
    the bytes say (dedup would save more than `margin` of a `none` step on the
    link), is not a verdict. The cheaper-looking path runs (dedup where the bytes
    say so, else the current path) and both are timed again at the next check
-   point (`check_every` steps on: `retime_due`): each re-timing adds `probe_steps`
+   point (`check_every` steps on: `retime_due`): each re-timing adds `retime_steps`
    more steps of each path to the call's evidence (medians and spread over all its
    timings' steps, so the band narrows as they grow), until the gap is clear or
    `close_call_retimes` re-timings were made; then the last timing's clear winner
    is kept, or on a gap still within the band the cheaper-looking path, and the
    line says which and why. Adding to the evidence, not starting afresh, keeps an
-   open call's cost on the slower path to `probe_steps` steps a re-timing: what
-   it buys is certainty, and fresh doubled samples threw the earlier ones away;
+   open call's cost on the slower path to `retime_steps` steps a re-timing (fresh
+   samples of twice the steps, as first built, threw the earlier ones away and cost
+   12 + 24 steps on the slower path: 15% of a 256-step run);
 5. steady: every `check_every` steps the caller asks `local_drift()` (again
    agreed over ranks); after at least `min_dwell` steps on one decision, a
    step time or distinct fraction that moved by more than `drift` from what
@@ -170,6 +171,11 @@ class AutoPolicy(AutoConfig):
     """an open close call's timed steps per path so far (a re-timing adds to them)"""
     _carried: int = field(default=0, init=False)
     """steps per path the running probe took over from the open call's evidence"""
+    steps_after_probe: int = field(default=0, init=False)
+    """training steps counted from the first decision on (ints, so a `copy.copy` shares none)"""
+    dedup_steps_after_probe: int = field(default=0, init=False)
+    """of them, those that took dedup: the share `auto` ran dedup, exact (a pipeline's batches
+    picked ahead keep their path across a probe's start: the decision lines alone cannot say)"""
 
     @classmethod
     def of(cls, settings: AutoConfig) -> AutoPolicy:
@@ -187,6 +193,7 @@ class AutoPolicy(AutoConfig):
         """The time of the step just finished (it used `path()`, or `used` where the caller fixed
         its path earlier: auto at the source under a pipeline); then advance one step."""
         used = used or self.path()
+        self._count(used)
         if self.phase == "probe":
             self._samples[used].append(seconds)
         elif self.phase == "steady" and used == self.choice:
@@ -196,20 +203,38 @@ class AutoPolicy(AutoConfig):
         if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
             self._start("probe")
 
-    def skip(self) -> None:
-        """Advance one step without a time (the period held something else, e.g. an evaluation)."""
+    def skip(self, used: str | None = None) -> None:
+        """Advance one step without a time (the period held something else, e.g. an evaluation);
+        it used `path()`, or `used` (as `observe`)."""
+        self._count(used or self.path())
         self.step += 1
         if self.phase == "warmup" and self.step - self._phase_start >= self.warmup_steps:
             self._start("probe")
 
+    def _count(self, used: str) -> None:
+        if self.decisions:
+            self.steps_after_probe += 1
+            self.dedup_steps_after_probe += used == "dedup"
+
+    def counted_steps(self) -> tuple[int, int]:
+        """(training steps from the first decision on, those that took dedup): comm_stats.json's
+        `auto_steps_after_probe`, which the runner's line per run reads (timeline.py)."""
+        return self.steps_after_probe, self.dedup_steps_after_probe
+
     def path_ahead(self, steps: int) -> str:
         """The path of the training step `steps` after the current one, were every step until then
-        observed and nothing decided (a decision or drift check on the way may change it)."""
+        observed (a decision or drift check on the way may change it). A step the running probe
+        will have ended before takes the path in force where a decision made one (a re-timed
+        close call's cheaper-looking path), not the probe's next turn: its decision is not known
+        yet, and a turn on the slower path there would time nothing. Before the first decision
+        none is in force: the turns go on (half of such steps take dedup, not all none)."""
         ahead = copy.copy(self)
         ahead._samples = {p: list(s) for p, s in self._samples.items()}
         for _ in range(steps):
+            if self.decisions and ahead.needs_decision():
+                return self.choice
             ahead.observe(0.0)
-        return ahead.path()
+        return self.choice if self.decisions and ahead.needs_decision() else ahead.path()
 
     def next_paths(self, advanced: int = 0, timed: bool | None = True) -> set[str]:
         """The paths the next training step may take, known before it starts (to plan its pass
@@ -250,9 +275,9 @@ class AutoPolicy(AutoConfig):
             self.min_probe_steps <= n_none - self._carried and n_none < self.probe_length()
 
     def probe_length(self) -> int:
-        """Timed steps per path the running probe ends with: `probe_steps`, and `probe_steps`
-        more per timing of an open close call (its evidence so far is carried over)."""
-        return self.probe_steps * (1 + self._open)
+        """Timed steps per path the running probe ends with: `probe_steps`; a re-timing of an open
+        close call, `retime_steps` more than the evidence it carried over."""
+        return self._carried + self.retime_steps if self._carried else self.probe_steps
 
     def local_extremes(self) -> list[float]:
         """[slowest none, -fastest none, slowest dedup, -fastest dedup] of the running probe's own
@@ -355,8 +380,8 @@ class AutoPolicy(AutoConfig):
             else "measured faster" if choice == clear else "the path it was on"
         if self._open:
             return f"{what}; {choice} kept for now ({why}), both timed again at step " \
-                   f"{self.step + self.check_every} with {self.probe_steps} more steps each " \
-                   f"({self.probe_length()} in all)"
+                   f"{self.step + self.check_every} with {self.retime_steps} more steps each " \
+                   f"({min(len(s) for s in self._samples.values()) + self.retime_steps} in all)"
         return f"{what}; {choice} kept after {timings} timings ({why})"
 
     def retime_due(self) -> bool:
@@ -406,6 +431,9 @@ class AutoPolicy(AutoConfig):
         """`steps` steady training steps ran untimed (`untimed_steps`): count them; the recent
         step times are stale now."""
         self.step += steps
+        if self.decisions:
+            self.steps_after_probe += steps
+            self.dedup_steps_after_probe += steps if self.choice == "dedup" else 0
         self._recent = []
 
     def reprobe(self) -> None:

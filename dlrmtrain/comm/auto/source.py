@@ -13,7 +13,8 @@ bitwise, so any step may take either.
 
 A pipeline takes a batch one or two steps before its training step (its input dist starts
 early), so `pick` chooses by the policy's path that many steps ahead (`path_ahead`: the batches
-picked and not yet trained) and queues the path; `step_ended` times the step's period (from the
+picked and not yet trained; a step after a running probe's end takes the path in force) and
+queues the path; `step_ended` times the step's period (from the
 previous step's end, on the device's clock, comm/timing.py, as `AutoDist`) under the path its
 batch actually took. Where a decision or a drift check changes the path after a batch was
 picked, that batch keeps its form: lossless either way, and timed as what it took. A period that
@@ -131,7 +132,7 @@ class SourceAuto:
         used = self._picked.popleft() if self._picked else None
         now = timing.stamp(self.device)
         if self._last_end is None or self._untimed or used is None:
-            self.policy.skip()
+            self.policy.skip(used)
         else:
             self.policy.observe(timing.elapsed(self._last_end, now), used)
         self._last_end, self._untimed = now, False
@@ -192,7 +193,8 @@ class SourceAuto:
     def counted_bytes(self) -> DistCommStats:
         """Its decisions, as a dist's without tables (`stats.CountsCommBytes`): the stock
         dists' counters count what each path sent."""
-        return DistCommStats(codec="auto", sharding_type="source", decisions=list(self.decisions))
+        return DistCommStats(codec="auto", sharding_type="source", decisions=list(self.decisions),
+                             auto_steps=self.policy.counted_steps())
 
 
 class AutoSampleSide(SampleSide):

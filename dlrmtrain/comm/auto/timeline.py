@@ -3,10 +3,13 @@
 comm_stats.json's `auto_decisions` lists, per all-to-all (prefixed by its sharding type, or
 `source`), each decision as `step N: CHOICE (reason)` (`step N: CHOICE for now (...)` while a
 close call is open) and each new probe as `step N: timing both paths again (...)`
-(policy.py: `AutoDecision.head`, `AutoPolicy.reprobe_line`). `run_line` turns them and the
-run's training steps into e.g.
-`source: dedup at step 13 for now, re-timed at 63, dedup at 75; dedup on 97% of the steps after the probe`
-(the MLPerf runner's summary and `dlrmtrain report` print it per run).
+(policy.py: `AutoDecision.head`, `AutoPolicy.reprobe_line`); `auto_steps_after_probe` counts,
+per all-to-all, the training steps from the first decision on and those that took dedup.
+`run_line` turns them into e.g.
+`source: dedup at step 13 for now, timed again at 63, dedup at step 77; dedup on 97.5% of the steps after the probe (237 of 243)`
+(the MLPerf runner's summary and `dlrmtrain report` print it per run). Runs written before the
+count existed get the share estimated from the lines (a probe's steps half on each path), which
+a pipeline's batches picked ahead of a probe's start make slightly low.
 """
 
 from __future__ import annotations
@@ -66,14 +69,21 @@ def _events_text(events: list[Event]) -> str:
     return ", ".join(parts)
 
 
-def run_line(lines: list[str], steps: int) -> str:
-    """One line: per all-to-all its decisions and probes, and the share of steps on dedup."""
+def run_line(lines: list[str], steps: int, counted: dict[str, dict[str, int]] | None = None) -> str:
+    """One line: per all-to-all its decisions and probes, and the share of steps on dedup:
+    counted (comm_stats.json's `auto_steps_after_probe`, per all-to-all: `steps` from the first
+    decision on, `dedup` of them) where the run counted it, else estimated from the lines."""
     per_dist = events_of(lines)
     if not per_dist:
         return "no decision (the run ended before auto's probe did)"
     texts = []
     for where, events in per_dist.items():
-        share = dedup_share(events, steps)
-        tail = "" if share is None else f"; dedup on {share:.0%} of the steps after the probe"
+        count = (counted or {}).get(where)
+        if count and count["steps"]:
+            tail = f"; dedup on {count['dedup'] / count['steps']:.1%} of the steps after the probe " \
+                   f"({count['dedup']} of {count['steps']})"
+        else:
+            share = dedup_share(events, steps)
+            tail = "" if share is None else f"; dedup on {share:.0%} of the steps after the probe"
         texts.append(f"{where + ': ' if where else ''}{_events_text(events)}{tail}")
     return " | ".join(texts)
