@@ -396,6 +396,56 @@ def test_a_batch_picked_for_a_step_after_the_probe_takes_the_path_in_force():
     run(p, {"none": 0.010, "dedup": 0.00985}, 20, wire=LINK)  # a close call, kept on dedup
     assert p.retime_due() and p.choice == "dedup"
     p.reprobe()  # steps 20-27 alternate from dedup; the decision comes at step 28
-    assert [p.path_ahead(k) for k in range(10)] == ["dedup", "none"] * 4 + ["dedup", "dedup"]
+    turns = ["dedup", "none"] * 4
+    assert [p.path_ahead(turns[:k]) for k in range(8)] == turns
+    assert p.path_ahead(turns) == p.path_ahead(turns + ["dedup"]) == "dedup"
+    # a pick that left the turns (dedup, picked before the re-timing began) is no none sample
+    assert p.path_ahead(["dedup"] * 9) == "none"  # its turn: none has 4 of its 8 steps
     fresh = small()  # before the first decision no path is in force: the probe's turns go on
-    assert [fresh.path_ahead(k) for k in range(2 + 8, 2 + 8 + 2)] == ["dedup", "none"]
+    warmup_and_probe = ["dedup", "none"] * 6
+    assert [fresh.path_ahead(warmup_and_probe[:k]) for k in (10, 11)] == ["dedup", "none"]
+
+
+def run_pipelined(policy: AutoPolicy, step_seconds: dict[str, float], steps: int, depth: int = 2,
+                  wire: Wire | None = None, untimed: frozenset[int] = frozenset()) -> list[str]:
+    """As `run`, but each batch's path is picked `depth` steps before its step (SourceAuto under a
+    pipeline): a decision or re-timing finds batches already picked; the periods of the steps
+    `untimed` held an evaluation (not timed). Returns each step's path."""
+    picked, paths = [], []
+    for _ in range(steps + depth):
+        picked.append(policy.path_ahead(picked))
+        if len(picked) <= depth:
+            continue
+        used = picked.pop(0)
+        if len(paths) in untimed:
+            policy.skip(used)
+        else:
+            policy.observe(step_seconds[used], used)
+        paths.append(used)
+        if policy.needs_decision() or (policy.early_check_due() and policy.clear_cut(policy.local_extremes())):
+            none_s, dedup_s, *spreads = policy.local_probe()
+            policy.decide(none_s, dedup_s, None, max(spreads), wire)
+        elif policy.retime_due():
+            policy.reprobe()
+    return paths
+
+
+def test_under_a_pipeline_every_re_timing_ends_and_costs_its_steps_only():
+    """Batches picked ahead as dedup when a re-timing starts are dedup samples, not the probe's
+    turns: each re-timing still reaches its none steps and ends (a pick-ahead that counted turns
+    believed the re-timing done, picked dedup for good and never ended it), and the close call
+    settles at the cap having run none for the re-timings' steps and the one batch the pipeline
+    picked in the first probe's turn."""
+    p = AutoPolicy(warmup_steps=1, probe_steps=6, check_every=50, min_dwell=200)
+    paths = run_pipelined(p, {"none": 0.0100, "dedup": 0.0099}, 256, wire=LINK)
+    assert [(d.step, d.settled) for d in p.decisions] == [(13, False), (71, False), (121 + 8, True)]
+    assert "dedup kept after 3 timings" in p.decisions[-1].reason
+    assert p.counted_steps() == (256 - 13, 256 - 13 - paths[13:].count("none"))
+    assert paths[13:].count("none") == 1 + 3 + 3
+    # an evaluation inside a re-timing (its none step untimed) delays its end by a turn and the
+    # pipeline's depth (the batches picked meanwhile counted that step as timed), no more
+    for evaluated in range(121, 130):
+        p = AutoPolicy(warmup_steps=1, probe_steps=6, check_every=50, min_dwell=200)
+        paths = run_pipelined(p, {"none": 0.0100, "dedup": 0.0099}, 256, wire=LINK, untimed=frozenset({evaluated}))
+        assert [d.settled for d in p.decisions] == [False, False, True], evaluated
+        assert p.decisions[-1].step <= 121 + 8 + 2 + 2 and paths[13:].count("none") <= 1 + 3 + 3 + 1, evaluated

@@ -65,6 +65,7 @@ import copy
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import SupportsFloat
 
@@ -221,19 +222,21 @@ class AutoPolicy(AutoConfig):
         `auto_steps_after_probe`, which the runner's line per run reads (timeline.py)."""
         return self.steps_after_probe, self.dedup_steps_after_probe
 
-    def path_ahead(self, steps: int) -> str:
-        """The path of the training step `steps` after the current one, were every step until then
-        observed (a decision or drift check on the way may change it). A step the running probe
+    def path_ahead(self, picked: Sequence[str]) -> str:
+        """The path of the training step after those `picked` (the paths of the batches picked
+        for the steps from the current one on, not yet trained), were each observed as the path
+        it took: a pick that left the probe's turns must not count as one (a decision or drift
+        check on the way may still change the path). A step the running probe
         will have ended before takes the path in force where a decision made one (a re-timed
         close call's cheaper-looking path), not the probe's next turn: its decision is not known
         yet, and a turn on the slower path there would time nothing. Before the first decision
         none is in force: the turns go on (half of such steps take dedup, not all none)."""
         ahead = copy.copy(self)
         ahead._samples = {p: list(s) for p, s in self._samples.items()}
-        for _ in range(steps):
+        for path in picked:
             if self.decisions and ahead.needs_decision():
                 return self.choice
-            ahead.observe(0.0)
+            ahead.observe(0.0, path)
         return self.choice if self.decisions and ahead.needs_decision() else ahead.path()
 
     def next_paths(self, advanced: int = 0, timed: bool | None = True) -> set[str]:

@@ -12,8 +12,9 @@ EC, `SourceDedupShardedEC`, sends a KJT without its expansion whole) and give `n
 bitwise, so any step may take either.
 
 A pipeline takes a batch one or two steps before its training step (its input dist starts
-early), so `pick` chooses by the policy's path that many steps ahead (`path_ahead`: the batches
-picked and not yet trained; a step after a running probe's end takes the path in force) and
+early), so `pick` chooses by the policy's path that many steps ahead (`path_ahead`, given the
+paths of the batches picked and not yet trained; a step after a running probe's end takes the
+path in force) and
 queues the path; `step_ended` times the step's period (from the
 previous step's end, on the device's clock, comm/timing.py, as `AutoDist`) under the path its
 batch actually took. Where a decision or a drift check changes the path after a batch was
@@ -105,7 +106,7 @@ class SourceAuto:
         rows = rows_of_both_forms(batch)
         if rows is not None:
             self._rows = [self._rows[0] + rows[0], self._rows[1] + rows[1], self._rows[2] + 1]
-        path = self.policy.path_ahead(len(self._picked))
+        path = self.policy.path_ahead(self._picked)
         self._picked.append(path)
         return self._form(batch, path)
 
