@@ -169,7 +169,7 @@ class SequenceBatch(Pipelineable):
                 kjt.record_stream(stream)
 
     def pin_memory(self) -> "SequenceBatch":
-        return self.moved(KeyedJaggedTensor.pin_memory)
+        return self.moved(lambda kjt: kjt.pin_memory())  # each KJT's own (DistinctIdsKJT pins its expansion)
 
 
 def _part_of(sparse: KeyedJaggedTensor, part: KeyedJaggedTensor, value_start: int,

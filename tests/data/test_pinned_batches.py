@@ -123,3 +123,25 @@ def test_a_sequence_batch_moves_its_values_once_and_its_parts_stay_views_of_them
     other = distinct_form.moved(copy)
     assert [id(k) for k in moves] == [id(batch.uih), id(batch.candidates), id(distinct_form.sparse)]
     assert torch.equal(other.uih.values(), batch.uih.values())
+
+
+def test_a_pinned_sequence_batch_pins_each_kjt_by_its_own_method(monkeypatch):
+    """`distinct_sparse` may be a KJT subclass whose `pin_memory` pins more (DistinctIdsKJT: its
+    expansion): the batch's pin calls each KJT's own method, not KeyedJaggedTensor's."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from tests.models.hstu_batches import make_batch
+
+    calls = []
+
+    class OwnPin(KeyedJaggedTensor):
+        def pin_memory(self):
+            calls.append("own")
+            return self
+
+    monkeypatch.setattr(KeyedJaggedTensor, "pin_memory", lambda self: self)  # pinning needs CUDA
+    batch = make_batch([[(1, 2, 3, 1, 100)]], [(10, 11, 12, 1, 400)], users=[5])
+    sparse = batch.sparse
+    batch.distinct_sparse = OwnPin(keys=sparse.keys(), values=sparse.values(), lengths=sparse.lengths())
+    pinned = batch.pin_memory()
+    assert calls == ["own"] and pinned.distinct_sparse is batch.distinct_sparse
