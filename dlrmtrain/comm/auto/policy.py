@@ -94,6 +94,11 @@ def _spread(samples: list[float]) -> float:
     return statistics.median(abs(s - mid) for s in samples) / mid if mid > 0 else 0.0
 
 
+def _fewest(samples: dict[str, list]) -> int:
+    """The steps a probe has timed of the path it has timed least."""
+    return min(len(s) for s in samples.values())
+
+
 def link_bytes_per_s() -> float | None:
     """The shaped link's rate in bytes/s where the run trains behind one (LINK_RATE_ENV), else None."""
     gbit = os.environ.get(LINK_RATE_ENV)
@@ -233,9 +238,7 @@ class AutoPolicy(AutoConfig):
         none is in force: the turns go on (half of such steps take dedup, not all none)."""
         ahead = copy.copy(self)
         ahead._samples = {p: list(s) for p, s in self._samples.items()}
-        for path in picked:
-            if self.decisions and ahead.needs_decision():
-                return self.choice
+        for path in picked:  # a probe that is complete stays so as steps are added
             ahead.observe(0.0, path)
         return self.choice if self.decisions and ahead.needs_decision() else ahead.path()
 
@@ -262,7 +265,7 @@ class AutoPolicy(AutoConfig):
     def _start(self, phase: str, evidence: dict | None = None) -> None:
         self.phase, self._phase_start = phase, self.step
         self._samples = {p: list((evidence or {}).get(p, [])) for p in PATHS}
-        self._carried = min(len(s) for s in self._samples.values())
+        self._carried = _fewest(self._samples)
 
     # ----------------------------------------------------------- decisions
     def needs_decision(self) -> bool:
@@ -292,7 +295,7 @@ class AutoPolicy(AutoConfig):
         """The steps a decision now rests on: a probe cut short by a clear-cut result, its own
         (an open call's earlier steps were close: the new ones alone are decisive); one that ran
         its length, all of the call's evidence."""
-        cut_short = min(len(s) for s in self._samples.values()) < self.probe_length()
+        cut_short = _fewest(self._samples) < self.probe_length()
         return {p: s[self._carried:] if cut_short else s for p, s in self._samples.items()}
 
     def clear_cut(self, extremes: list[float]) -> bool:
@@ -384,7 +387,7 @@ class AutoPolicy(AutoConfig):
         if self._open:
             return f"{what}; {choice} kept for now ({why}), both timed again at step " \
                    f"{self.step + self.check_every} with {self.retime_steps} more steps each " \
-                   f"({min(len(s) for s in self._samples.values()) + self.retime_steps} in all)"
+                   f"({_fewest(self._samples) + self.retime_steps} in all)"
         return f"{what}; {choice} kept after {timings} timings ({why})"
 
     def retime_due(self) -> bool:
