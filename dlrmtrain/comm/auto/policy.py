@@ -35,9 +35,7 @@ between two training passes through one all-to-all) under each path:
    `close_call_retimes` re-timings were made; then the last timing's clear winner
    is kept, or on a gap still within the band the cheaper-looking path, and the
    line says which and why. Adding to the evidence, not starting afresh, keeps an
-   open call's cost on the slower path to `retime_steps` steps a re-timing (fresh
-   samples of twice the steps, as first built, threw the earlier ones away and cost
-   12 + 24 steps on the slower path: 15% of a 256-step run);
+   open call's cost on the slower path to `retime_steps` steps a re-timing;
 5. steady: every `check_every` steps the caller asks `local_drift()` (again
    agreed over ranks); after at least `min_dwell` steps on one decision, a
    step time or distinct fraction that moved by more than `drift` from what
@@ -231,11 +229,10 @@ class AutoPolicy(AutoConfig):
         """The path of the training step after those `picked` (the paths of the batches picked
         for the steps from the current one on, not yet trained), were each observed as the path
         it took: a pick that left the probe's turns must not count as one (a decision or drift
-        check on the way may still change the path). A step the running probe
-        will have ended before takes the path in force where a decision made one (a re-timed
-        close call's cheaper-looking path), not the probe's next turn: its decision is not known
-        yet, and a turn on the slower path there would time nothing. Before the first decision
-        none is in force: the turns go on (half of such steps take dedup, not all none)."""
+        check on the way may still change the path). A step the running probe will have ended
+        before takes the path a decision put in force (a re-timed close call's cheaper-looking
+        path), not the probe's next turn, which would time nothing; before the first decision
+        the turns go on (half of such steps take dedup, not all none)."""
         ahead = copy.copy(self)
         ahead._samples = {p: list(s) for p, s in self._samples.items()}
         for path in picked:  # a probe that is complete stays so as steps are added
